@@ -1,0 +1,141 @@
+"""A small asyncio client for the runner protocol, over any stream pair.
+
+    async with await RunnerClient.connect_unix(path, client="bot") as runner:
+        reply = await runner.call(p.Status, p.StatusReply, goal_id=3)
+        head = await runner.subscribe(since=0)
+        async for event in runner.events():
+            ...
+
+The transport is just an asyncio (reader, writer) pair: a local Unix socket here, an asyncssh
+`open_unix_connection` channel for a remote runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TypeVar
+
+from goaltender.runner import protocol as p
+from goaltender.storage.records import Event
+
+R = TypeVar("R", bound=p.Reply)
+
+
+class RunnerUnavailable(ConnectionError):
+    """The runner cannot be reached, or the link dropped."""
+
+
+class RunnerClient:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._reader = reader
+        self._writer = writer
+        self._ids = itertools.count(1)
+        self._pending: dict[p.RequestId, asyncio.Future[p.Reply]] = {}
+        self._events: asyncio.Queue[p.EventMessage | None] = asyncio.Queue()
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+        self._reader_task = asyncio.ensure_future(self._read_loop())
+        self.runner_name: str | None = None
+
+    @classmethod
+    async def connect_unix(cls, path: str | Path, client: str = "cli") -> RunnerClient:
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(path), limit=p.MAX_LINE)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise RunnerUnavailable(
+                f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
+            ) from exc
+        return await cls(reader, writer).hello(client)
+
+    async def hello(self, client: str) -> RunnerClient:
+        welcome = await self.call(p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client)
+        self.runner_name = welcome.runner
+        return self
+
+    async def __aenter__(self) -> RunnerClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._reader_task.cancel()
+        with contextlib.suppress(Exception):
+            self._writer.close()
+            await self._writer.wait_closed()
+
+    async def call(self, kind: type[p.Request], expect: type[R] | None = None, /, **fields) -> R:
+        """Build a `kind` request with a fresh id, send it, and return its reply."""
+        return await self.request(kind(id=next(self._ids), **fields), expect)
+
+    async def request(self, request: p.Request, expect: type[R] | None = None) -> R:
+        """Send one request and wait for its reply; an `error` reply raises ProtocolError."""
+        future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request.id] = future
+        try:
+            await self._send(request)
+            reply = await future
+        finally:
+            self._pending.pop(request.id, None)
+        if isinstance(reply, p.Error):
+            raise p.ProtocolError(reply)
+        if expect is not None and not isinstance(reply, expect):
+            raise p.ProtocolError(p.Error(code="internal", message=f"expected {expect.__name__}, got {reply.type}"))
+        return reply  # type: ignore[return-value]
+
+    async def subscribe(self, since: int = 0, goal_id: int | None = None) -> int:
+        """Ask for events with seq > since (of one goal, or all); returns the newest seq right now.
+        Then iterate `events()`: the backlog first, oldest first, then live events."""
+        reply = await self.call(p.Subscribe, p.Subscribed, since=since, goal_id=goal_id)
+        return reply.head
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Subscribed events, until the link drops (then RunnerUnavailable)."""
+        while True:
+            message = await self._events.get()
+            if message is None:
+                self._events.put_nowait(None)  # stay closed for any later reader
+                raise RunnerUnavailable("the runner closed the connection")
+            yield message.event
+
+    async def _send(self, message: p.Message) -> None:
+        if self._closed or self._reader_task.done():
+            raise RunnerUnavailable("the connection to the runner is closed")
+        async with self._write_lock:
+            try:
+                self._writer.write(p.encode(message))
+                await self._writer.drain()
+            except (ConnectionError, OSError) as exc:
+                raise RunnerUnavailable(f"lost the runner: {exc}") from exc
+
+    async def _read_loop(self) -> None:
+        error: Exception = RunnerUnavailable("the runner closed the connection")
+        try:
+            while line := await self._reader.readline():
+                reply = p.parse_reply(line)
+                if isinstance(reply, p.EventMessage):
+                    self._events.put_nowait(reply)
+                elif (future := self._pending.get(reply.id)) is not None and not future.done():
+                    future.set_result(reply)
+        except (ConnectionError, OSError, ValueError) as exc:
+            error = RunnerUnavailable(f"lost the runner: {exc}")
+        finally:
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error)
+            self._events.put_nowait(None)
+
+
+def socket_from_env() -> Path:
+    """The runner socket an agent should use: GOALTENDER_SOCKET, else <GOALTENDER_HOME>/runner.sock."""
+    if path := os.environ.get("GOALTENDER_SOCKET"):
+        return Path(path)
+    from goaltender.runner.config import RunnerSettings
+
+    return RunnerSettings().socket_path

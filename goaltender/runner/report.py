@@ -1,0 +1,91 @@
+"""Words the runner writes itself: the ledger as a table, the summary, the final report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from goaltender.runner.budget import stop_status
+from goaltender.storage.records import Experiment, Goal
+
+
+def best_experiment(experiments: list[Experiment], direction: str = "maximize") -> Experiment | None:
+    scored = [e for e in experiments if e.status == "keep" and e.metric_value is not None]
+    if not scored:
+        return None
+    pick = max if direction == "maximize" else min
+    return pick(scored, key=lambda e: e.metric_value)
+
+
+def format_params(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def ledger_table(experiments: list[Experiment], metric: str | None) -> str:
+    """The ledger as a markdown table (one row per attempted experiment)."""
+    name = metric or "metric"
+    lines = [
+        f"| # | status | {name} | wall | compute-h | config | description |",
+        "|---:|---|---:|---:|---:|---|---|",
+    ]
+    for e in experiments:
+        value = f"{e.metric_value:.4g}" if e.metric_value is not None else "—"
+        wall = f"{e.wall_seconds:.1f}s" if e.wall_seconds is not None else "—"
+        compute = f"{e.compute_hours:.4f}" if e.compute_hours is not None else "—"
+        description = e.description + (f" ({e.note})" if e.note else "")
+        lines.append(
+            f"| {e.index} | {e.status} | {value} | {wall} | {compute} | {format_params(e.params)} | "
+            f"{description.replace('|', '/')} |"
+        )
+    return "\n".join(lines)
+
+
+def summary_text(
+    goal: Goal,
+    experiments: list[Experiment],
+    compute_used: float,
+    now: datetime,
+    end_reason: str | None = None,
+) -> str:
+    best = best_experiment(experiments, goal.direction)
+    head = f"Goal #{goal.id} — {goal.state}" + (f" ({end_reason})" if end_reason else "")
+    lines = [f"# {head}", "", f"> {goal.text}", ""]
+    if best is not None:
+        lines.append(
+            f"**Best:** #{best.index} {best.metric_name} = {best.metric_value:.4g} — {best.description}"
+        )
+        if best.params:
+            lines.append(f"**Best config:** `{format_params(best.params)}`")
+    else:
+        lines.append("**Best:** no successful experiment yet.")
+    if goal.target is not None:
+        reached = best is not None and _reached(best.metric_value, goal.target, goal.direction)
+        lines.append(f"**Target:** {goal.target:g} — {'reached' if reached else 'not reached'}")
+    lines += [
+        f"**Stop status:** {stop_status(goal.budget, len(experiments), compute_used, now)}",
+        f"**Compute used:** {compute_used:.4f} compute-hours",
+        "",
+        "## Ledger",
+        "",
+        ledger_table(experiments, goal.metric),
+    ]
+    return "\n".join(lines)
+
+
+def final_report(
+    goal: Goal,
+    experiments: list[Experiment],
+    compute_used: float,
+    now: datetime,
+    end_reason: str,
+    agent_words: str | None,
+) -> str:
+    text = summary_text(goal, experiments, compute_used, now, end_reason)
+    if agent_words:
+        text += "\n\n## From the agent\n\n" + agent_words.strip()
+    return text
+
+
+def _reached(value: float | None, target: float, direction: str) -> bool:
+    if value is None:
+        return False
+    return value >= target if direction == "maximize" else value <= target

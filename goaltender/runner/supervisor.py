@@ -1,0 +1,226 @@
+"""Supervised processes: experiments and agents, each in its own process group.
+
+An experiment's stdout and stderr go to its run.log; the log (and an optional metrics.jsonl beside
+it) is tailed while it runs, so metrics arrive live. `key: value` lines are the run's summary;
+JSON-object lines are series points. Resources come from wait4(): CPU time and peak RSS of the
+process and every descendant it waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from goaltender.storage.records import MetricPoint
+
+_SUMMARY_LINE = re.compile(
+    r"^\s*([A-Za-z_][\w./-]*)\s*[:=]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+)
+TAIL_INTERVAL_S = 0.5
+
+
+@dataclass
+class MetricParser:
+    """Incremental parser for an experiment's output (fed whole lines)."""
+
+    summary: dict[str, float] = field(default_factory=dict)
+
+    def feed(self, line: str) -> list[MetricPoint]:
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                return []
+            if not isinstance(obj, dict):
+                return []
+            step = obj.get("step")
+            step = float(step) if _is_number(step) else None
+            return [
+                MetricPoint(name=k, value=float(v), step=step)
+                for k, v in obj.items()
+                if k != "step" and _is_number(v)
+            ]
+        if m := _SUMMARY_LINE.match(line):
+            value = float(m.group(2))
+            if math.isfinite(value):
+                self.summary[m.group(1)] = value
+        return []
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class _Tail:
+    """Reads whole new lines appended to a file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read_lines(self, final: bool = False) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        *lines, self.partial = data.split(b"\n")
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        return [raw.decode(errors="replace") for raw in lines]
+
+
+@dataclass
+class ProcessResult:
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None
+    wall_seconds: float
+    cpu_seconds: float
+    peak_rss_mb: float
+    timed_out: bool
+    summary: dict[str, float]
+
+
+def spawn(command: list[str], *, cwd: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """Start `command` as the leader of a new process group, output appended to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+async def wait_process(proc: subprocess.Popen) -> tuple[int, object]:
+    """Reap `proc` with wait4 (in a thread, so the loop keeps serving); returns (status, rusage)."""
+    _, status, rusage = await asyncio.to_thread(os.wait4, proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it has been reaped
+    return status, rusage
+
+
+async def run_supervised(
+    command: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log_path: Path,
+    timeout_s: float | None,
+    on_points: Callable[[list[MetricPoint]], Awaitable[None]],
+    on_start: Callable[[int], Awaitable[None]],
+    grace_s: float = 5.0,
+) -> ProcessResult:
+    """Run one experiment to its end: live metrics, timeout by process-group kill, rusage."""
+    parser = MetricParser()
+    tails = [_Tail(log_path), _Tail(log_path.parent / "metrics.jsonl")]
+    started = time.monotonic()
+    proc = spawn(command, cwd=cwd, env=env, log_path=log_path)
+    await on_start(proc.pid)
+    waiter = asyncio.ensure_future(wait_process(proc))
+    timed_out = False
+
+    async def drain(final: bool = False) -> None:
+        points = [p for tail in tails for line in tail.read_lines(final) for p in parser.feed(line)]
+        if points:
+            await on_points(points)
+
+    try:
+        while not waiter.done():
+            await asyncio.wait({waiter}, timeout=TAIL_INTERVAL_S)
+            await drain()
+            if not waiter.done() and timeout_s is not None and time.monotonic() - started > timeout_s:
+                timed_out = True
+                await terminate_group(proc.pid, waiter, grace_s)
+        status, rusage = await waiter
+    except asyncio.CancelledError:
+        # The runner is stopping this experiment: take its whole process group down with it.
+        await terminate_group(proc.pid, waiter, grace_s)
+        raise
+    await drain(final=True)
+    return ProcessResult(
+        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        wall_seconds=time.monotonic() - started,
+        cpu_seconds=rusage.ru_utime + rusage.ru_stime,
+        peak_rss_mb=rusage.ru_maxrss / 1024,  # KiB on Linux
+        timed_out=timed_out,
+        summary=parser.summary,
+    )
+
+
+async def terminate_group(pgid: int, waiter: asyncio.Future | None = None, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
+    if not _signal_group(pgid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if waiter is not None and waiter.done():
+            break
+        if waiter is None and not group_alive(pgid):
+            return
+        await asyncio.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    if waiter is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(waiter)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any process still in the group (zombies aside)?"""
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def kill_leftover_group(pid: int | None, started_after: float | None = None) -> bool:
+    """After a runner restart: SIGKILL a process group we once led, if it is still ours.
+
+    `started_after` (epoch seconds) guards against a recycled pid: the process must not be older
+    than the record that named it.
+    """
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if started_after is not None and proc.create_time() < started_after - 5:
+            return False
+        if os.getpgid(pid) != pid:
+            return False
+    except (psutil.Error, ProcessLookupError):
+        # The leader is gone; members of its group may not be.
+        return _signal_group(pid, signal.SIGKILL) if group_alive(pid) else False
+    return _signal_group(pid, signal.SIGKILL)

@@ -1,0 +1,209 @@
+"""Typed records: what goes into runner.db and comes out of it, and what the protocol carries."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+GoalState = Literal[
+    "submitted", "accepted", "running", "waiting_for_approval", "paused", "finished", "stopped", "failed"
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"finished", "stopped", "failed"})
+
+
+class Budget(Record):
+    """Hard limits the runner enforces, whatever the agent believes."""
+
+    deadline: datetime | None = None  # absolute, fixed at acceptance
+    wall_seconds: float | None = None  # what was asked, kept for display
+    compute_hours: float | None = None  # GPU-hours on a GPU box, CPU-hours elsewhere
+    max_experiments: int | None = None  # attempted, not successful
+    experiment_timeout_s: float | None = None
+    # The default stop rule (none given): baseline + 3 experiments, then ask before going on.
+    ask_to_continue: bool = False
+
+
+class Goal(Record):
+    id: int
+    text: str
+    owner: str = "unknown"
+    agent: str = "sweep"
+    state: GoalState = "submitted"
+    budget: Budget = Field(default_factory=Budget)
+    metric: str | None = None
+    direction: Literal["maximize", "minimize"] = "maximize"
+    target: float | None = None
+    workspace: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+    accepted_at: datetime | None = None
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    agent_pid: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state not in TERMINAL_STATES
+
+
+ExperimentStatus = Literal["running", "keep", "discard", "crash"]
+
+
+class Experiment(Record):
+    """One ledger row: an attempted experiment."""
+
+    id: int
+    goal_id: int
+    index: int  # 1-based attempted count within the goal
+    description: str
+    command: list[str]
+    params: dict[str, Any] = Field(default_factory=dict)
+    status: ExperimentStatus = "running"
+    metric_name: str | None = None
+    metric_value: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    wall_seconds: float | None = None
+    cpu_seconds: float | None = None
+    compute_hours: float | None = None
+    peak_rss_mb: float | None = None
+    exit_code: int | None = None
+    log_path: str = ""
+    pid: int | None = None
+    note: str | None = None
+
+
+class MetricPoint(Record):
+    name: str
+    value: float
+    step: float | None = None
+
+
+class Approval(Record):
+    id: int
+    goal_id: int
+    kind: str = "generic"  # cost | continue | command | generic
+    question: str
+    detail: str = ""
+    state: Literal["pending", "approved", "rejected", "expired"] = "pending"
+    requested_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime
+    decided_by: str | None = None
+    decided_at: datetime | None = None
+    comment: str | None = None
+
+
+class InboxMessage(Record):
+    id: int
+    goal_id: int
+    author: str
+    text: str
+    created_at: datetime = Field(default_factory=utcnow)
+    read_at: datetime | None = None
+
+
+class DiaryEntry(Record):
+    id: int
+    goal_id: int
+    ts: datetime = Field(default_factory=utcnow)
+    kind: Literal["note", "handoff"] = "note"
+    text: str
+
+
+# ---- event payloads: the union the event log stores and subscribers receive ----
+
+
+class GoalAccepted(Record):
+    kind: Literal["goal_accepted"] = "goal_accepted"
+    goal: Goal
+
+
+class GoalStateChanged(Record):
+    kind: Literal["goal_state"] = "goal_state"
+    state: GoalState
+    reason: str = ""
+
+
+class MilestoneReported(Record):
+    kind: Literal["milestone"] = "milestone"
+    title: str
+    text: str = ""
+
+
+class MetricsLogged(Record):
+    kind: Literal["metrics"] = "metrics"
+    experiment_id: int | None = None
+    points: list[MetricPoint]
+
+
+class ExperimentStarted(Record):
+    kind: Literal["experiment_started"] = "experiment_started"
+    experiment: Experiment
+
+
+class ExperimentFinished(Record):
+    kind: Literal["experiment_finished"] = "experiment_finished"
+    experiment: Experiment
+    new_best: bool = False
+
+
+class ApprovalRequested(Record):
+    kind: Literal["approval_requested"] = "approval_requested"
+    approval: Approval
+
+
+class ApprovalDecided(Record):
+    kind: Literal["approval_decided"] = "approval_decided"
+    approval: Approval
+
+
+class SteerReceived(Record):
+    kind: Literal["steer"] = "steer"
+    message: InboxMessage
+
+
+class BudgetChanged(Record):
+    kind: Literal["budget_changed"] = "budget_changed"
+    budget: Budget
+    reason: str
+
+
+class FinalReport(Record):
+    kind: Literal["report"] = "report"
+    end_reason: str
+    text: str  # markdown
+    best: Experiment | None = None
+
+
+EventData = Annotated[
+    GoalAccepted
+    | GoalStateChanged
+    | MilestoneReported
+    | MetricsLogged
+    | ExperimentStarted
+    | ExperimentFinished
+    | ApprovalRequested
+    | ApprovalDecided
+    | SteerReceived
+    | BudgetChanged
+    | FinalReport,
+    Field(discriminator="kind"),
+]
+
+
+class Event(Record):
+    seq: int
+    goal_id: int | None
+    ts: datetime
+    data: EventData

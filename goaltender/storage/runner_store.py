@@ -1,0 +1,609 @@
+"""runner.db: goals, the event log, the experiment ledger, metrics, approvals, inbox, diary.
+
+Every change that others must hear about appends its event in the same transaction, and
+listeners are told only after the commit: nothing is announced that the log does not hold.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from goaltender.storage.db import Database
+from goaltender.storage.records import (
+    TERMINAL_STATES,
+    Approval,
+    ApprovalDecided,
+    ApprovalRequested,
+    Budget,
+    BudgetChanged,
+    DiaryEntry,
+    Event,
+    EventData,
+    Experiment,
+    ExperimentFinished,
+    ExperimentStarted,
+    FinalReport,
+    Goal,
+    GoalAccepted,
+    GoalState,
+    GoalStateChanged,
+    InboxMessage,
+    MetricPoint,
+    MetricsLogged,
+    SteerReceived,
+    utcnow,
+)
+
+MIGRATIONS = [
+    # 1: the runner's tables
+    """
+    CREATE TABLE goals (
+        id INTEGER PRIMARY KEY,
+        text TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        state TEXT NOT NULL,
+        budget TEXT NOT NULL,
+        metric TEXT,
+        direction TEXT NOT NULL,
+        target REAL,
+        workspace TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        accepted_at TEXT,
+        ended_at TEXT,
+        end_reason TEXT,
+        agent_pid INTEGER,
+        agent_report TEXT
+    );
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY,
+        goal_id INTEGER REFERENCES goals(id),
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX events_by_goal ON events (goal_id, seq);
+    CREATE TABLE experiments (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        idx INTEGER NOT NULL,
+        description TEXT NOT NULL,
+        command TEXT NOT NULL,
+        params TEXT NOT NULL,
+        status TEXT NOT NULL,
+        metric_name TEXT,
+        metric_value REAL,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        started_at TEXT NOT NULL,
+        ended_at TEXT,
+        wall_seconds REAL,
+        cpu_seconds REAL,
+        compute_hours REAL,
+        peak_rss_mb REAL,
+        exit_code INTEGER,
+        log_path TEXT NOT NULL,
+        pid INTEGER,
+        note TEXT,
+        UNIQUE (goal_id, idx)
+    );
+    CREATE TABLE metrics (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        experiment_id INTEGER REFERENCES experiments(id),
+        name TEXT NOT NULL,
+        step REAL,
+        value REAL NOT NULL,
+        ts TEXT NOT NULL
+    );
+    CREATE INDEX metrics_by_goal ON metrics (goal_id, name);
+    CREATE TABLE approvals (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        kind TEXT NOT NULL,
+        question TEXT NOT NULL,
+        detail TEXT NOT NULL,
+        state TEXT NOT NULL,
+        requested_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at TEXT,
+        comment TEXT
+    );
+    CREATE TABLE inbox (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        author TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        read_at TEXT
+    );
+    CREATE TABLE diary (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL
+    );
+    CREATE TABLE cursors (
+        client TEXT PRIMARY KEY,
+        acked_seq INTEGER NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    """,
+]
+
+_event_data = TypeAdapter(EventData)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+class RunnerStore:
+    """Typed access to runner.db. `on_event` is called with each event after its commit."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.on_event: Callable[[Event], None] = lambda event: None
+
+    @classmethod
+    async def open(cls, path: str | Path) -> RunnerStore:
+        return cls(await Database.open(path, MIGRATIONS))
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    # ---- the event log ----
+
+    async def _append(self, conn, goal_id: int | None, data: EventData, pending: list[Event]) -> Event:
+        ts = utcnow()
+        async with conn.execute(
+            "INSERT INTO events (goal_id, ts, kind, data) VALUES (?, ?, ?, ?)",
+            (goal_id, ts.isoformat(), data.kind, data.model_dump_json()),
+        ) as cur:
+            seq = cur.lastrowid
+        event = Event(seq=seq, goal_id=goal_id, ts=ts, data=data)
+        pending.append(event)
+        return event
+
+    def _announce(self, events: Iterable[Event]) -> None:
+        for event in events:
+            self.on_event(event)
+
+    async def append_event(self, goal_id: int | None, data: EventData) -> Event:
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            event = await self._append(conn, goal_id, data, pending)
+        self._announce(pending)
+        return event
+
+    async def events_since(self, seq: int, limit: int = 500, goal_id: int | None = None) -> list[Event]:
+        if goal_id is None:
+            rows = await self.db.fetchall(
+                "SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+            )
+        else:
+            rows = await self.db.fetchall(
+                "SELECT * FROM events WHERE seq > ? AND goal_id = ? ORDER BY seq LIMIT ?",
+                (seq, goal_id, limit),
+            )
+        return [_event(row) for row in rows]
+
+    async def head_seq(self, goal_id: int | None = None) -> int:
+        if goal_id is None:
+            row = await self.db.fetchone("SELECT COALESCE(MAX(seq), 0) FROM events")
+        else:
+            row = await self.db.fetchone("SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ?", (goal_id,))
+        return int(row[0])
+
+    async def set_cursor(self, client: str, seq: int) -> None:
+        await self.db.execute(
+            "INSERT INTO cursors (client, acked_seq, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (client) DO UPDATE SET acked_seq = MAX(acked_seq, excluded.acked_seq), "
+            "updated_at = excluded.updated_at",
+            (client, seq, utcnow().isoformat()),
+        )
+
+    async def cursor(self, client: str) -> int:
+        row = await self.db.fetchone("SELECT acked_seq FROM cursors WHERE client = ?", (client,))
+        return int(row[0]) if row else 0
+
+    # ---- goals ----
+
+    async def create_goal(
+        self,
+        *,
+        text: str,
+        owner: str,
+        agent: str,
+        budget: Budget,
+        metric: str | None,
+        direction: str,
+        target: float | None,
+        workspace_root: Path,
+    ) -> Goal:
+        """Insert an accepted goal (its stop rule and budgets already explicit) and announce it."""
+        pending: list[Event] = []
+        now = utcnow()
+        async with self.db.write() as conn:
+            async with conn.execute(
+                "INSERT INTO goals (text, owner, agent, state, budget, metric, direction, target, "
+                "workspace, created_at, accepted_at) VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?)",
+                (
+                    text,
+                    owner,
+                    agent,
+                    budget.model_dump_json(),
+                    metric,
+                    direction,
+                    target,
+                    now.isoformat(),
+                    now.isoformat(),
+                ),
+            ) as cur:
+                goal_id = cur.lastrowid
+            workspace = str(workspace_root / f"goal-{goal_id}")
+            await conn.execute("UPDATE goals SET workspace = ? WHERE id = ?", (workspace, goal_id))
+            goal = await self._goal(conn, goal_id)
+            await self._append(conn, goal_id, GoalAccepted(goal=goal), pending)
+        self._announce(pending)
+        return goal
+
+    async def _goal(self, conn, goal_id: int) -> Goal:
+        async with conn.execute("SELECT * FROM goals WHERE id = ?", (goal_id,)) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise KeyError(goal_id)
+        return _goal(row)
+
+    async def get_goal(self, goal_id: int) -> Goal | None:
+        row = await self.db.fetchone("SELECT * FROM goals WHERE id = ?", (goal_id,))
+        return _goal(row) if row else None
+
+    async def list_goals(self, active_only: bool = False) -> list[Goal]:
+        rows = await self.db.fetchall("SELECT * FROM goals ORDER BY id")
+        goals = [_goal(row) for row in rows]
+        return [g for g in goals if g.active] if active_only else goals
+
+    async def set_goal_state(
+        self, goal_id: int, state: GoalState, reason: str = "", *, only_from: Iterable[str] | None = None
+    ) -> Goal | None:
+        """Move a goal to `state` and log it. Returns None (and changes nothing) when the goal is
+        already in a terminal state, or not in one of `only_from` when that is given."""
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            goal = await self._goal(conn, goal_id)
+            allowed = set(only_from) if only_from is not None else None
+            if goal.state in TERMINAL_STATES or (allowed is not None and goal.state not in allowed):
+                return None
+            if goal.state == state:
+                return goal
+            ended = utcnow().isoformat() if state in TERMINAL_STATES else None
+            await conn.execute(
+                "UPDATE goals SET state = ?, ended_at = COALESCE(?, ended_at), "
+                "end_reason = CASE WHEN ? IS NULL THEN end_reason ELSE ? END WHERE id = ?",
+                (state, ended, ended, reason, goal_id),
+            )
+            await self._append(conn, goal_id, GoalStateChanged(state=state, reason=reason), pending)
+            goal = await self._goal(conn, goal_id)
+        self._announce(pending)
+        return goal
+
+    async def set_agent_pid(self, goal_id: int, pid: int | None) -> None:
+        await self.db.execute("UPDATE goals SET agent_pid = ? WHERE id = ?", (pid, goal_id))
+
+    async def update_budget(self, goal_id: int, budget: Budget, reason: str) -> Goal:
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            await conn.execute(
+                "UPDATE goals SET budget = ? WHERE id = ?", (budget.model_dump_json(), goal_id)
+            )
+            await self._append(conn, goal_id, BudgetChanged(budget=budget, reason=reason), pending)
+            goal = await self._goal(conn, goal_id)
+        self._announce(pending)
+        return goal
+
+    async def set_agent_report(self, goal_id: int, text: str) -> None:
+        await self.db.execute("UPDATE goals SET agent_report = ? WHERE id = ?", (text, goal_id))
+
+    async def agent_report(self, goal_id: int) -> str | None:
+        row = await self.db.fetchone("SELECT agent_report FROM goals WHERE id = ?", (goal_id,))
+        return row[0] if row else None
+
+    async def set_goal_metric(self, goal_id: int, metric: str, direction: str) -> None:
+        await self.db.execute(
+            "UPDATE goals SET metric = ?, direction = ? WHERE id = ? AND metric IS NULL",
+            (metric, direction, goal_id),
+        )
+
+    # ---- the experiment ledger ----
+
+    async def start_experiment(
+        self,
+        goal_id: int,
+        *,
+        description: str,
+        command: list[str],
+        params: dict[str, Any],
+        metric_name: str | None,
+        experiments_dir: Path,
+    ) -> Experiment:
+        """Reserve the next attempted index and log the experiment as running."""
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            async with conn.execute(
+                "SELECT COALESCE(MAX(idx), 0) + 1 FROM experiments WHERE goal_id = ?", (goal_id,)
+            ) as cur:
+                index = (await cur.fetchone())[0]
+            log_path = str(experiments_dir / f"{index:03d}" / "run.log")
+            async with conn.execute(
+                "INSERT INTO experiments (goal_id, idx, description, command, params, status, "
+                "metric_name, started_at, log_path) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                (
+                    goal_id,
+                    index,
+                    description,
+                    json.dumps(command),
+                    json.dumps(params),
+                    metric_name,
+                    utcnow().isoformat(),
+                    log_path,
+                ),
+            ) as cur:
+                experiment_id = cur.lastrowid
+            experiment = await self._experiment(conn, experiment_id)
+            await self._append(conn, goal_id, ExperimentStarted(experiment=experiment), pending)
+        self._announce(pending)
+        return experiment
+
+    async def _experiment(self, conn, experiment_id: int) -> Experiment:
+        async with conn.execute("SELECT * FROM experiments WHERE id = ?", (experiment_id,)) as cur:
+            return _experiment(await cur.fetchone())
+
+    async def set_experiment_pid(self, experiment_id: int, pid: int) -> None:
+        await self.db.execute("UPDATE experiments SET pid = ? WHERE id = ?", (pid, experiment_id))
+
+    async def finish_experiment(
+        self,
+        experiment_id: int,
+        *,
+        status: str,
+        metric_value: float | None,
+        metrics: dict[str, float],
+        wall_seconds: float | None,
+        cpu_seconds: float | None,
+        compute_hours: float | None,
+        peak_rss_mb: float | None,
+        exit_code: int | None,
+        note: str | None,
+        new_best: bool = False,
+    ) -> Experiment:
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            await conn.execute(
+                "UPDATE experiments SET status = ?, metric_value = ?, metrics = ?, ended_at = ?, "
+                "wall_seconds = ?, cpu_seconds = ?, compute_hours = ?, peak_rss_mb = ?, exit_code = ?, "
+                "note = ? WHERE id = ? AND status = 'running'",
+                (
+                    status,
+                    metric_value,
+                    json.dumps(metrics),
+                    utcnow().isoformat(),
+                    wall_seconds,
+                    cpu_seconds,
+                    compute_hours,
+                    peak_rss_mb,
+                    exit_code,
+                    note,
+                    experiment_id,
+                ),
+            )
+            experiment = await self._experiment(conn, experiment_id)
+            await self._append(
+                conn,
+                experiment.goal_id,
+                ExperimentFinished(experiment=experiment, new_best=new_best),
+                pending,
+            )
+        self._announce(pending)
+        return experiment
+
+    async def get_experiment(self, experiment_id: int) -> Experiment | None:
+        row = await self.db.fetchone("SELECT * FROM experiments WHERE id = ?", (experiment_id,))
+        return _experiment(row) if row else None
+
+    async def experiments(self, goal_id: int) -> list[Experiment]:
+        rows = await self.db.fetchall("SELECT * FROM experiments WHERE goal_id = ? ORDER BY idx", (goal_id,))
+        return [_experiment(row) for row in rows]
+
+    async def running_experiments(self) -> list[Experiment]:
+        rows = await self.db.fetchall("SELECT * FROM experiments WHERE status = 'running' ORDER BY id")
+        return [_experiment(row) for row in rows]
+
+    async def usage(self, goal_id: int) -> tuple[int, float]:
+        """(experiments attempted, compute-hours used) for a goal."""
+        row = await self.db.fetchone(
+            "SELECT COUNT(*), COALESCE(SUM(compute_hours), 0) FROM experiments WHERE goal_id = ?", (goal_id,)
+        )
+        return int(row[0]), float(row[1])
+
+    # ---- metrics ----
+
+    async def add_metrics(self, goal_id: int, experiment_id: int | None, points: list[MetricPoint]) -> Event:
+        pending: list[Event] = []
+        now = utcnow().isoformat()
+        async with self.db.write() as conn:
+            await conn.executemany(
+                "INSERT INTO metrics (goal_id, experiment_id, name, step, value, ts) VALUES (?, ?, ?, ?, ?, ?)",
+                [(goal_id, experiment_id, p.name, p.step, p.value, now) for p in points],
+            )
+            event = await self._append(
+                conn, goal_id, MetricsLogged(experiment_id=experiment_id, points=points), pending
+            )
+        self._announce(pending)
+        return event
+
+    async def metric_series(
+        self, goal_id: int, name: str, experiment_id: int | None = None
+    ) -> list[tuple[float | None, float]]:
+        sql = "SELECT step, value FROM metrics WHERE goal_id = ? AND name = ?"
+        params: list[Any] = [goal_id, name]
+        if experiment_id is not None:
+            sql += " AND experiment_id = ?"
+            params.append(experiment_id)
+        rows = await self.db.fetchall(sql + " ORDER BY id", params)
+        return [(row[0], row[1]) for row in rows]
+
+    # ---- approvals ----
+
+    async def create_approval(
+        self, goal_id: int, *, kind: str, question: str, detail: str, expires_at: datetime
+    ) -> Approval:
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            async with conn.execute(
+                "INSERT INTO approvals (goal_id, kind, question, detail, state, requested_at, expires_at) "
+                "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+                (goal_id, kind, question, detail, utcnow().isoformat(), expires_at.isoformat()),
+            ) as cur:
+                approval_id = cur.lastrowid
+            approval = await self._approval(conn, approval_id)
+            await self._append(conn, goal_id, ApprovalRequested(approval=approval), pending)
+        self._announce(pending)
+        return approval
+
+    async def _approval(self, conn, approval_id: int) -> Approval:
+        async with conn.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise KeyError(approval_id)
+        return _approval(row)
+
+    async def get_approval(self, approval_id: int) -> Approval | None:
+        row = await self.db.fetchone("SELECT * FROM approvals WHERE id = ?", (approval_id,))
+        return _approval(row) if row else None
+
+    async def decide_approval(
+        self, approval_id: int, *, state: str, by: str, comment: str | None = None
+    ) -> tuple[Approval, bool]:
+        """Record a decision if the approval is still pending. Returns (approval, decided_now):
+        the first decision wins, a later one changes nothing."""
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            async with conn.execute(
+                "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, comment = ? "
+                "WHERE id = ? AND state = 'pending'",
+                (state, by, utcnow().isoformat(), comment, approval_id),
+            ) as cur:
+                decided_now = cur.rowcount == 1
+            approval = await self._approval(conn, approval_id)
+            if decided_now:
+                await self._append(conn, approval.goal_id, ApprovalDecided(approval=approval), pending)
+        self._announce(pending)
+        return approval, decided_now
+
+    async def pending_approvals(self, goal_id: int | None = None) -> list[Approval]:
+        if goal_id is None:
+            rows = await self.db.fetchall("SELECT * FROM approvals WHERE state = 'pending' ORDER BY id")
+        else:
+            rows = await self.db.fetchall(
+                "SELECT * FROM approvals WHERE state = 'pending' AND goal_id = ? ORDER BY id", (goal_id,)
+            )
+        return [_approval(row) for row in rows]
+
+    # ---- inbox (steering) ----
+
+    async def add_inbox(self, goal_id: int, author: str, text: str) -> InboxMessage:
+        pending: list[Event] = []
+        async with self.db.write() as conn:
+            async with conn.execute(
+                "INSERT INTO inbox (goal_id, author, text, created_at) VALUES (?, ?, ?, ?)",
+                (goal_id, author, text, utcnow().isoformat()),
+            ) as cur:
+                message_id = cur.lastrowid
+            async with conn.execute("SELECT * FROM inbox WHERE id = ?", (message_id,)) as cur:
+                message = _inbox(await cur.fetchone())
+            await self._append(conn, goal_id, SteerReceived(message=message), pending)
+        self._announce(pending)
+        return message
+
+    async def read_inbox(self, goal_id: int, *, unread_only: bool = True) -> list[InboxMessage]:
+        """Messages for the goal, oldest first; unread ones are marked read as they are returned."""
+        async with self.db.write() as conn:
+            where = "goal_id = ? AND read_at IS NULL" if unread_only else "goal_id = ?"
+            async with conn.execute(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,)) as cur:
+                messages = [_inbox(row) for row in await cur.fetchall()]
+            await conn.execute(
+                "UPDATE inbox SET read_at = ? WHERE goal_id = ? AND read_at IS NULL",
+                (utcnow().isoformat(), goal_id),
+            )
+        return messages
+
+    # ---- diary (session memory) ----
+
+    async def write_diary(self, goal_id: int, kind: str, text: str) -> DiaryEntry:
+        entry_id = await self.db.execute(
+            "INSERT INTO diary (goal_id, ts, kind, text) VALUES (?, ?, ?, ?)",
+            (goal_id, utcnow().isoformat(), kind, text),
+        )
+        row = await self.db.fetchone("SELECT * FROM diary WHERE id = ?", (entry_id,))
+        return DiaryEntry(**dict(row))
+
+    async def read_diary(self, goal_id: int, *, last: int = 20, kind: str | None = None) -> list[DiaryEntry]:
+        sql = "SELECT * FROM diary WHERE goal_id = ?"
+        params: list[Any] = [goal_id]
+        if kind:
+            sql += " AND kind = ?"
+            params.append(kind)
+        rows = await self.db.fetchall(sql + " ORDER BY id DESC LIMIT ?", [*params, last])
+        return [DiaryEntry(**dict(row)) for row in reversed(rows)]
+
+    # ---- the final report ----
+
+    async def record_report(
+        self, goal_id: int, *, end_reason: str, text: str, best: Experiment | None
+    ) -> Event:
+        return await self.append_event(goal_id, FinalReport(end_reason=end_reason, text=text, best=best))
+
+    async def has_report(self, goal_id: int) -> bool:
+        row = await self.db.fetchone(
+            "SELECT 1 FROM events WHERE goal_id = ? AND kind = 'report' LIMIT 1", (goal_id,)
+        )
+        return row is not None
+
+
+def _goal(row: sqlite3.Row) -> Goal:
+    data = dict(row)
+    data.pop("agent_report")
+    data["budget"] = Budget.model_validate_json(data["budget"])
+    return Goal(**data)
+
+
+def _experiment(row: sqlite3.Row) -> Experiment:
+    data = dict(row)
+    data["index"] = data.pop("idx")
+    data["command"] = json.loads(data["command"])
+    data["params"] = json.loads(data["params"])
+    data["metrics"] = json.loads(data["metrics"])
+    return Experiment(**data)
+
+
+def _approval(row: sqlite3.Row) -> Approval:
+    return Approval(**dict(row))
+
+
+def _inbox(row: sqlite3.Row) -> InboxMessage:
+    return InboxMessage(**dict(row))
+
+
+def _event(row: sqlite3.Row) -> Event:
+    return Event(
+        seq=row["seq"], goal_id=row["goal_id"], ts=row["ts"], data=_event_data.validate_json(row["data"])
+    )
