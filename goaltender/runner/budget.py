@@ -16,7 +16,8 @@ from goaltender.storage.records import Budget
 
 DEFAULT_BLOCK = 4  # baseline + 3; also how many more each "continue?" approval grants
 
-_DURATION = r"(\d+(?:\.\d+)?)\s*(d|days?|h|hrs?|hours?|m|mins?|minutes?|s|secs?|seconds?)"
+_UNITS = r"(?:days?|d|hours?|hrs?|h|minutes?|mins?|m|seconds?|secs?|s)(?![a-z])"
+_DURATION = rf"(\d+(?:\.\d+)?)\s*({_UNITS})"
 _DURATION_PART = re.compile(_DURATION, re.I)
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
@@ -47,7 +48,7 @@ def parse_duration(text: str) -> float | None:
     return sum(float(p.group(1)) * _UNIT_SECONDS[p.group(2)[0].lower()] for p in parts)
 
 
-_DUR = r"((?:\d+(?:\.\d+)?\s*(?:d|days?|h|hrs?|hours?|m|mins?|minutes?|s|secs?|seconds?)\b\s*)+)"
+_DUR = rf"((?:\d+(?:\.\d+)?\s*{_UNITS}\s*)+)"
 _PATTERNS = {
     "wall": re.compile(rf"\b(?:time\s+)?budget\s*(?:of\s+)?{_DUR}", re.I),
     "within": re.compile(rf"\bwithin\s+{_DUR}", re.I),

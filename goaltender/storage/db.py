@@ -96,11 +96,10 @@ class Database:
 def _split_sql(script: str) -> list[str]:
     """Split a migration script into statements (sqlite3 executes one statement per call)."""
     statements, current = [], ""
-    for line in script.splitlines(keepends=True):
-        current += line
-        if sqlite3.complete_statement(current):
-            statements.append(current.strip())
+    for piece in script.split(";"):
+        current += piece + ";"
+        if sqlite3.complete_statement(current):  # false while a ';' sits inside a string literal
+            if current.strip(" \n\t;"):
+                statements.append(current.strip())
             current = ""
-    if current.strip():
-        statements.append(current.strip())
     return statements

@@ -1,0 +1,511 @@
+"""The sweep agent: a no-LLM autoresearch planner.
+
+Baseline first; then one hypothesis per experiment — move one knob of the best config one step
+through its declared values — each run through the runner's supervised-experiment verb, which
+keeps or discards it by the held-out metric. A milestone on each new best; an approval request
+before any run whose estimated cost is above a threshold; steering read between runs (narrow the
+search space, pin or freeze a knob); a diary handoff after every run, so a restarted agent picks
+up where it left off; a final report with the best config and what to try next.
+
+    python -m goaltender.agents.sweep [--task module:attr] [--approve-above SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import re
+import signal
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.runner.report import format_params
+from goaltender.storage.records import Experiment
+
+
+@dataclass
+class SweepTask:
+    """What the planner needs to know about a workload."""
+
+    name: str
+    metric: str
+    space: dict[str, list[Any]]  # knob -> candidate values, in order
+    baseline: dict[str, Any]
+    command: Callable[[dict[str, Any]], list[str]]
+    estimate_cost: Callable[[dict[str, Any]], float]  # seconds, roughly
+    reasons: dict[tuple[str, int], str] = field(default_factory=dict)  # (knob, ±1) -> why it may help
+    aliases: dict[str, str] = field(default_factory=dict)  # words people use -> knob
+    direction: str = "maximize"
+
+
+def star_count_task() -> SweepTask:
+    from goaltender.environments.star_count import workload
+
+    def command(config: dict[str, Any]) -> list[str]:
+        args = [sys.executable, "-m", "goaltender.environments.star_count.workload"]
+        for knob, value in config.items():
+            args += [f"--{knob.replace('_', '-')}", str(value)]
+        return args
+
+    return SweepTask(
+        name="star_count",
+        metric="exact_accuracy",
+        space=workload.SEARCH_SPACE,
+        baseline=workload.BASELINE,
+        command=command,
+        estimate_cost=workload.estimate_cost,
+        reasons=getattr(workload, "HYPOTHESES", {}),
+        aliases=getattr(workload, "ALIASES", {}),
+    )
+
+
+# ---- planning ----
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?"
+_LIMIT_WORDS = r"<=|>=|<|>|under|below|above|over|at most|at least"
+
+
+@dataclass
+class Proposal:
+    config: dict[str, Any]
+    knob: str | None
+    step: int
+    description: str
+
+
+@dataclass
+class Constraints:
+    """What people asked for, as applied to the search space (kept in the diary handoff)."""
+
+    frozen: set[str] = field(default_factory=set)
+    pinned: dict[str, Any] = field(default_factory=dict)
+    limits: dict[str, tuple[str, float]] = field(default_factory=dict)  # knob -> ("<=" | ">=", bound)
+
+    def to_json(self) -> dict:
+        return {"frozen": sorted(self.frozen), "pinned": self.pinned, "limits": self.limits}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Constraints:
+        return cls(
+            frozen=set(data.get("frozen", [])),
+            pinned=dict(data.get("pinned", {})),
+            limits={k: tuple(v) for k, v in data.get("limits", {}).items()},
+        )
+
+    def allows(self, knob: str, value: Any) -> bool:
+        if knob not in self.limits:
+            return True
+        op, bound = self.limits[knob]
+        return value <= bound if op == "<=" else value >= bound
+
+
+class Planner:
+    def __init__(self, task: SweepTask):
+        self.task = task
+        self.constraints = Constraints()
+        self.rejected: set[str] = set()  # configs people declined to pay for
+
+    @staticmethod
+    def key(config: dict[str, Any]) -> str:
+        return json.dumps(config, sort_keys=True)
+
+    def best(self, ledger: list[Experiment]) -> Experiment | None:
+        kept = [e for e in ledger if e.status == "keep" and e.metric_value is not None]
+        if not kept:
+            return None
+        pick = max if self.task.direction == "maximize" else min
+        return pick(kept, key=lambda e: e.metric_value)
+
+    def propose(self, ledger: list[Experiment]) -> Proposal | None:
+        """The next experiment: baseline first, then a one-knob move from the best config."""
+        tried = {self.key(e.params) for e in ledger} | self.rejected
+        best = self.best(ledger)
+        if best is None:
+            config = {**self.task.baseline, **self.constraints.pinned}
+            if self.key(config) in tried:
+                return None  # the baseline itself failed; nothing to build on
+            return Proposal(config, None, 0, "baseline: the starting config, unchanged")
+        base = {**best.params, **self.constraints.pinned}
+        if self.key(base) not in tried:  # a pin changed the best config: measure that first
+            pins = ", ".join(f"{k}={v}" for k, v in self.constraints.pinned.items())
+            return Proposal(base, None, 0, f"steered: best config with {pins}")
+        for knob, step in self._move_order(ledger, best):
+            config = self._move(base, knob, step)
+            if config is not None and self.key(config) not in tried:
+                return Proposal(config, knob, step, self._describe(base, config, knob, step))
+        return None
+
+    def _move_order(self, ledger: list[Experiment], best: Experiment) -> list[tuple[str, int]]:
+        knobs = [
+            k
+            for k in self.task.space
+            if k not in self.constraints.frozen and k not in self.constraints.pinned
+        ]
+        order = [(k, +1) for k in knobs] + [(k, -1) for k in knobs]
+        # Momentum: if the move that produced the best helped, try the same direction again first.
+        if best.index > 1 and (move := self._move_between(ledger, best)) and move in order:
+            order.remove(move)
+            order.insert(0, move)
+        return order
+
+    def _move_between(self, ledger: list[Experiment], best: Experiment) -> tuple[str, int] | None:
+        earlier = [e for e in ledger if e.index < best.index and e.status == "keep"]
+        if not earlier:
+            return None
+        parent = earlier[-1].params
+        changed = [k for k in self.task.space if parent.get(k) != best.params.get(k)]
+        if len(changed) != 1:
+            return None
+        knob = changed[0]
+        values = self.task.space[knob]
+        try:
+            return knob, (1 if values.index(best.params[knob]) > values.index(parent[knob]) else -1)
+        except ValueError:
+            return None
+
+    def _move(self, config: dict[str, Any], knob: str, step: int) -> dict[str, Any] | None:
+        values = self.task.space[knob]
+        try:
+            i = values.index(config[knob])
+        except (KeyError, ValueError):
+            return None
+        j = i + step
+        if not 0 <= j < len(values) or not self.constraints.allows(knob, values[j]):
+            return None
+        return {**config, knob: values[j]}
+
+    def _describe(self, base: dict, config: dict, knob: str, step: int) -> str:
+        why = self.task.reasons.get((knob, step), "")
+        return f"{knob} {base[knob]} → {config[knob]}" + (f": {why}" if why else "")
+
+    def untried_moves(self, ledger: list[Experiment], limit: int = 3) -> list[str]:
+        best = self.best(ledger)
+        if best is None:
+            return []
+        tried = {self.key(e.params) for e in ledger}
+        moves = []
+        for knob, step in self._move_order(ledger, best):
+            config = self._move(best.params, knob, step)
+            if config is not None and self.key(config) not in tried:
+                moves.append(self._describe(best.params, config, knob, step))
+        return moves[:limit]
+
+    # ---- steering ----
+
+    def apply_steer(self, text: str) -> list[str]:
+        """Change the search space from a person's words. Returns what was applied."""
+        applied = []
+        lowered = text.lower()
+        mentioned = self._knobs_in(lowered)
+        if m := re.search(r"\b(?:only|just|focus on)\b", lowered):
+            focus = self._knobs_in(lowered[m.end() :])
+            if focus:
+                self.constraints.frozen = set(self.task.space) - set(focus)
+                applied.append(f"searching only {', '.join(focus)}")
+        freeze = re.search(r"\b(?:freeze|don'?t (?:tune|touch|change)|stop tuning|leave|skip)\b", lowered)
+        if freeze and mentioned and not applied:
+            self.constraints.frozen |= set(mentioned)
+            applied.append(f"frozen: {', '.join(mentioned)}")
+        for knob in self.task.space:
+            names = "|".join(re.escape(n) for n in [knob, *self._aliases_of(knob)])
+            pin = re.search(rf"(?:{names})\s*(?:=|to|at)\s*({_NUMBER})", lowered)
+            if pin:
+                value = self._nearest(knob, float(pin.group(1)))
+                self.constraints.pinned[knob] = value
+                applied.append(f"pinned {knob}={value}")
+            limit = re.search(rf"(?:{names})\s*({_LIMIT_WORDS})\s*({_NUMBER})", lowered)
+            if limit:
+                op = "<=" if limit.group(1) in ("<=", "<", "under", "below", "at most") else ">="
+                self.constraints.limits[knob] = (op, float(limit.group(2)))
+                applied.append(f"{knob} {op} {limit.group(2)}")
+        return applied
+
+    def _aliases_of(self, knob: str) -> list[str]:
+        return [alias for alias, k in self.task.aliases.items() if k == knob]
+
+    def _knobs_in(self, text: str) -> list[str]:
+        found = []
+        for knob in self.task.space:
+            names = [knob, knob.replace("_", " "), *self._aliases_of(knob)]
+            if any(re.search(rf"\b{re.escape(n)}\b", text) for n in names):
+                found.append(knob)
+        return found
+
+    def _nearest(self, knob: str, value: float) -> Any:
+        return min(self.task.space[knob], key=lambda v: abs(float(v) - value))
+
+
+# ---- the campaign ----
+
+
+class SweepAgent:
+    def __init__(self, runner: RunnerClient, goal_id: int, task: SweepTask, approve_above_s: float):
+        self.runner = runner
+        self.goal_id = goal_id
+        self.task = task
+        self.planner = Planner(task)
+        self.approve_above_s = approve_above_s
+        self.ledger: list[Experiment] = []
+        self.goal_target: float | None = None
+        self.end_note = ""
+
+    async def run(self) -> None:
+        summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
+        self.ledger = summary.ledger
+        self.goal_target = summary.status.goal.target
+        if os.environ.get("GOALTENDER_RESUMED"):
+            await self._resume()
+        else:
+            await self._milestone(
+                f"Plan: {self.task.name} sweep on {self.task.metric}",
+                f"Baseline first, then one knob at a time from the best config.\n"
+                f"Search space: {self._space_text()}\n"
+                f"Approval asked before any run estimated above {self.approve_above_s:.0f}s.\n"
+                f"{summary.status.stop_status}",
+            )
+        while True:
+            await self._read_inbox()
+            if self._target_reached():
+                self.end_note = f"target {self.goal_target:g} reached"
+                break
+            proposal = self.planner.propose(self.ledger)
+            if proposal is None:
+                self.end_note = (
+                    "the search space is exhausted around the best config"
+                    if self.planner.best(self.ledger)
+                    else "the baseline produced no metric, so there is nothing to build on (see its log)"
+                )
+                break
+            if not await self._approved(proposal):
+                continue
+            try:
+                reply = await self.runner.call(
+                    p.RunExperiment,
+                    p.ExperimentReply,
+                    goal_id=self.goal_id,
+                    command=self.task.command(proposal.config),
+                    description=proposal.description,
+                    params=proposal.config,
+                    metric=self.task.metric,
+                    direction=self.task.direction,
+                )
+            except p.ProtocolError as exc:
+                if exc.error.code in ("budget_exhausted", "conflict"):
+                    self.end_note = exc.error.message
+                    break
+                raise
+            self.ledger.append(reply.experiment)
+            await self._after_run(reply)
+        await self._finish()
+
+    async def _approved(self, proposal: Proposal) -> bool:
+        estimate = self._estimate(proposal.config)
+        if estimate <= self.approve_above_s:
+            return True
+        reply = await self.runner.call(
+            p.Ask,
+            p.DecisionReply,
+            goal_id=self.goal_id,
+            kind="cost",
+            question=f"Run a costly experiment (~{estimate:.0f}s, above the {self.approve_above_s:.0f}s threshold)?",
+            detail=f"Hypothesis: {proposal.description}\nConfig: {format_params(proposal.config)}",
+        )
+        if reply.approval.state == "approved":
+            return True
+        self.planner.rejected.add(self.planner.key(proposal.config))
+        await self._milestone(
+            f"Skipped: {proposal.description.split(':')[0]} ({reply.approval.state})",
+            f"{reply.approval.decided_by or 'nobody'} said no"
+            + (f": {reply.approval.comment}" if reply.approval.comment else "")
+            + ". Trying the next hypothesis.",
+        )
+        return False
+
+    def _estimate(self, config: dict[str, Any]) -> float:
+        """The task's estimate, calibrated by how the finished runs compared with theirs."""
+        raw = self.task.estimate_cost(config)
+        ratios = [
+            e.wall_seconds / est
+            for e in self.ledger
+            if e.wall_seconds and e.status != "crash" and (est := self.task.estimate_cost(e.params)) > 0
+        ]
+        return raw * statistics.median(ratios) if ratios else raw
+
+    async def _after_run(self, reply: p.ExperimentReply) -> None:
+        e = reply.experiment
+        if reply.new_best:
+            previous = [x for x in self.ledger[:-1] if x.status == "keep"]
+            before = f" (was {previous[-1].metric_value:.4g})" if previous else ""
+            await self._milestone(
+                f"New best: {self.task.metric} {e.metric_value:.4g}{before}",
+                f"#{e.index} {e.description}\nConfig: {format_params(e.params)}\n{reply.stop_status}",
+            )
+        await self._handoff(reply.stop_status)
+
+    async def _read_inbox(self) -> None:
+        inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)
+        for message in inbox.messages:
+            applied = self.planner.apply_steer(message.text)
+            if applied:
+                text = "Applied: " + "; ".join(applied) + f".\nSearch space now: {self._space_text()}"
+            else:
+                text = (
+                    "I could not map this onto the search space, so the plan is unchanged. I understand "
+                    "'only <knob>', 'freeze <knob>', '<knob>=<value>', '<knob> under <value>'; budget "
+                    "changes ('+2m', 'max 10 experiments') are applied by the runner."
+                )
+            await self._milestone(f"Steer from {message.author}: “{message.text}”", text)
+        if inbox.messages:
+            await self._handoff("after steering")
+
+    def _target_reached(self) -> bool:
+        best = self.planner.best(self.ledger)
+        if self.goal_target is None or best is None:
+            return False
+        if self.task.direction == "maximize":
+            return best.metric_value >= self.goal_target
+        return best.metric_value <= self.goal_target
+
+    def _space_text(self) -> str:
+        parts = []
+        for knob, values in self.task.space.items():
+            c = self.planner.constraints
+            if knob in c.pinned:
+                parts.append(f"{knob}={c.pinned[knob]} (pinned)")
+            elif knob in c.frozen:
+                parts.append(f"{knob} (frozen)")
+            else:
+                allowed = [v for v in values if c.allows(knob, v)]
+                parts.append(f"{knob} ∈ {allowed}")
+        return "; ".join(parts)
+
+    async def _milestone(self, title: str, text: str = "") -> None:
+        await self.runner.call(p.ReportMilestone, p.Done, goal_id=self.goal_id, title=title[:300], text=text)
+
+    async def _handoff(self, stop_status: str) -> None:
+        best = self.planner.best(self.ledger)
+        state = {
+            "constraints": self.planner.constraints.to_json(),
+            "rejected": sorted(self.planner.rejected),
+            "best": {"index": best.index, "value": best.metric_value, "config": best.params}
+            if best
+            else None,
+            "attempted": len(self.ledger),
+            "stop_status": stop_status,
+        }
+        await self.runner.call(
+            p.WriteDiary,
+            p.Done,
+            goal_id=self.goal_id,
+            kind="handoff",
+            text="sweep state: " + json.dumps(state),
+        )
+
+    async def _resume(self) -> None:
+        entries = await self.runner.call(
+            p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=1, kind="handoff"
+        )
+        restored = "no handoff found; rebuilt from the ledger alone"
+        if entries.entries and entries.entries[-1].text.startswith("sweep state: "):
+            state = json.loads(entries.entries[-1].text.removeprefix("sweep state: "))
+            self.planner.constraints = Constraints.from_json(state["constraints"])
+            self.planner.rejected = set(state["rejected"])
+            restored = f"handoff restored ({state['attempted']} attempted at the time)"
+        best = self.planner.best(self.ledger)
+        await self._milestone(
+            "Resumed after a restart",
+            f"{restored}; the ledger has {len(self.ledger)} rows"
+            + (f", best #{best.index} {self.task.metric} {best.metric_value:.4g}" if best else "")
+            + ".",
+        )
+
+    async def _finish(self, stopped: bool = False) -> None:
+        best = self.planner.best(self.ledger)
+        lines = [f"**Why it ended:** {'stopped by a person' if stopped else self.end_note}."]
+        if best is not None:
+            lines.append(
+                f"**Best:** #{best.index} {self.task.metric} = {best.metric_value:.4g} with `{format_params(best.params)}`."
+            )
+            helped = self._effects()
+            if helped:
+                lines.append("**What moved the metric:** " + "; ".join(helped) + ".")
+            if moves := self.planner.untried_moves(self.ledger):
+                lines.append("**What to try next:** " + "; ".join(moves) + ".")
+        crashes = [e for e in self.ledger if e.status == "crash"]
+        if crashes:
+            lines.append(f"**Crashes:** {len(crashes)} (see the ledger notes and the run logs).")
+        await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text="\n\n".join(lines))
+        if not stopped:
+            await self._milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
+
+    def _effects(self) -> list[str]:
+        """Per-knob metric change of each one-knob move away from a kept config."""
+        effects = []
+        kept = {self.planner.key(e.params): e for e in self.ledger if e.status == "keep"}
+        for e in self.ledger:
+            if e.metric_value is None:
+                continue
+            for parent in kept.values():
+                if parent.index >= e.index or parent.metric_value is None:
+                    continue
+                changed = [k for k in self.task.space if parent.params.get(k) != e.params.get(k)]
+                if len(changed) == 1:
+                    k = changed[0]
+                    delta = e.metric_value - parent.metric_value
+                    effects.append((abs(delta), f"{k} {parent.params[k]}→{e.params[k]}: {delta:+.3g}"))
+                    break
+        return [text for _, text in sorted(effects, reverse=True)[:4]]
+
+
+def load_task(spec: str) -> SweepTask:
+    """'module:attr' naming a SweepTask or a function returning one."""
+    module, _, attr = spec.partition(":")
+    obj = getattr(importlib.import_module(module), attr or "TASK")
+    return obj() if callable(obj) and not isinstance(obj, SweepTask) else obj
+
+
+async def amain(args: argparse.Namespace) -> int:
+    goal_id = int(os.environ["GOALTENDER_GOAL_ID"])
+    task = load_task(args.task)
+    runner = await RunnerClient.connect_unix(socket_from_env(), client=f"agent:sweep:{goal_id}")
+    agent = SweepAgent(runner, goal_id, task, args.approve_above)
+    main_task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+    try:
+        await agent.run()
+    except asyncio.CancelledError:
+        # Stopped by the runner: hand in the report within the grace period, then go.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(agent._finish(stopped=True), 3)
+        return 0
+    finally:
+        await runner.close()
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="goaltender-sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--task", default="goaltender.agents.sweep:star_count_task", help="module:attr of a SweepTask"
+    )
+    parser.add_argument(
+        "--approve-above",
+        type=float,
+        default=float(os.environ.get("GOALTENDER_SWEEP_APPROVE_ABOVE", 60)),
+        help="ask before a run estimated to take more seconds than this",
+    )
+    sys.exit(asyncio.run(amain(parser.parse_args())))
+
+
+if __name__ == "__main__":
+    main()

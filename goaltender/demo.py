@@ -1,0 +1,199 @@
+"""`goaltender demo`: the whole loop on a laptop — a local runner, the sweep agent, the star-count
+campaign, and the goal's thread printed in the terminal as Slack would show it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from goaltender import plots
+from goaltender.console import ConsoleThread
+from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.daemon import Runner
+from goaltender.storage.records import (
+    ApprovalRequested,
+    Event,
+    Experiment,
+    ExperimentFinished,
+    ExperimentStarted,
+    FinalReport,
+    Goal,
+    GoalAccepted,
+    MetricsLogged,
+    MilestoneReported,
+    utcnow,
+)
+
+DEFAULT_GOAL = (
+    "Train the star-count model to 90% exact accuracy on the fixed 64-example held-out split, "
+    "budget 3m, max 10 experiments"
+)
+APPROVE_ABOVE_S = 12.0  # the demo's cost threshold: the big-data runs ask first
+CURVE_METRIC = "train_loss"
+
+
+def run_demo(goal_text: str | None, *, directory: Path, yes: bool) -> int:
+    return asyncio.run(Demo(goal_text or DEFAULT_GOAL, directory.resolve(), yes).run())
+
+
+class Demo:
+    def __init__(self, goal_text: str, directory: Path, yes: bool):
+        self.goal_text = goal_text
+        self.directory = directory
+        self.interactive = not yes and sys.stdin.isatty()
+        self.auto_note = not yes and not self.interactive
+        self.console = ConsoleThread(
+            approval_hint="Answer below: y = approve, n = reject; anything after it is your comment."
+            if self.interactive
+            else "Auto-approved by the demo (--yes)."
+        )
+        self.goal: Goal | None = None
+        self.experiments: dict[int, Experiment] = {}
+        self.curves: dict[int, list[tuple[float | None, float]]] = defaultdict(list)
+        self.plot_paths: list[Path] = []
+        self.interrupted = False
+
+    def settings(self) -> RunnerSettings:
+        agent = [sys.executable, "-m", "goaltender.agents.sweep", "--approve-above", str(APPROVE_ABOVE_S)]
+        return RunnerSettings(
+            home=self.directory / "runner",
+            name="demo",
+            agents={"sweep": agent},
+            default_agent="sweep",
+            experiment_timeout_s=90,
+            approval_timeout_s=600,
+            stop_grace_s=3,
+        )
+
+    async def run(self) -> int:
+        settings = self.settings()
+        runner = await Runner.start(settings)
+        serving = asyncio.ensure_future(runner.serve_forever())
+        print(f"Goaltender demo — runner state, logs and plots in {self.directory}\n")
+        if self.auto_note:
+            print(
+                "(stdin is not a terminal, so approval prompts are approved automatically, as --yes does)\n"
+            )
+        try:
+            async with await RunnerClient.connect_unix(settings.socket_path, client="demo") as client:
+                loop = asyncio.get_running_loop()
+                reply = await client.call(
+                    p.SubmitGoal, p.GoalReply, text=self.goal_text, owner=os.environ.get("USER", "you")
+                )
+                goal_id = reply.status.goal.id
+                loop.add_signal_handler(
+                    signal.SIGINT, lambda: asyncio.ensure_future(self._interrupt(client, goal_id))
+                )
+                await client.subscribe(since=0, goal_id=goal_id)
+                async for event in client.events():
+                    self.console.show(event)
+                    await self._react(client, event)
+                    if isinstance(event.data, FinalReport):
+                        await self._finale(client, goal_id)
+                        break
+        finally:
+            serving.cancel()
+            await runner.close()
+        return 0 if self.goal is not None and not self.interrupted else 1
+
+    async def _react(self, client: RunnerClient, event: Event) -> None:
+        data = event.data
+        if isinstance(data, GoalAccepted):
+            self.goal = data.goal
+        elif isinstance(data, ExperimentStarted | ExperimentFinished):
+            self.experiments[data.experiment.id] = data.experiment
+        elif isinstance(data, MetricsLogged) and data.experiment_id is not None:
+            self.curves[data.experiment_id] += [
+                (pt.step, pt.value) for pt in data.points if pt.name == CURVE_METRIC
+            ]
+        elif isinstance(data, MilestoneReported):
+            self._plot()  # plots are coalesced per milestone, as the Slack thread does
+        elif isinstance(data, ApprovalRequested):
+            await self._answer(client, data.approval.id)
+
+    async def _answer(self, client: RunnerClient, approval_id: int) -> None:
+        if self.interactive:
+            line = await asyncio.to_thread(input, f"  approve #{approval_id}? [y/n, optional comment] > ")
+            answer, _, comment = line.strip().partition(" ")
+            approve = answer.lower() in ("y", "yes", "ok", "approve")
+            by = os.environ.get("USER", "you")
+        else:
+            approve, comment, by = True, "auto-approved (--yes)", "demo"
+        try:
+            await client.call(
+                p.Decide,
+                p.DecisionReply,
+                approval_id=approval_id,
+                approve=approve,
+                by=by,
+                comment=comment or None,
+            )
+        except p.ProtocolError as exc:  # e.g. it expired while we were typing
+            print(f"  ({exc.error.message})")
+
+    def _plot(self) -> None:
+        if self.goal is None:
+            return
+        finished = sorted(
+            (e for e in self.experiments.values() if e.status != "running"), key=lambda e: e.index
+        )
+        if not finished:
+            return
+        metric = finished[0].metric_name or "metric"
+        out = self.directory / "plots"
+        paths = [
+            plots.plot_campaign(
+                finished,
+                metric,
+                out / f"goal-{self.goal.id}-campaign.png",
+                target=self.goal.target,
+                title=f"Goal #{self.goal.id}: {metric} per experiment (held-out, n=64)",
+            )
+        ]
+        by_label = {
+            f"#{e.index} " + " ".join(f"{k}={v}" for k, v in list(e.params.items())[:2]): self.curves[e.id]
+            for e in finished
+            if self.curves.get(e.id)
+        }
+        if by_label:
+            paths.append(
+                plots.plot_curves(
+                    by_label,
+                    out / f"goal-{self.goal.id}-{CURVE_METRIC}.png",
+                    ylabel=CURVE_METRIC.replace("_", " "),
+                    title=f"Goal #{self.goal.id}: training curves",
+                )
+            )
+        self.plot_paths = paths
+
+    async def _finale(self, client: RunnerClient, goal_id: int) -> None:
+        self._plot()
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        self.goal = status.goal
+        self.console.card(
+            status.goal,
+            attempted=status.attempted,
+            compute_hours_used=status.compute_hours_used,
+            best=status.best,
+            now=utcnow(),
+        )
+        for path in self.plot_paths:
+            print(f"plot: {path}")
+        print(f"ledger and logs: {status.goal.workspace}/experiments/")
+
+    async def _interrupt(self, client: RunnerClient, goal_id: int) -> None:
+        if self.interrupted:
+            return
+        self.interrupted = True
+        print("\n(interrupted: stopping the goal and writing its final report…)\n")
+        with contextlib.suppress(p.ProtocolError):
+            await client.call(
+                p.Stop, p.Done, goal_id=goal_id, by=os.environ.get("USER", "you"), reason="Ctrl-C"
+            )

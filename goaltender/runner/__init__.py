@@ -1,0 +1,1 @@
+"""runner: the daemon on the GPU box: goals, budgets, experiments, approvals, the event log."""

@@ -1,0 +1,1 @@
+"""storage: the only package that speaks SQL (aiosqlite, WAL, migrations, typed records)."""

@@ -1,0 +1,99 @@
+"""Shared fixtures: a real runner on a real Unix socket, with real SQLite and real subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.daemon import Runner
+from goaltender.storage.records import Event, FinalReport
+
+BIN = str(Path(sys.executable).parent)
+
+
+@pytest.fixture(autouse=True)
+def _goaltender_on_path(monkeypatch):
+    # Agents written as shell scripts call the `goaltender` CLI of this environment.
+    monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.fixture
+def short_dir():
+    # Unix socket paths are limited to ~108 bytes; pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="gt-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_agent(directory: Path, name: str, script: str) -> list[str]:
+    """A shell-script agent; returns its command."""
+    path = directory / name
+    path.write_text("#!/bin/bash\nset -u\n" + script)
+    path.chmod(0o755)
+    return [str(path)]
+
+
+@pytest.fixture
+async def start_runner(tmp_path, short_dir):
+    runners: list[Runner] = []
+
+    async def start(**overrides) -> Runner:
+        settings = RunnerSettings(
+            **{
+                "home": tmp_path / "home",
+                "socket": short_dir / "runner.sock",
+                "name": "test-runner",
+                "stop_grace_s": 1.0,
+                **overrides,
+            }
+        )
+        runner = await Runner.start(settings)
+        runners.append(runner)
+        return runner
+
+    yield start
+    for runner in runners:
+        await runner.close()
+
+
+@pytest.fixture
+async def connect():
+    clients: list[RunnerClient] = []
+
+    async def open_client(runner: Runner, name: str = "test") -> RunnerClient:
+        client = await RunnerClient.connect_unix(runner.settings.socket_path, client=name)
+        clients.append(client)
+        return client
+
+    yield open_client
+    for client in clients:
+        await client.close()
+
+
+async def events_until_report(client: RunnerClient, goal_id: int, timeout: float = 60) -> list[Event]:
+    """Subscribe to a goal and collect its events until the final report arrives."""
+    events: list[Event] = []
+
+    async def collect():
+        await client.subscribe(since=0, goal_id=goal_id)
+        async for event in client.events():
+            events.append(event)
+            if isinstance(event.data, FinalReport):
+                return
+
+    await asyncio.wait_for(collect(), timeout)
+    return events
+
+
+async def submit(client: RunnerClient, text: str, **fields) -> int:
+    reply = await client.call(p.SubmitGoal, p.GoalReply, text=text, **fields)
+    return reply.status.goal.id

@@ -1,0 +1,104 @@
+"""runner/budget.py: stop rules read from words, explicit budgets, and the arithmetic."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from goaltender.runner.budget import (
+    DEFAULT_BLOCK,
+    apply_budget_change,
+    check_new_experiment,
+    experiment_timeout,
+    explicit_budget,
+    parse_duration,
+    parse_goal_text,
+    stop_status,
+)
+from goaltender.storage.records import Budget
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5h", 18000), ("1h30m", 5400), ("90 s", 90), ("2.5 hours", 9000), ("3m", 180), ("1d", 86400), ("soon", None)],
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_parse_goal_text_reads_every_phrase():
+    spec = parse_goal_text(
+        "train Qwen3-VL-2B to 90% exact accuracy with SFT, budget 5h, gpu-hours 8, max 20 experiments, "
+        "30m each, with sweep"
+    )
+    assert spec.wall_seconds == 5 * 3600
+    assert spec.compute_hours == 8
+    assert spec.max_experiments == 20
+    assert spec.experiment_timeout_s == 1800
+    assert spec.target == pytest.approx(0.9)
+    assert spec.agent == "sweep"
+    assert spec.has_stop_rule
+
+
+def test_no_stop_rule_means_baseline_plus_three_then_ask():
+    spec = parse_goal_text("make star count better")
+    assert not spec.has_stop_rule
+    budget = explicit_budget(spec, NOW, default_timeout_s=600)
+    assert budget.max_experiments == DEFAULT_BLOCK == 4
+    assert budget.ask_to_continue
+    assert budget.deadline is None and budget.experiment_timeout_s == 600
+    check = check_new_experiment(budget, attempted=4, compute_used=0, now=NOW)
+    assert not check.ok and check.needs_continue_approval and "4/4" in check.reason
+
+
+def test_deadline_is_fixed_at_acceptance():
+    budget = explicit_budget(parse_goal_text("x, budget 2h"), NOW, None)
+    assert budget.deadline == NOW + timedelta(hours=2)
+    assert not budget.ask_to_continue
+    assert check_new_experiment(budget, 0, 0, NOW + timedelta(hours=1, minutes=59)).ok
+    late = check_new_experiment(budget, 0, 0, NOW + timedelta(hours=2))
+    assert not late.ok and "deadline" in late.reason
+
+
+def test_count_is_attempted_not_successful():
+    budget = Budget(max_experiments=3)
+    # Three attempts — whether they crashed or not — use the budget up.
+    assert check_new_experiment(budget, 2, 0, NOW).ok
+    check = check_new_experiment(budget, 3, 0, NOW)
+    assert not check.ok and not check.needs_continue_approval and "3/3 attempted" in check.reason
+
+
+def test_compute_budget():
+    budget = Budget(compute_hours=1.5)
+    assert check_new_experiment(budget, 0, 1.49, NOW).ok
+    assert not check_new_experiment(budget, 0, 1.5, NOW).ok
+
+
+def test_experiment_timeout_is_the_tightest_limit():
+    budget = Budget(deadline=NOW + timedelta(minutes=10), experiment_timeout_s=3600)
+    assert experiment_timeout(budget, None, NOW) == 600  # time left
+    assert experiment_timeout(budget, 120, NOW) == 120  # asked for less
+    assert experiment_timeout(Budget(experiment_timeout_s=300), None, NOW) == 300
+    assert experiment_timeout(Budget(), None, NOW) is None
+
+
+def test_stop_status_line():
+    budget = Budget(max_experiments=24, deadline=NOW + timedelta(hours=6, minutes=12))
+    assert stop_status(budget, 17, 0, NOW) == "stop condition not yet met: 17/24 attempted, 6h12m left"
+    assert stop_status(budget, 24, 0, NOW).startswith("stop condition met (experiment count): 24/24")
+
+
+def test_budget_changes():
+    budget = Budget(deadline=NOW + timedelta(hours=1), wall_seconds=3600, max_experiments=4, ask_to_continue=True)
+    new, said = apply_budget_change(budget, "budget +2h", NOW)
+    assert new.deadline == NOW + timedelta(hours=3) and "deadline +2h00m" in said
+    new, said = apply_budget_change(budget, "+5 experiments", NOW)
+    assert new.max_experiments == 9 and not new.ask_to_continue
+    new, said = apply_budget_change(budget, "max 10 experiments", NOW)
+    assert new.max_experiments == 10
+    new, said = apply_budget_change(budget, "please use gpu-hours 8", NOW)
+    assert new.compute_hours == 8
+    assert apply_budget_change(budget, "focus on the dense scenes", NOW) is None

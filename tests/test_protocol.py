@@ -1,0 +1,120 @@
+"""runner/protocol.py: every message round-trips; a live daemon answers malformed input with errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from goaltender.runner import protocol as p
+from goaltender.storage.records import Budget, MetricPoint, MilestoneReported, utcnow, Event
+
+REQUESTS = [
+    p.Hello(id=1, version=p.PROTOCOL_VERSION, client="bot"),
+    p.SubmitGoal(id=2, text="reach 90%, budget 1h", owner="ana", agent="sweep", budget=Budget(max_experiments=3)),
+    p.Steer(id=3, goal_id=1, text="focus on lr", author="ana"),
+    p.ChangeBudget(id=4, goal_id=1, change="+2h", by="ana"),
+    p.Stop(id=5, goal_id=1, by="ana", reason="enough"),
+    p.Pause(id=6, goal_id=1),
+    p.Resume(id=7, goal_id=1),
+    p.Decide(id=8, approval_id=2, approve=True, by="ana", comment="go"),
+    p.Status(id=9),
+    p.Summary(id=10, goal_id=1),
+    p.Subscribe(id=11, since=42, goal_id=1),
+    p.Ack(id=12, seq=42),
+    p.GetLog(id=13, experiment_id=1, offset=10),
+    p.GetSeries(id=14, goal_id=1, name="loss"),
+    p.ReportMilestone(id=15, goal_id=1, title="baseline done", text="25%"),
+    p.LogMetrics(id=16, goal_id=1, points=[MetricPoint(name="loss", value=0.5, step=3)]),
+    p.RunExperiment(id=17, goal_id=1, command=["python", "t.py"], description="d", params={"lr": 0.1}),
+    p.Ask(id="a-18", goal_id=1, question="ok?", timeout_s=30),
+    p.ReadInbox(id=19, goal_id=1),
+    p.WriteDiary(id=20, goal_id=1, text="plan", kind="handoff"),
+    p.ReadDiary(id=21, goal_id=1, last=3),
+    p.SubmitReport(id=22, goal_id=1, text="done"),
+]
+
+
+def test_every_request_type_is_covered():
+    assert {r.type for r in REQUESTS} == p.REQUEST_TYPES
+
+
+@pytest.mark.parametrize("request_", REQUESTS, ids=lambda r: r.type)
+def test_request_round_trip(request_):
+    line = p.encode(request_)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert p.parse_request(line) == request_
+
+
+def test_reply_round_trip():
+    event = Event(seq=7, goal_id=1, ts=utcnow(), data=MilestoneReported(title="t", text="x"))
+    for reply in [
+        p.Welcome(id=1, runner="gpu-1"),
+        p.Done(id=2, message="ok"),
+        p.EventMessage(event=event),
+        p.Subscribed(id=3, head=7),
+        p.Error(id=4, code="conflict", message="already decided"),
+        p.LogReply(id=5, text="abc", offset=0, next_offset=3, eof=True),
+    ]:
+        assert p.parse_reply(p.encode(reply)) == reply
+
+
+@pytest.mark.parametrize(
+    ("line", "code", "echo_id"),
+    [
+        (b"{not json", "bad_json", None),
+        (b"[1, 2]", "bad_json", None),
+        (b'{"type": "launch_missiles", "id": 5}', "unknown_type", 5),
+        (b'{"type": "steer", "id": 6, "goal_id": "one", "text": "x"}', "bad_request", 6),
+        (b'{"type": "steer", "id": 7, "goal_id": 1}', "bad_request", 7),
+        (b'{"type": "steer", "id": 8, "goal_id": 1, "text": "x", "extra": 1}', "bad_request", 8),
+    ],
+)
+def test_malformed_lines_are_described(line, code, echo_id):
+    error = p.parse_request(line)
+    assert isinstance(error, p.Error)
+    assert error.code == code and error.id == echo_id
+    assert error.message
+
+
+async def _raw(path):
+    reader, writer = await asyncio.open_unix_connection(str(path), limit=4 * p.MAX_LINE)
+    return reader, writer
+
+
+async def _exchange(reader, writer, line: bytes) -> dict:
+    writer.write(line)
+    await writer.drain()
+    return json.loads(await asyncio.wait_for(reader.readline(), 10))
+
+
+async def test_daemon_survives_malformed_input_and_serves_others(start_runner, connect):
+    runner = await start_runner()
+    reader, writer = await _raw(runner.settings.socket_path)
+
+    # Before the handshake, a valid request is refused.
+    reply = await _exchange(reader, writer, b'{"type": "status", "id": 1}\n')
+    assert reply["code"] == "handshake_required" and reply["id"] == 1
+    reply = await _exchange(reader, writer, b'{"type": "hello", "id": 2, "version": 999}\n')
+    assert reply["code"] == "version_mismatch"
+    reply = await _exchange(reader, writer, b'{"type": "hello", "id": 3, "version": 1, "client": "fuzz"}\n')
+    assert reply["type"] == "welcome" and reply["runner"] == "test-runner"
+
+    for line, code in [
+        (b"\xff\xfe garbage\n", "bad_json"),
+        (b'{"type": "nope", "id": 4}\n', "unknown_type"),
+        (b'{"type": "summary", "id": 5, "goal_id": [1]}\n', "bad_request"),
+        (b'{"type": "summary", "id": 6, "goal_id": 404}\n', "not_found"),
+        (b"x" * (p.MAX_LINE + 10) + b"\n", "line_too_long"),
+    ]:
+        reply = await _exchange(reader, writer, line)
+        assert reply["type"] == "error" and reply["code"] == code, reply
+
+    # The same connection still works after all that, and so does a second client.
+    reply = await _exchange(reader, writer, b'{"type": "status", "id": 7}\n')
+    assert reply["type"] == "status" and reply["id"] == 7
+    other = await connect(runner)
+    status = await other.call(p.Status, p.StatusReply)
+    assert status.goals == []
+    writer.close()

@@ -1,0 +1,143 @@
+"""storage/: migrations keyed on user_version, WAL, BEGIN IMMEDIATE writers, typed records."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+from goaltender.storage.db import Database
+from goaltender.storage.records import Budget, MetricPoint, MilestoneReported, utcnow
+from goaltender.storage.runner_store import MIGRATIONS, RunnerStore
+
+
+async def test_migrations_move_user_version_and_are_idempotent(tmp_path):
+    path = tmp_path / "m.db"
+    steps = ["CREATE TABLE a (x INTEGER);", "ALTER TABLE a ADD COLUMN y TEXT;\nCREATE TABLE b (z INTEGER);"]
+    db = await Database.open(path, steps[:1])
+    assert await db.user_version() == 1
+    await db.execute("INSERT INTO a (x) VALUES (?)", (7,))
+    await db.close()
+
+    # Re-opening with one more step applies only that step, and keeps the data.
+    db = await Database.open(path, steps)
+    assert await db.user_version() == 2
+    row = await db.fetchone("SELECT x, y FROM a")
+    assert (row["x"], row["y"]) == (7, None)
+    await db.close()
+
+    db = await Database.open(path, steps)  # nothing left to do
+    assert await db.user_version() == 2
+    assert (await db.fetchone("PRAGMA journal_mode"))[0] == "wal"
+    await db.close()
+
+
+async def test_failed_migration_rolls_back_and_keeps_version(tmp_path):
+    path = tmp_path / "m.db"
+    db = await Database.open(path, ["CREATE TABLE a (x INTEGER);"])
+    await db.close()
+    try:
+        await Database.open(path, ["CREATE TABLE a (x INTEGER);", "CREATE TABLE b (x); CREATE TABLE a (x);"])
+    except sqlite3.OperationalError:
+        pass
+    else:
+        raise AssertionError("a broken migration must raise")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'b'").fetchone() is None
+    conn.close()
+
+
+async def test_runner_store_records_round_trip(tmp_path):
+    store = await RunnerStore.open(tmp_path / "runner.db")
+    assert await store.db.user_version() == len(MIGRATIONS)
+    seen = []
+    store.on_event = seen.append
+    budget = Budget(deadline=utcnow() + timedelta(hours=1), max_experiments=5)
+    goal = await store.create_goal(
+        text="t", owner="ana", agent="sweep", budget=budget, metric=None, direction="maximize",
+        target=0.9, workspace_root=tmp_path / "ws",
+    )
+    assert goal.state == "accepted" and goal.workspace.endswith("goal-1")
+    assert goal.budget == budget
+    e = await store.start_experiment(
+        goal.id, description="baseline", command=["python", "x.py"], params={"lr": 0.1},
+        metric_name="acc", experiments_dir=tmp_path / "ws" / "exp",
+    )
+    assert e.index == 1 and e.log_path.endswith("001/run.log")
+    await store.add_metrics(goal.id, e.id, [MetricPoint(name="loss", value=1.5, step=1)])
+    done = await store.finish_experiment(
+        e.id, status="keep", metric_value=0.5, metrics={"acc": 0.5}, wall_seconds=1.0, cpu_seconds=0.9,
+        compute_hours=0.9 / 3600, peak_rss_mb=50.0, exit_code=0, note=None, new_best=True,
+    )
+    assert done.status == "keep" and done.params == {"lr": 0.1} and done.metrics == {"acc": 0.5}
+    assert await store.usage(goal.id) == (1, 0.9 / 3600)
+    assert await store.metric_series(goal.id, "loss") == [(1.0, 1.5)]
+    events = await store.events_since(0)
+    assert [ev.seq for ev in events] == list(range(1, len(events) + 1))
+    assert [ev.data.kind for ev in events] == ["goal_accepted", "experiment_started", "metrics", "experiment_finished"]
+    assert [ev.seq for ev in seen] == [ev.seq for ev in events]  # told only what the log holds, in order
+    await store.close()
+
+
+async def test_first_decision_wins(tmp_path):
+    store = await RunnerStore.open(tmp_path / "runner.db")
+    goal = await store.create_goal(
+        text="t", owner="o", agent="a", budget=Budget(), metric=None, direction="maximize", target=None,
+        workspace_root=tmp_path,
+    )
+    approval = await store.create_approval(
+        goal.id, kind="cost", question="q?", detail="", expires_at=utcnow() + timedelta(minutes=5)
+    )
+    first, won = await store.decide_approval(approval.id, state="approved", by="ana")
+    second, won_again = await store.decide_approval(approval.id, state="rejected", by="bob")
+    assert won and not won_again
+    assert first.state == second.state == "approved" and second.decided_by == "ana"
+    await store.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from goaltender.storage.records import MilestoneReported
+    from goaltender.storage.runner_store import RunnerStore
+
+    async def main(path, name, n):
+        store = await RunnerStore.open(path)
+        for i in range(n):
+            await store.append_event(None, MilestoneReported(title=f"{name}-{i}"))
+        await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    """
+)
+
+
+async def test_two_concurrent_writer_processes(tmp_path):
+    """Two processes append to one event log at once: nothing lost, seq stays gap-free."""
+    path = tmp_path / "runner.db"
+    store = await RunnerStore.open(path)  # also a third writer, in this process
+    n = 150
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), name, str(n)]) for name in ("left", "right")
+    ]
+    for i in range(n):
+        await store.append_event(None, MilestoneReported(title=f"here-{i}"))
+    assert [await asyncio.to_thread(proc.wait) for proc in procs] == [0, 0]
+    events = await store.events_since(0, limit=10_000)
+    assert [e.seq for e in events] == list(range(1, 3 * n + 1))
+    for name in ("left", "right", "here"):
+        titles = [e.data.title for e in events if e.data.title.startswith(name)]
+        assert titles == [f"{name}-{i}" for i in range(n)]  # each writer's order is kept
+    await store.close()
+
+
+async def test_database_busy_timeout_and_wal(tmp_path):
+    db = await Database.open(Path(tmp_path / "x.db"))
+    assert (await db.fetchone("PRAGMA busy_timeout"))[0] >= 5000
+    assert (await db.fetchone("PRAGMA foreign_keys"))[0] == 1
+    await db.close()
