@@ -1,0 +1,600 @@
+"""The goal's thread in a terminal: events rendered the way the Slack thread reads them.
+
+``ConsoleThread.render(event)`` is pure (event in, text out); ``show(event)`` prints it. Each
+message is a header line -- time, speaker, an emoji per kind, a one-line summary -- followed by
+an indented body. ``render_card`` draws the root status card with text budget bars.
+``format_duration`` and ``format_metric`` are shared with other surfaces.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import textwrap
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, TextIO
+
+from goaltender.storage.records import (
+    Approval,
+    ApprovalDecided,
+    ApprovalRequested,
+    Budget,
+    BudgetChanged,
+    Event,
+    Experiment,
+    ExperimentFinished,
+    ExperimentStarted,
+    FinalReport,
+    Goal,
+    GoalAccepted,
+    GoalStateChanged,
+    MetricsLogged,
+    MilestoneReported,
+    SteerReceived,
+)
+
+__all__ = [
+    "ConsoleThread",
+    "format_bar",
+    "format_duration",
+    "format_metric",
+    "format_params",
+    "is_percent_metric",
+]
+
+WIDTH = 100
+INDENT = "    "
+SPEAKER = "goaltender"
+BAR_WIDTH = 10
+
+EMOJI = {
+    "goal_accepted": "🎯",
+    "goal_state": "▶️",
+    "experiment_started": "🧪",
+    "keep": "✅",
+    "discard": "➖",
+    "crash": "💥",
+    "running": "🧪",
+    "milestone": "🏁",
+    "approval_requested": "🙋",
+    "approved": "👍",
+    "rejected": "👎",
+    "expired": "⌛",
+    "pending": "🙋",
+    "steer": "💬",
+    "budget_changed": "📐",
+    "report": "📋",
+}
+STATE_EMOJI = {
+    "running": "▶️",
+    "paused": "⏸️",
+    "waiting_for_approval": "⏳",
+    "finished": "🏆",
+    "stopped": "⏹️",
+    "failed": "❌",
+}
+
+DEFAULT_APPROVAL_HINT = "Answer at the prompt: y = approve, n = reject; anything after it is your comment."
+
+# ---- shared formatting helpers ----
+
+_ANSI = {
+    "bold": "1",
+    "dim": "2",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+}
+# Control characters other than newline and tab (this includes ESC, so user text can't inject colour).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _visible_len(text: str) -> int:
+    return len(_ANSI_RE.sub("", text))
+
+
+def _clean(text: str) -> str:
+    return _CONTROL.sub("", text.replace("\r\n", "\n"))
+
+
+def is_percent_metric(name: str | None) -> bool:
+    """Whether a metric is an accuracy-like fraction that reads best as a percentage."""
+    if not name:
+        return False
+    lowered = name.lower()
+    if "accuracy" in lowered:
+        return True
+    return "acc" in re.split(r"[^a-z0-9]+", lowered)
+
+
+def format_duration(seconds: float | None) -> str:
+    """14.2s, 1m32s, 2h05m, 3d04h. None or NaN -> "—"."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "—"
+    if math.isinf(seconds):
+        return "∞"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
+    total = round(seconds)
+    if total < 3600:
+        m, s = divmod(total, 60)
+        return f"{m}m{s:02d}s"
+    total_min = round(seconds / 60)
+    if total_min < 24 * 60:
+        h, m = divmod(total_min, 60)
+        return f"{h}h{m:02d}m"
+    total_h = round(seconds / 3600)
+    d, h = divmod(total_h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def format_metric(name: str | None, value: float | None) -> str:
+    """Accuracy-like metrics as a percentage (87.5%), anything else with 4 significant digits."""
+    if value is None:
+        return "—"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    if is_percent_metric(name):
+        # A value above 1 is taken to be a percentage already.
+        return f"{value * 100:.1f}%" if -1.0 <= value <= 1.0 else f"{value:.1f}%"
+    return f"{value:.4g}"
+
+
+def _format_param_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_format_param_value(v) for v in value)
+    return str(value)
+
+
+def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
+    """``train_size=2048 hidden=64 lr=0.001``, cut with " …" when longer than ``max_len``."""
+    text = " ".join(f"{k}={_format_param_value(v)}" for k, v in params.items())
+    text = _clean(text).replace("\n", " ")
+    if max_len is not None and len(text) > max_len:
+        cut = text[: max(0, max_len - 2)]
+        if " " in cut:
+            cut = cut[: cut.rindex(" ")]
+        text = (cut + " …").strip()
+    return text
+
+
+def format_bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """``[###-------]``: the number of ``#`` is ``floor(fraction * width)``, clamped to the bar."""
+    if not math.isfinite(fraction):
+        fraction = 1.0
+    filled = min(width, max(0, int(fraction * width + 1e-9)))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def _format_hours(hours: float) -> str:
+    if hours == 0:
+        return "0"
+    if hours < 10:
+        return f"{hours:.3f}".rstrip("0").rstrip(".") if hours >= 0.001 else f"{hours:.2g}"
+    return f"{hours:.1f}"
+
+
+def _budget_summary(budget: Budget) -> str:
+    parts: list[str] = []
+    if budget.wall_seconds is not None:
+        parts.append(f"{format_duration(budget.wall_seconds)} wall")
+    if budget.deadline is not None:
+        parts.append(f"deadline {_clock(budget.deadline)}")
+    if budget.max_experiments is not None:
+        parts.append(f"≤{budget.max_experiments} experiments")
+    if budget.compute_hours is not None:
+        parts.append(f"{_format_hours(budget.compute_hours)} compute-h")
+    if budget.experiment_timeout_s is not None:
+        parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
+    if budget.ask_to_continue:
+        parts.append("asks before going past baseline + 3")
+    return " · ".join(parts) if parts else "no limits"
+
+
+def _clock(ts: datetime) -> str:
+    try:
+        return ts.astimezone().strftime("%H:%M:%S")
+    except (ValueError, OSError):
+        return ts.strftime("%H:%M:%S")
+
+
+def _wrap(text: str, indent: str = INDENT, width: int = WIDTH) -> list[str]:
+    """Wrap each line of ``text`` to ``width``, keeping blank lines and list-style hanging indents."""
+    out: list[str] = []
+    for raw in _clean(text).split("\n"):
+        line = raw.rstrip()
+        if not line.strip():
+            out.append("")
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        stripped = line.lstrip()
+        m = re.match(r"([-*•]|\d+[.)])\s+", stripped)
+        hang = " " * (len(m.group(0)) if m else 0)
+        out.extend(
+            textwrap.wrap(
+                stripped,
+                width=width,
+                initial_indent=indent + lead,
+                subsequent_indent=indent + lead + hang,
+                break_long_words=True,
+                break_on_hyphens=False,
+            )
+            or [indent]
+        )
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+# ---- the thread ----
+
+
+class ConsoleThread:
+    """Prints a goal's events as a chat thread.
+
+    ``color=None`` enables ANSI colour when ``stream`` is a TTY and ``NO_COLOR`` is unset.
+    ``approval_hint`` is the "how to answer" line under approval prompts (``{id}`` is filled in).
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        color: bool | None = None,
+        *,
+        width: int = WIDTH,
+        speaker: str = SPEAKER,
+        approval_hint: str = DEFAULT_APPROVAL_HINT,
+    ) -> None:
+        self._stream = stream
+        if color is None:
+            target = self.stream
+            isatty = getattr(target, "isatty", None)
+            color = bool(isatty and isatty()) and not os.environ.get("NO_COLOR")
+        self.color = color
+        self.width = width
+        self.speaker = speaker
+        self.approval_hint = approval_hint
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stdout
+
+    # -- styling --
+
+    def _c(self, text: str, *styles: str) -> str:
+        if not self.color or not styles or not text:
+            return text
+        codes = ";".join(_ANSI[s] for s in styles)
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    def _status_style(self, status: str) -> str:
+        return {"keep": "green", "discard": "dim", "crash": "red", "running": "cyan"}.get(status, "cyan")
+
+    def _state_style(self, state: str) -> str:
+        return {
+            "running": "green",
+            "accepted": "cyan",
+            "waiting_for_approval": "yellow",
+            "paused": "yellow",
+            "finished": "green",
+            "stopped": "yellow",
+            "failed": "red",
+        }.get(state, "cyan")
+
+    # -- message assembly --
+
+    def _header(self, ts: datetime, emoji: str, summary: str) -> str:
+        time_part = self._c(_clock(ts), "dim")
+        return f"{time_part}  {self._c(self.speaker, 'bold')}  {emoji} {summary}"
+
+    def _prefix_len(self) -> int:
+        # time (8) + 2 + speaker + 2 + emoji (2 columns on most terminals) + 1
+        return 8 + 2 + len(self.speaker) + 2 + 2 + 1
+
+    def _fit(self, lead: str, title: str, *styles: str) -> tuple[str, list[str]]:
+        """``lead`` + ``title`` as the header summary; what doesn't fit continues in the body."""
+        title = " ".join(_clean(title).split())
+        room = self.width - self._prefix_len() - _visible_len(lead)
+        if len(title) <= room:
+            return lead + self._c(title, *styles), []
+        chunks = textwrap.wrap(title, width=max(20, room), break_on_hyphens=False)
+        rest = " ".join(chunks[1:])
+        return lead + self._c(chunks[0], *styles), self._body(rest, *styles)
+
+    def _message(self, ts: datetime, emoji: str, summary: str, body: Iterable[str] = ()) -> str:
+        lines = [self._header(ts, emoji, summary)]
+        lines.extend(body)
+        return "\n".join(lines)
+
+    def _body(self, text: str | None, *styles: str) -> list[str]:
+        if not text:
+            return []
+        return [self._c(line, *styles) if line else line for line in _wrap(text, width=self.width)]
+
+    # -- public API --
+
+    def render(self, event: Event) -> str:
+        """The text block for one event; "" for events the thread doesn't show."""
+        data = event.data
+        ts = event.ts
+        if isinstance(data, GoalAccepted):
+            return self._render_accepted(ts, data)
+        if isinstance(data, GoalStateChanged):
+            return self._render_state(ts, data)
+        if isinstance(data, MilestoneReported):
+            summary, body = self._fit("", data.title, "bold")
+            return self._message(ts, EMOJI["milestone"], summary, body + self._body(data.text))
+        if isinstance(data, MetricsLogged):
+            return ""
+        if isinstance(data, ExperimentStarted):
+            return self._render_started(ts, data.experiment)
+        if isinstance(data, ExperimentFinished):
+            return self._render_finished(ts, data.experiment, new_best=data.new_best)
+        if isinstance(data, ApprovalRequested):
+            return self._render_approval_requested(ts, data.approval)
+        if isinstance(data, ApprovalDecided):
+            return self._render_approval_decided(ts, data.approval)
+        if isinstance(data, SteerReceived):
+            msg = data.message
+            summary = f"Steer from {self._c(_clean(msg.author), 'bold')}"
+            return self._message(ts, EMOJI["steer"], summary, self._body(msg.text))
+        if isinstance(data, BudgetChanged):
+            summary = f"Budget changed: {_clean(data.reason)}" if data.reason else "Budget changed"
+            return self._message(
+                ts, EMOJI["budget_changed"], summary, self._body(f"now: {_budget_summary(data.budget)}")
+            )
+        if isinstance(data, FinalReport):
+            return self._render_report(ts, data)
+        return ""
+
+    def show(self, event: Event) -> str:
+        """Render ``event``, print it (followed by a blank line) and flush; returns the text."""
+        text = self.render(event)
+        if text:
+            self.write(text)
+        return text
+
+    def write(self, text: str) -> None:
+        """Print a rendered block (a message or a card) as its own paragraph of the thread."""
+        stream = self.stream
+        stream.write(text.rstrip("\n") + "\n\n")
+        stream.flush()
+
+    def card(
+        self,
+        goal: Goal,
+        *,
+        attempted: int,
+        compute_hours_used: float,
+        best: Experiment | None,
+        now: datetime,
+    ) -> str:
+        """Render the status card, print it and flush; returns the text."""
+        text = self.render_card(
+            goal, attempted=attempted, compute_hours_used=compute_hours_used, best=best, now=now
+        )
+        self.write(text)
+        return text
+
+    def render_card(
+        self,
+        goal: Goal,
+        *,
+        attempted: int,
+        compute_hours_used: float,
+        best: Experiment | None,
+        now: datetime,
+    ) -> str:
+        """The root status card: state, budget bars, best result, agent."""
+        b = goal.budget
+        state = self._c(goal.state.replace("_", " "), "bold", self._state_style(goal.state))
+        emoji = STATE_EMOJI.get(goal.state, EMOJI["goal_accepted"])
+        title = f"{emoji} Goal #{goal.id}  [{state}]  agent: {goal.agent}  owner: {_clean(goal.owner)}"
+        lines = [self._c("─" * min(self.width, 60), "dim"), title]
+        text_lines = _wrap(goal.text, indent=INDENT, width=self.width)
+        if len(text_lines) > 3:
+            text_lines = [*text_lines[:2], text_lines[2][: self.width - 2].rstrip() + " …"]
+        lines.extend(text_lines)
+
+        label_w = 12
+        # time
+        start = goal.accepted_at or goal.created_at
+        end = goal.ended_at if goal.ended_at is not None else now
+        used_s = max(0.0, (end - start).total_seconds())
+        total_s = b.wall_seconds
+        if total_s is None and b.deadline is not None:
+            total_s = (b.deadline - start).total_seconds()
+        lines.append(self._bar_line("time", label_w, used_s, total_s, format_duration))
+        # experiments
+        lines.append(
+            self._bar_line(
+                "experiments", label_w, float(attempted), b.max_experiments, lambda v: str(int(v)), sep="/"
+            )
+        )
+        # compute
+        lines.append(
+            self._bar_line("compute-h", label_w, float(compute_hours_used), b.compute_hours, _format_hours)
+        )
+        # best
+        metric = goal.metric or (best.metric_name if best else None) or "metric"
+        if best is not None and best.metric_value is not None:
+            best_text = (
+                f"#{best.index} {best.metric_name or metric} "
+                f"{self._c(format_metric(best.metric_name or metric, best.metric_value), 'bold')}"
+            )
+        else:
+            best_text = "none yet"
+        extras = []
+        arrow = "↑" if goal.direction == "maximize" else "↓"
+        extras.append(f"{arrow} {goal.direction}")
+        if goal.target is not None:
+            extras.append(f"target {format_metric(metric, goal.target)}")
+        lines.append(f"{INDENT}{'best':<{label_w}} {best_text}  ({', '.join(extras)})")
+        if goal.end_reason:
+            lines.extend(_wrap(f"ended: {goal.end_reason}", indent=INDENT, width=self.width))
+        elif goal.state == "running" and b.ask_to_continue:
+            lines.append(f"{INDENT}{self._c('asks before going past baseline + 3 experiments', 'dim')}")
+        lines.append(self._c("─" * min(self.width, 60), "dim"))
+        return "\n".join(lines)
+
+    # -- per-kind renderers --
+
+    def _bar_line(
+        self,
+        label: str,
+        label_w: int,
+        used: float,
+        total: float | None,
+        fmt,
+        sep: str = " / ",
+    ) -> str:
+        head = f"{INDENT}{label:<{label_w}} "
+        if total is None or total <= 0:
+            return f"{head}{fmt(used)} {self._c('(no limit)', 'dim')}"
+        frac = used / total
+        bar = format_bar(frac)
+        style = "green" if frac < 0.75 else "yellow" if frac < 1.0 else "red"
+        over = f" {self._c('over budget', 'red', 'bold')}" if frac > 1.0 + 1e-9 else ""
+        return f"{head}{self._c(bar, style)} {fmt(used)}{sep}{fmt(total)}{over}"
+
+    def _render_accepted(self, ts: datetime, data: GoalAccepted) -> str:
+        g = data.goal
+        summary = self._c(f"Goal #{g.id} accepted", "bold")
+        body = self._body(g.text)
+        facts = [f"owner: {_clean(g.owner)}", f"agent: {g.agent}"]
+        if g.metric:
+            arrow = "↑" if g.direction == "maximize" else "↓"
+            metric = f"metric: {g.metric} {arrow} {g.direction}"
+            if g.target is not None:
+                metric += f", target {format_metric(g.metric, g.target)}"
+            facts.append(metric)
+        body += self._body(" · ".join(facts), "dim")
+        body += self._body(f"budget: {_budget_summary(g.budget)}", "dim")
+        return self._message(ts, EMOJI["goal_accepted"], summary, body)
+
+    def _render_state(self, ts: datetime, data: GoalStateChanged) -> str:
+        state = data.state.replace("_", " ")
+        summary = f"Goal is now {self._c(state, 'bold', self._state_style(data.state))}"
+        return self._message(
+            ts, STATE_EMOJI.get(data.state, EMOJI["goal_state"]), summary, self._body(data.reason)
+        )
+
+    def _render_started(self, ts: datetime, e: Experiment) -> str:
+        emoji = EMOJI["experiment_started"]
+        summary = f"{self._c(f'#{e.index}', 'bold')} started"
+        room = self.width - self._prefix_len() - len(f"#{e.index} started") - 2
+        body: list[str] = []
+        if e.params:
+            params = format_params(e.params)
+            if len(params) <= room:
+                summary += f"  {params}"
+            else:
+                body += self._body(f"params: {params}")
+        body += self._body(e.description)
+        if e.command:
+            cmd = " ".join(_clean(c) for c in e.command)
+            limit = self.width - len(INDENT) - 2
+            if len(cmd) > limit:
+                cmd = cmd[: limit - 1] + "…"
+            body.append(self._c(f"{INDENT}$ {cmd}", "dim"))
+        return self._message(ts, emoji, summary, body)
+
+    def _render_finished(self, ts: datetime, e: Experiment, *, new_best: bool) -> str:
+        emoji = EMOJI.get(e.status, EMOJI["running"])
+        parts_plain: list[str] = [f"#{e.index} {e.status}"]
+        parts: list[str] = [
+            f"{self._c(f'#{e.index}', 'bold')} {self._c(e.status, self._status_style(e.status))}"
+        ]
+        if e.metric_value is not None:
+            name = e.metric_name or "metric"
+            value = format_metric(name, e.metric_value)
+            best = " (best)" if new_best else ""
+            parts_plain.append(f"{name} {value}{best}")
+            parts.append(f"{name} {self._c(value, 'bold')}{self._c(best, 'yellow', 'bold')}")
+        elif e.status == "crash":
+            crash = f"exit {e.exit_code}" if e.exit_code is not None else "no metric"
+            parts_plain.append(crash)
+            parts.append(self._c(crash, "red"))
+        tail: list[str] = []
+        if e.wall_seconds is not None:
+            tail.append(format_duration(e.wall_seconds))
+        if e.cpu_seconds is not None:
+            tail.append(f"{_format_hours(e.cpu_seconds / 3600)} cpu-h")
+        elif e.compute_hours is not None:
+            tail.append(f"{_format_hours(e.compute_hours)} compute-h")
+
+        # Fit the params between the metric and the costs; the full list goes to the body if cut.
+        body: list[str] = []
+        fixed = len("  ".join(parts_plain + tail)) + 2
+        room = self.width - self._prefix_len() - fixed
+        if e.params:
+            full = format_params(e.params)
+            if len(full) <= room:
+                params = full
+            else:
+                params = format_params(e.params, max_len=room) if room >= 16 else ""
+                body += self._body(f"params: {full}", "dim")
+            if params:
+                parts.append(params)
+        parts.extend(self._c(t, "dim") for t in tail)
+        summary = "  ".join(parts)
+
+        body = self._body(e.description) + body
+        if e.note:
+            note = self._body(f"note: {e.note}", "red" if e.status == "crash" else "dim")
+            body += note if len(note) <= 8 else [*note[:3], f"{INDENT}…", *note[-4:]]
+        return self._message(ts, emoji, summary, body)
+
+    def _render_approval_requested(self, ts: datetime, a: Approval) -> str:
+        lead = self._c("Approval needed", "bold", "yellow") + ": "
+        summary, body = self._fit(lead, a.question, "bold")
+        body += self._body(a.detail)
+        body += self._body(f"approval #{a.id} · {a.kind} · expires {_clock(a.expires_at)}", "dim")
+        body += self._body(self.approval_hint.replace("{id}", str(a.id)), "cyan")
+        return self._message(ts, EMOJI["approval_requested"], summary, body)
+
+    def _render_approval_decided(self, ts: datetime, a: Approval) -> str:
+        emoji = EMOJI.get(a.state, EMOJI["approval_requested"])
+        who = _clean(a.decided_by) if a.decided_by else None
+        if a.state == "approved":
+            summary = f"{self._c('Approved', 'bold', 'green')} by {self._c(who or 'someone', 'bold')}"
+        elif a.state == "rejected":
+            summary = f"{self._c('Rejected', 'bold', 'red')} by {self._c(who or 'someone', 'bold')}"
+        elif a.state == "expired":
+            summary = self._c("Expired without an answer (treated as rejected)", "bold", "yellow")
+        else:
+            summary = "Approval still pending"
+        summary += f"  (approval #{a.id})"
+        body: list[str] = []
+        if a.comment:
+            body += self._body(f"“{_clean(a.comment)}”")
+        body += self._body(f"re: {a.question}", "dim")
+        return self._message(ts, emoji, summary, body)
+
+    def _render_report(self, ts: datetime, data: FinalReport) -> str:
+        summary = f"{self._c('Final report', 'bold')} — {_clean(data.end_reason)}"
+        lines = [self._header(ts, EMOJI["report"], summary)]
+        if data.best is not None and data.best.metric_value is not None:
+            b = data.best
+            name = b.metric_name or "metric"
+            lines.extend(
+                self._body(f"best: #{b.index} {name} {format_metric(name, b.metric_value)} — {b.description}")
+            )
+        lines.append("")
+        # The report's markdown as is (its ledger table must keep its columns aligned).
+        lines.append(_clean(data.text).rstrip("\n"))
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Task environments (star count, ...)."""

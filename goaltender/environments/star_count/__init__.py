@@ -1,0 +1,1 @@
+"""Star-count task environment."""

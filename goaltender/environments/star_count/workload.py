@@ -1,0 +1,331 @@
+"""Small CPU model workload for the star-count task (numpy + scikit-learn only).
+
+Run as::
+
+    python -m goaltender.environments.star_count.workload \\
+        --train-size 2000 --hidden 64 --iters 60 --lr 0.003 --resolution 16 [--seed 0]
+
+It renders (or loads from a cache) the training images and the fixed 64-example held-out split,
+downsamples each image to ``resolution x resolution`` RGB with area averaging, and fits one
+``MLPRegressor`` (one hidden ReLU layer of ``hidden`` units, Adam, ``lr``, ``iters`` epochs) that
+maps RAW PIXELS to the count of every colour. No hand-made features: the network sees the
+flattened pixels scaled to [0, 1], nothing else. Predictions are rounded and clipped to whole
+counts, written out as answer text (``\\boxed{red: 3, green: 0, blue: 1}``) and scored by the
+task verifier.
+
+Stdout protocol (parsed by the runner): a handful of JSON progress lines
+``{"step": 10, "train_loss": 0.123}``, then ``key: value`` summary lines, one per line
+(``exact_accuracy``, ``mean_reward``, ``train_loss``, ``train_seconds``, ``train_size``,
+``n_heldout`` and a few more).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Keep BLAS from oversubscribing a small box; must run before numpy is imported.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "2")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from .generate import (  # noqa: E402
+    DEFAULT_CONFIG,
+    HELDOUT_SIZE,
+    Example,
+    StarCountConfig,
+    heldout_seeds,
+    make_example,
+    render,
+    train_seeds,
+)
+from .prompt import format_answer  # noqa: E402
+from .verify import score  # noqa: E402
+
+#: Bump when rendering or array layout changes, so stale caches are not reused.
+CACHE_VERSION = 1
+
+#: Every knob with its candidate values. The FIRST value of each list is the naive starting
+#: point (``BASELINE``); the remaining values follow in ascending order.
+SEARCH_SPACE: dict[str, list[Any]] = {
+    "train_size": [500, 1000, 2000, 4000],
+    "hidden": [16, 32, 64, 128],
+    "iters": [20, 40, 80, 160],
+    "lr": [0.001, 0.003, 0.01, 0.03, 0.1],
+    "resolution": [16, 8, 12, 24, 32],
+}
+BASELINE: dict[str, Any] = {knob: values[0] for knob, values in SEARCH_SPACE.items()}
+
+# estimate_cost() calibration (seconds, measured on a 2-core Xeon @ 2.6 GHz; see README).
+_COST_FIXED = 1.2  # interpreter start, imports, held-out split, scoring
+_COST_PER_TRAIN_IMAGE = 0.0  # rendering is cached after the first run; see estimate_cost()
+_COST_PER_RENDER = 4.0e-4  # seconds to render + downsample one image (cold cache)
+_COST_PER_MAC = 2.0e-9  # seconds per multiply-accumulate of one training epoch (fwd + bwd)
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    train_size: int = BASELINE["train_size"]
+    hidden: int = BASELINE["hidden"]
+    iters: int = BASELINE["iters"]
+    lr: float = BASELINE["lr"]
+    resolution: int = BASELINE["resolution"]
+    seed: int = 0
+
+
+def _as_config(config: WorkloadConfig | dict[str, Any] | None) -> WorkloadConfig:
+    if config is None:
+        return WorkloadConfig()
+    if isinstance(config, WorkloadConfig):
+        return config
+    known = {k: v for k, v in config.items() if k in WorkloadConfig.__dataclass_fields__}
+    return WorkloadConfig(**{**BASELINE, **known})
+
+
+def estimate_cost(config: WorkloadConfig | dict[str, Any], cached: bool = False) -> float:
+    """Rough wall-clock estimate in seconds for one run on a 2-core CPU.
+
+    Training is one hidden layer over ``resolution**2 * 3`` inputs, so an epoch costs about
+    ``train_size * hidden * resolution**2 * 3`` multiply-accumulates (x3 for forward + backward).
+    A cold cache adds rendering of the train + held-out images.
+    """
+    cfg = _as_config(config)
+    n_colours = len(DEFAULT_CONFIG.colours)
+    macs = cfg.train_size * cfg.iters * cfg.hidden * (cfg.resolution**2 * 3 + n_colours) * 3
+    render = 0.0 if cached else _COST_PER_RENDER * (cfg.train_size + HELDOUT_SIZE)
+    return round(_COST_FIXED + render + _COST_PER_MAC * macs, 2)
+
+
+# ----------------------------------------------------------------------------- data + cache
+
+
+def cache_dir() -> Path:
+    """``$GOALTENDER_CACHE_DIR``, else ``$XDG_CACHE_HOME/goaltender``, else ``~/.cache/goaltender``."""
+    if explicit := os.environ.get("GOALTENDER_CACHE_DIR"):
+        return Path(explicit)
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return Path(xdg) / "goaltender"
+    return Path.home() / ".cache" / "goaltender"
+
+
+def _prefix(kind: str, resolution: int, cfg: StarCountConfig) -> str:
+    return f"star_count_v{CACHE_VERSION}_{cfg.fingerprint()}_{kind}_r{resolution}"
+
+
+def images_to_arrays(
+    examples: Sequence[Example], resolution: int, cfg: StarCountConfig = DEFAULT_CONFIG
+) -> tuple[np.ndarray, np.ndarray]:
+    """Render, downsample (area averaging) -> ``X`` uint8 ``[n, R, R, 3]``, ``Y`` int16 ``[n, colours]``."""
+    X = np.empty((len(examples), resolution, resolution, 3), dtype=np.uint8)
+    for i, ex in enumerate(examples):
+        img = render(ex)
+        if img.size != (resolution, resolution):
+            img = img.resize((resolution, resolution), Image.Resampling.BOX)
+        X[i] = np.asarray(img, dtype=np.uint8)
+    Y = np.array([[ex.counts[c] for c in cfg.colours] for ex in examples], dtype=np.int16)
+    return X, Y.reshape(len(examples), len(cfg.colours))
+
+
+def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _try_load(path: Path, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        with np.load(path) as data:
+            X, Y = data["X"], data["Y"]
+    except (OSError, KeyError, ValueError, EOFError):
+        return None
+    if len(X) < n or len(Y) < n:
+        return None
+    return X[:n], Y[:n]
+
+
+def load_split(
+    kind: str,
+    n: int,
+    resolution: int,
+    cfg: StarCountConfig = DEFAULT_CONFIG,
+    use_cache: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays for ``kind`` = ``"train"`` (seeds ``0..n-1``) or ``"heldout"`` (the fixed split).
+
+    Cached as npz under :func:`cache_dir`, keyed by config fingerprint, resolution and n. A cached
+    training set with more examples is sliced (its first n seeds are the same examples).
+    """
+    if kind == "heldout":
+        n = HELDOUT_SIZE
+        seeds = heldout_seeds()
+    elif kind == "train":
+        seeds = train_seeds(n)
+    else:
+        raise ValueError(f"unknown split {kind!r}")
+    directory = cache_dir()
+    prefix = _prefix(kind, resolution, cfg)
+    if use_cache and directory.is_dir():
+        candidates = []
+        for p in directory.glob(prefix + "_n*.npz"):
+            try:
+                size = int(p.stem.rsplit("_n", 1)[1])
+            except ValueError:
+                continue
+            if size >= n:
+                candidates.append((size, p))
+        for _size, p in sorted(candidates):
+            loaded = _try_load(p, n)
+            if loaded is not None:
+                return loaded
+    X, Y = images_to_arrays([make_example(s, cfg) for s in seeds], resolution, cfg)
+    if use_cache:
+        try:
+            _atomic_savez(directory / f"{prefix}_n{n}.npz", X=X, Y=Y)
+        except OSError as exc:  # a read-only cache must not kill the run
+            print(f"warning: could not write cache: {exc}", file=sys.stderr)
+    return X, Y
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def _features(X: np.ndarray) -> np.ndarray:
+    """Raw pixels, flattened and scaled to [0, 1]."""
+    return X.reshape(len(X), -1).astype(np.float32) / np.float32(255.0)
+
+
+def _progress_steps(iters: int, how_many: int = 8) -> set[int]:
+    return {max(1, round(iters * k / how_many)) for k in range(1, how_many + 1)}
+
+
+def predictions_to_answers(pred: np.ndarray, cfg: StarCountConfig = DEFAULT_CONFIG) -> list[str]:
+    lo, hi = cfg.count_range
+    counts = np.clip(np.rint(pred), lo, hi).astype(int)
+    names = cfg.colour_names
+    return [format_answer(dict(zip(names, row.tolist(), strict=True)), names) for row in counts]
+
+
+def run(
+    config: WorkloadConfig | dict[str, Any] | None = None,
+    cfg: StarCountConfig = DEFAULT_CONFIG,
+    use_cache: bool = True,
+    threads: int = 2,
+    emit=print,
+) -> dict[str, Any]:
+    """Train and evaluate once; ``emit`` receives progress lines. Returns the summary dict."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    wc = _as_config(config)
+    t_start = time.perf_counter()
+    X_train, Y_train = load_split("train", wc.train_size, wc.resolution, cfg, use_cache)
+    X_held, _ = load_split("heldout", HELDOUT_SIZE, wc.resolution, cfg, use_cache)
+    heldout_examples = [make_example(s, cfg) for s in heldout_seeds()]
+    data_seconds = time.perf_counter() - t_start
+
+    Xtr = _features(X_train)
+    Ytr = Y_train.astype(np.float32)
+    model = MLPRegressor(
+        hidden_layer_sizes=(wc.hidden,),
+        activation="relu",
+        solver="adam",
+        learning_rate_init=wc.lr,
+        alpha=1e-4,
+        batch_size=min(200, wc.train_size),
+        shuffle=True,
+        random_state=wc.seed,
+    )
+    try:
+        from threadpoolctl import threadpool_limits
+
+        limit = threadpool_limits(limits=threads)
+    except ImportError:  # pragma: no cover - threadpoolctl ships with scikit-learn
+        limit = nullcontext()
+
+    steps = _progress_steps(wc.iters)
+    t_train = time.perf_counter()
+    loss = float("nan")
+    with limit, warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for epoch in range(1, wc.iters + 1):
+            model.partial_fit(Xtr, Ytr)
+            loss = float(model.loss_)
+            if not np.isfinite(loss):
+                emit(json.dumps({"step": epoch, "train_loss": None, "diverged": True}))
+                break
+            if epoch in steps:
+                emit(json.dumps({"step": epoch, "train_loss": round(loss, 6)}))
+        train_seconds = time.perf_counter() - t_train
+        pred = model.predict(_features(X_held))
+    pred = np.nan_to_num(pred, nan=0.0, posinf=0.0, neginf=0.0)
+    answers = predictions_to_answers(pred, cfg)
+    scores = score(heldout_examples, answers)
+    return {
+        "exact_accuracy": round(scores["exact_accuracy"], 4),
+        "mean_reward": round(scores["mean_reward"], 4),
+        "train_loss": round(loss, 6) if np.isfinite(loss) else float("nan"),
+        "train_seconds": round(train_seconds, 3),
+        "data_seconds": round(data_seconds, 3),
+        "total_seconds": round(time.perf_counter() - t_start, 3),
+        "train_size": wc.train_size,
+        "hidden": wc.hidden,
+        "iters": wc.iters,
+        "lr": wc.lr,
+        "resolution": wc.resolution,
+        "seed": wc.seed,
+        "n_heldout": scores["n"],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train-size", type=int, default=BASELINE["train_size"])
+    parser.add_argument("--hidden", type=int, default=BASELINE["hidden"])
+    parser.add_argument("--iters", type=int, default=BASELINE["iters"])
+    parser.add_argument("--lr", type=float, default=BASELINE["lr"])
+    parser.add_argument("--resolution", type=int, default=BASELINE["resolution"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the array cache")
+    args = parser.parse_args(argv)
+    for name in ("train_size", "hidden", "iters", "resolution"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0:
+        parser.error("--lr must be > 0")
+    wc = WorkloadConfig(
+        train_size=args.train_size,
+        hidden=args.hidden,
+        iters=args.iters,
+        lr=args.lr,
+        resolution=args.resolution,
+        seed=args.seed,
+    )
+    summary = run(wc, use_cache=not args.no_cache, threads=args.threads, emit=lambda s: print(s, flush=True))
+    summary["estimated_seconds"] = estimate_cost(wc)
+    for key, value in summary.items():
+        print(f"{key}: {value}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

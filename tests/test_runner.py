@@ -1,0 +1,245 @@
+"""The runner daemon end to end: real socket, real SQLite, real agent and experiment processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import events_until_report, submit, write_agent
+from goaltender.runner import protocol as p
+from goaltender.storage.records import ApprovalRequested, ExperimentStarted
+
+
+def kinds(events):
+    return [e.data.kind for e in events]
+
+
+async def wait_for(predicate, timeout=20.0, interval=0.05):
+    async def poll():
+        while not (result := await predicate()):
+            await asyncio.sleep(interval)
+        return result
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+AGENT = """
+goaltender milestone "Plan" "baseline, then two ideas"
+goaltender experiment -d "baseline" --param lr=0.1 --metric acc -- \
+    python -c 'import json; print(json.dumps({"step": 1, "loss": 0.9})); print("acc: 0.50")'
+echo "baseline rc=$?" >> agent.out
+goaltender experiment -d "worse idea" --param lr=1.0 --metric acc -- python -c 'print("acc: 0.40")'
+goaltender experiment -d "broken idea" --param lr=9 -- python -c 'raise SystemExit(3)'
+echo "crash rc=$?" >> agent.out
+goaltender ask "Run the big one?" --detail "~2 GPU-hours" --kind cost
+echo "ask rc=$?" >> agent.out
+goaltender inbox >> agent.out
+goaltender diary write "handoff: best lr=0.1" --handoff
+goaltender diary read --handoff >> agent.out
+goaltender report "lr=0.1 is best; try warmup next."
+"""
+
+
+async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"script": write_agent(tmp_path, "agent.sh", AGENT)})
+    client = await connect(runner)
+    goal_id = await submit(client, "find a good lr, max 5 experiments", owner="ana", agent="script")
+
+    async def answer_approvals():
+        watcher = await connect(runner, "watcher")
+        await watcher.subscribe(goal_id=goal_id)
+        async for event in watcher.events():
+            if isinstance(event.data, ApprovalRequested):
+                approval = event.data.approval
+                await watcher.call(p.Steer, p.Done, goal_id=goal_id, text="also try warmup", author="bob")
+                decided = await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana")
+                assert decided.approval.state == "approved"
+                with pytest.raises(p.ProtocolError, match="already approved by ana"):
+                    await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="bob")
+                return
+
+    answering = asyncio.ensure_future(answer_approvals())
+    events = await events_until_report(client, goal_id)
+    await answering
+
+    assert kinds(events)[:3] == ["goal_accepted", "goal_state", "milestone"]
+    assert kinds(events)[-2:] == ["goal_state", "report"]
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert [(e.index, e.status) for e in summary.ledger] == [(1, "keep"), (2, "discard"), (3, "crash")]
+    assert summary.ledger[0].metric_value == 0.5 and summary.ledger[0].params == {"lr": 0.1}
+    assert summary.ledger[2].note == "exit code 3"
+    assert summary.status.goal.state == "finished"
+    assert summary.status.best.index == 1
+    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    assert series.points == [(1.0, 0.9)]
+
+    out = (Path(summary.status.goal.workspace) / "agent.out").read_text()
+    assert "baseline rc=0" in out and "crash rc=1" in out and "ask rc=0" in out
+    assert "bob: also try warmup" in out
+    assert "handoff: best lr=0.1" in out
+    report = events[-1].data
+    assert report.best.index == 1
+    assert "| 2 | discard | 0.4 |" in report.text
+    assert "try warmup next" in report.text
+
+    # A finished goal takes no more steering, and says why.
+    with pytest.raises(p.ProtocolError, match=r"goal #1 is finished \(the agent finished\)"):
+        await client.call(p.Steer, p.Done, goal_id=goal_id, text="one more?")
+
+
+async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_path):
+    agent = write_agent(tmp_path, "a.sh", "goaltender experiment -d slow --metric acc -- sleep 60\necho rc=$? > rc\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "slow, max 2 experiments, 1s each", agent="a")
+    await events_until_report(client, goal_id)
+    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    assert row.status == "crash" and row.note == "timeout after 1s"
+    assert row.wall_seconds < 10
+    ws = Path((await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.workspace)
+    assert (ws / "rc").read_text().strip() == "rc=1"
+
+
+def group_members(pgid: int) -> list[int]:
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, connect, tmp_path):
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        # The agent leaves a stray child of its own, and its experiment forks a grandchild.
+        "sleep 300 &\ngoaltender experiment -d forever -- bash -c 'sleep 300 & sleep 300; wait'\n",
+    )
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "run forever, max 3 experiments", agent="a")
+
+    async def running_experiment():
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        return status.running if status.running and status.running.pid else None
+
+    experiment = await wait_for(running_experiment)
+    await wait_for(lambda: asyncio.sleep(0, len(group_members(experiment.pid)) >= 3))
+    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    assert group_members(agent_pid)
+
+    done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    assert "stopped by ana: enough" in done.message
+
+    assert group_members(experiment.pid) == []
+    assert group_members(agent_pid) == []
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "stopped"
+    [row] = summary.ledger
+    assert row.status == "crash" and row.note == "ended with the goal: stopped by ana: enough"
+    events = await events_until_report(client, goal_id, timeout=5)
+    assert events[-1].data.end_reason == "stopped by ana: enough"
+
+
+async def test_default_stop_rule_asks_before_going_on(start_runner, connect, tmp_path):
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        "for i in 1 2 3 4 5; do goaltender experiment -d run$i -- true; echo $? >> rcs; done\n",
+    )
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "improve it", agent="a")  # no stop rule at all
+
+    async def reject_continue():
+        watcher = await connect(runner, "watcher")
+        await watcher.subscribe(goal_id=goal_id)
+        async for event in watcher.events():
+            if isinstance(event.data, ApprovalRequested):
+                assert event.data.approval.kind == "continue"
+                assert "4/4 attempted" in event.data.approval.question
+                await watcher.call(p.Decide, p.DecisionReply, approval_id=event.data.approval.id, approve=False, by="ana")
+                return
+
+    rejecting = asyncio.ensure_future(reject_continue())
+    await events_until_report(client, goal_id)
+    await rejecting
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert len(summary.ledger) == 4
+    rcs = (Path(summary.status.goal.workspace) / "rcs").read_text().split()
+    assert rcs == ["0", "0", "0", "0", "5"]  # the fifth was refused: budget used up
+
+
+async def test_deadline_ends_the_goal(start_runner, connect, tmp_path):
+    agent = write_agent(tmp_path, "a.sh", "goaltender experiment -d long -- sleep 60\nsleep 60\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "quick one, budget 2s", agent="a")
+    events = await events_until_report(client, goal_id)
+    assert events[-1].data.end_reason == "deadline reached"
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "finished"
+    assert summary.ledger[0].status == "crash"
+
+
+async def test_pause_holds_new_experiments_until_resume(start_runner, connect, tmp_path):
+    agent = write_agent(tmp_path, "a.sh", "sleep 0.5\ngoaltender experiment -d after-pause -- true\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "pausable, max 2 experiments", agent="a")
+    await client.call(p.Pause, p.Done, goal_id=goal_id, by="ana")
+    await asyncio.sleep(1.5)
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger == []
+    await client.call(p.Resume, p.Done, goal_id=goal_id, by="ana")
+    events = await events_until_report(client, goal_id)
+    states = [(e.seq, e.data.state) for e in events if e.data.kind == "goal_state"]
+    started = next(e.seq for e in events if isinstance(e.data, ExperimentStarted))
+    resumed = next(seq for seq, state in states if state == "running" and seq > states[1][0])
+    assert ("paused" in [s for _, s in states]) and started > resumed
+
+
+async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
+    agent = write_agent(tmp_path, "a.sh", "sleep 30\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "anything, max 2 experiments", agent="a")
+    done = await client.call(p.Steer, p.Done, goal_id=goal_id, text="max 6 experiments", author="ana")
+    assert "budget changed: max experiments 6" in done.message
+    goal = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal
+    assert goal.budget.max_experiments == 6
+    with pytest.raises(p.ProtocolError, match="no budget in"):
+        await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="more please")
+    with pytest.raises(p.ProtocolError, match="unknown agent 'nope'"):
+        await client.call(p.SubmitGoal, p.GoalReply, text="x", agent="nope")
+    await client.call(p.Stop, p.Done, goal_id=goal_id)
+
+
+def test_cli_help_for_every_verb():
+    out = subprocess.run([sys.executable, "-m", "goaltender.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "goaltender demo" in out.stdout
+    verbs = ["runner", "demo", "submit", "status", "summary", "steer", "budget", "pause", "resume", "stop",
+             "approve", "reject", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "diary",
+             "report"]
+    for verb in verbs:
+        assert f"    {verb}" in out.stdout
+        helped = subprocess.run([sys.executable, "-m", "goaltender.cli", verb, "--help"], capture_output=True, text=True)
+        assert helped.returncode == 0 and "exit codes" in helped.stdout, verb
+
+
+def test_cli_without_runner_says_how_to_start_one(tmp_path):
+    env = {**os.environ, "GOALTENDER_SOCKET": str(tmp_path / "none.sock"), "GOALTENDER_GOAL_ID": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "milestone", "hi"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 4
+    assert "no runner is listening" in out.stderr and "goaltender runner" in out.stderr
