@@ -46,6 +46,7 @@ from goaltender.storage.records import (
 from goaltender.storage.runner_store import RunnerStore
 
 log = logging.getLogger("goaltender.runner")
+STREAM_BATCH = 500  # events read from the log per query when streaming to a subscriber
 
 # Caches and temp files go under the runner's home (the big disk), unless the box already says where.
 ETIQUETTE_DIRS = {
@@ -251,11 +252,11 @@ class Runner:
         with contextlib.suppress(ConnectionError):
             while True:
                 wake = self._new_events
-                events = await self.store.events_since(last, goal_id=request.goal_id)
+                events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
                 for event in events:
                     await conn.send(p.EventMessage(event=event))
                     last = event.seq
-                if not events:
+                if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
                     await wake.wait()
 
     # ---- operator requests ----

@@ -55,24 +55,22 @@ class Database:
         write transaction makes two processes racing to migrate the same file safe.
         """
         for number, script in enumerate(migrations, start=1):
-            async with self.write() as conn:
-                async with conn.execute("PRAGMA user_version") as cur:
-                    row = await cur.fetchone()
-                if row[0] >= number:
+            async with self.write() as tx:
+                if (await tx.row("PRAGMA user_version"))[0] >= number:
                     continue
                 for statement in _split_sql(script):
-                    await conn.execute(statement)
+                    await tx.run(statement)
                 # PRAGMA arguments cannot be bound; `number` is an int we generated.
-                await conn.execute(f"PRAGMA user_version={int(number)}")
+                await tx.run(f"PRAGMA user_version={int(number)}")
         return await self.user_version()
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[aiosqlite.Connection]:
-        """`async with db.write() as conn:` runs the block in one `BEGIN IMMEDIATE` transaction."""
+    async def write(self) -> AsyncIterator[Tx]:
+        """`async with db.write() as tx:` runs the block in one `BEGIN IMMEDIATE` transaction."""
         async with self._write_lock:
             await self.conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self.conn
+                yield Tx(self.conn)
             except BaseException:
                 await self.conn.execute("ROLLBACK")
                 raise
@@ -81,16 +79,41 @@ class Database:
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one write statement in its own transaction; returns lastrowid."""
-        async with self.write() as conn, conn.execute(sql, params) as cur:
-            return cur.lastrowid or 0
+        async with self.write() as tx:
+            return await tx.insert(sql, params)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        async with self.conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        return list(await self.conn.execute_fetchall(sql, params))
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        async with self.conn.execute(sql, params) as cur:
-            return await cur.fetchone()
+        rows = await self.conn.execute_fetchall(sql, params)
+        return rows[0] if rows else None
+
+
+class Tx:
+    """Statements inside a write transaction; each costs one hop to the connection's thread."""
+
+    def __init__(self, conn: aiosqlite.Connection):
+        self.conn = conn
+
+    async def insert(self, sql: str, params: Sequence[Any] = ()) -> int:
+        row = await self.conn.execute_insert(sql, params)
+        return row[0] if row else 0
+
+    async def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """An UPDATE/DELETE/DDL statement; returns the number of rows changed."""
+        cursor = await self.conn.execute(sql, params)
+        return cursor.rowcount
+
+    async def run_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        await self.conn.executemany(sql, rows)
+
+    async def rows(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        return list(await self.conn.execute_fetchall(sql, params))
+
+    async def row(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
+        rows = await self.conn.execute_fetchall(sql, params)
+        return rows[0] if rows else None
 
 
 def _split_sql(script: str) -> list[str]:

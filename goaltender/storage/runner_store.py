@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from goaltender.storage.db import Database
+from goaltender.storage.db import Database, Tx
 from goaltender.storage.records import (
     TERMINAL_STATES,
     Approval,
@@ -162,13 +162,12 @@ class RunnerStore:
 
     # ---- the event log ----
 
-    async def _append(self, conn, goal_id: int | None, data: EventData, pending: list[Event]) -> Event:
+    async def _append(self, tx: Tx, goal_id: int | None, data: EventData, pending: list[Event]) -> Event:
         ts = utcnow()
-        async with conn.execute(
+        seq = await tx.insert(
             "INSERT INTO events (goal_id, ts, kind, data) VALUES (?, ?, ?, ?)",
             (goal_id, ts.isoformat(), data.kind, data.model_dump_json()),
-        ) as cur:
-            seq = cur.lastrowid
+        )
         event = Event(seq=seq, goal_id=goal_id, ts=ts, data=data)
         pending.append(event)
         return event
@@ -179,8 +178,8 @@ class RunnerStore:
 
     async def append_event(self, goal_id: int | None, data: EventData) -> Event:
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            event = await self._append(conn, goal_id, data, pending)
+        async with self.db.write() as tx:
+            event = await self._append(tx, goal_id, data, pending)
         self._announce(pending)
         return event
 
@@ -200,7 +199,9 @@ class RunnerStore:
         if goal_id is None:
             row = await self.db.fetchone("SELECT COALESCE(MAX(seq), 0) FROM events")
         else:
-            row = await self.db.fetchone("SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ?", (goal_id,))
+            row = await self.db.fetchone(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ?", (goal_id,)
+            )
         return int(row[0])
 
     async def set_cursor(self, client: str, seq: int) -> None:
@@ -232,8 +233,8 @@ class RunnerStore:
         """Insert an accepted goal (its stop rule and budgets already explicit) and announce it."""
         pending: list[Event] = []
         now = utcnow()
-        async with self.db.write() as conn:
-            async with conn.execute(
+        async with self.db.write() as tx:
+            goal_id = await tx.insert(
                 "INSERT INTO goals (text, owner, agent, state, budget, metric, direction, target, "
                 "workspace, created_at, accepted_at) VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?)",
                 (
@@ -247,18 +248,16 @@ class RunnerStore:
                     now.isoformat(),
                     now.isoformat(),
                 ),
-            ) as cur:
-                goal_id = cur.lastrowid
+            )
             workspace = str(workspace_root / f"goal-{goal_id}")
-            await conn.execute("UPDATE goals SET workspace = ? WHERE id = ?", (workspace, goal_id))
-            goal = await self._goal(conn, goal_id)
-            await self._append(conn, goal_id, GoalAccepted(goal=goal), pending)
+            await tx.run("UPDATE goals SET workspace = ? WHERE id = ?", (workspace, goal_id))
+            goal = await self._goal(tx, goal_id)
+            await self._append(tx, goal_id, GoalAccepted(goal=goal), pending)
         self._announce(pending)
         return goal
 
-    async def _goal(self, conn, goal_id: int) -> Goal:
-        async with conn.execute("SELECT * FROM goals WHERE id = ?", (goal_id,)) as cur:
-            row = await cur.fetchone()
+    async def _goal(self, tx: Tx, goal_id: int) -> Goal:
+        row = await tx.row("SELECT * FROM goals WHERE id = ?", (goal_id,))
         if row is None:
             raise KeyError(goal_id)
         return _goal(row)
@@ -278,21 +277,21 @@ class RunnerStore:
         """Move a goal to `state` and log it. Returns None (and changes nothing) when the goal is
         already in a terminal state, or not in one of `only_from` when that is given."""
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            goal = await self._goal(conn, goal_id)
+        async with self.db.write() as tx:
+            goal = await self._goal(tx, goal_id)
             allowed = set(only_from) if only_from is not None else None
             if goal.state in TERMINAL_STATES or (allowed is not None and goal.state not in allowed):
                 return None
             if goal.state == state:
                 return goal
             ended = utcnow().isoformat() if state in TERMINAL_STATES else None
-            await conn.execute(
+            await tx.run(
                 "UPDATE goals SET state = ?, ended_at = COALESCE(?, ended_at), "
                 "end_reason = CASE WHEN ? IS NULL THEN end_reason ELSE ? END WHERE id = ?",
                 (state, ended, ended, reason, goal_id),
             )
-            await self._append(conn, goal_id, GoalStateChanged(state=state, reason=reason), pending)
-            goal = await self._goal(conn, goal_id)
+            await self._append(tx, goal_id, GoalStateChanged(state=state, reason=reason), pending)
+            goal = await self._goal(tx, goal_id)
         self._announce(pending)
         return goal
 
@@ -301,12 +300,10 @@ class RunnerStore:
 
     async def update_budget(self, goal_id: int, budget: Budget, reason: str) -> Goal:
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            await conn.execute(
-                "UPDATE goals SET budget = ? WHERE id = ?", (budget.model_dump_json(), goal_id)
-            )
-            await self._append(conn, goal_id, BudgetChanged(budget=budget, reason=reason), pending)
-            goal = await self._goal(conn, goal_id)
+        async with self.db.write() as tx:
+            await tx.run("UPDATE goals SET budget = ? WHERE id = ?", (budget.model_dump_json(), goal_id))
+            await self._append(tx, goal_id, BudgetChanged(budget=budget, reason=reason), pending)
+            goal = await self._goal(tx, goal_id)
         self._announce(pending)
         return goal
 
@@ -337,13 +334,14 @@ class RunnerStore:
     ) -> Experiment:
         """Reserve the next attempted index and log the experiment as running."""
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            async with conn.execute(
-                "SELECT COALESCE(MAX(idx), 0) + 1 FROM experiments WHERE goal_id = ?", (goal_id,)
-            ) as cur:
-                index = (await cur.fetchone())[0]
+        async with self.db.write() as tx:
+            index = (
+                await tx.row(
+                    "SELECT COALESCE(MAX(idx), 0) + 1 FROM experiments WHERE goal_id = ?", (goal_id,)
+                )
+            )[0]
             log_path = str(experiments_dir / f"{index:03d}" / "run.log")
-            async with conn.execute(
+            experiment_id = await tx.insert(
                 "INSERT INTO experiments (goal_id, idx, description, command, params, status, "
                 "metric_name, started_at, log_path) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
                 (
@@ -356,16 +354,14 @@ class RunnerStore:
                     utcnow().isoformat(),
                     log_path,
                 ),
-            ) as cur:
-                experiment_id = cur.lastrowid
-            experiment = await self._experiment(conn, experiment_id)
-            await self._append(conn, goal_id, ExperimentStarted(experiment=experiment), pending)
+            )
+            experiment = await self._experiment(tx, experiment_id)
+            await self._append(tx, goal_id, ExperimentStarted(experiment=experiment), pending)
         self._announce(pending)
         return experiment
 
-    async def _experiment(self, conn, experiment_id: int) -> Experiment:
-        async with conn.execute("SELECT * FROM experiments WHERE id = ?", (experiment_id,)) as cur:
-            return _experiment(await cur.fetchone())
+    async def _experiment(self, tx: Tx, experiment_id: int) -> Experiment:
+        return _experiment(await tx.row("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
 
     async def set_experiment_pid(self, experiment_id: int, pid: int) -> None:
         await self.db.execute("UPDATE experiments SET pid = ? WHERE id = ?", (pid, experiment_id))
@@ -386,8 +382,8 @@ class RunnerStore:
         new_best: bool = False,
     ) -> Experiment:
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            await conn.execute(
+        async with self.db.write() as tx:
+            await tx.run(
                 "UPDATE experiments SET status = ?, metric_value = ?, metrics = ?, ended_at = ?, "
                 "wall_seconds = ?, cpu_seconds = ?, compute_hours = ?, peak_rss_mb = ?, exit_code = ?, "
                 "note = ? WHERE id = ? AND status = 'running'",
@@ -405,9 +401,9 @@ class RunnerStore:
                     experiment_id,
                 ),
             )
-            experiment = await self._experiment(conn, experiment_id)
+            experiment = await self._experiment(tx, experiment_id)
             await self._append(
-                conn,
+                tx,
                 experiment.goal_id,
                 ExperimentFinished(experiment=experiment, new_best=new_best),
                 pending,
@@ -439,13 +435,13 @@ class RunnerStore:
     async def add_metrics(self, goal_id: int, experiment_id: int | None, points: list[MetricPoint]) -> Event:
         pending: list[Event] = []
         now = utcnow().isoformat()
-        async with self.db.write() as conn:
-            await conn.executemany(
+        async with self.db.write() as tx:
+            await tx.run_many(
                 "INSERT INTO metrics (goal_id, experiment_id, name, step, value, ts) VALUES (?, ?, ?, ?, ?, ?)",
                 [(goal_id, experiment_id, p.name, p.step, p.value, now) for p in points],
             )
             event = await self._append(
-                conn, goal_id, MetricsLogged(experiment_id=experiment_id, points=points), pending
+                tx, goal_id, MetricsLogged(experiment_id=experiment_id, points=points), pending
             )
         self._announce(pending)
         return event
@@ -467,21 +463,19 @@ class RunnerStore:
         self, goal_id: int, *, kind: str, question: str, detail: str, expires_at: datetime
     ) -> Approval:
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            async with conn.execute(
+        async with self.db.write() as tx:
+            approval_id = await tx.insert(
                 "INSERT INTO approvals (goal_id, kind, question, detail, state, requested_at, expires_at) "
                 "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
                 (goal_id, kind, question, detail, utcnow().isoformat(), expires_at.isoformat()),
-            ) as cur:
-                approval_id = cur.lastrowid
-            approval = await self._approval(conn, approval_id)
-            await self._append(conn, goal_id, ApprovalRequested(approval=approval), pending)
+            )
+            approval = await self._approval(tx, approval_id)
+            await self._append(tx, goal_id, ApprovalRequested(approval=approval), pending)
         self._announce(pending)
         return approval
 
-    async def _approval(self, conn, approval_id: int) -> Approval:
-        async with conn.execute("SELECT * FROM approvals WHERE id = ?", (approval_id,)) as cur:
-            row = await cur.fetchone()
+    async def _approval(self, tx: Tx, approval_id: int) -> Approval:
+        row = await tx.row("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         if row is None:
             raise KeyError(approval_id)
         return _approval(row)
@@ -496,16 +490,18 @@ class RunnerStore:
         """Record a decision if the approval is still pending. Returns (approval, decided_now):
         the first decision wins, a later one changes nothing."""
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            async with conn.execute(
-                "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, comment = ? "
-                "WHERE id = ? AND state = 'pending'",
-                (state, by, utcnow().isoformat(), comment, approval_id),
-            ) as cur:
-                decided_now = cur.rowcount == 1
-            approval = await self._approval(conn, approval_id)
+        async with self.db.write() as tx:
+            decided_now = (
+                await tx.run(
+                    "UPDATE approvals SET state = ?, decided_by = ?, decided_at = ?, comment = ? "
+                    "WHERE id = ? AND state = 'pending'",
+                    (state, by, utcnow().isoformat(), comment, approval_id),
+                )
+                == 1
+            )
+            approval = await self._approval(tx, approval_id)
             if decided_now:
-                await self._append(conn, approval.goal_id, ApprovalDecided(approval=approval), pending)
+                await self._append(tx, approval.goal_id, ApprovalDecided(approval=approval), pending)
         self._announce(pending)
         return approval, decided_now
 
@@ -522,25 +518,25 @@ class RunnerStore:
 
     async def add_inbox(self, goal_id: int, author: str, text: str) -> InboxMessage:
         pending: list[Event] = []
-        async with self.db.write() as conn:
-            async with conn.execute(
+        async with self.db.write() as tx:
+            message_id = await tx.insert(
                 "INSERT INTO inbox (goal_id, author, text, created_at) VALUES (?, ?, ?, ?)",
                 (goal_id, author, text, utcnow().isoformat()),
-            ) as cur:
-                message_id = cur.lastrowid
-            async with conn.execute("SELECT * FROM inbox WHERE id = ?", (message_id,)) as cur:
-                message = _inbox(await cur.fetchone())
-            await self._append(conn, goal_id, SteerReceived(message=message), pending)
+            )
+            message = _inbox(await tx.row("SELECT * FROM inbox WHERE id = ?", (message_id,)))
+            await self._append(tx, goal_id, SteerReceived(message=message), pending)
         self._announce(pending)
         return message
 
     async def read_inbox(self, goal_id: int, *, unread_only: bool = True) -> list[InboxMessage]:
         """Messages for the goal, oldest first; unread ones are marked read as they are returned."""
-        async with self.db.write() as conn:
+        async with self.db.write() as tx:
             where = "goal_id = ? AND read_at IS NULL" if unread_only else "goal_id = ?"
-            async with conn.execute(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,)) as cur:
-                messages = [_inbox(row) for row in await cur.fetchall()]
-            await conn.execute(
+            messages = [
+                _inbox(row)
+                for row in await tx.rows(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,))
+            ]
+            await tx.run(
                 "UPDATE inbox SET read_at = ? WHERE goal_id = ? AND read_at IS NULL",
                 (utcnow().isoformat(), goal_id),
             )

@@ -1,0 +1,31 @@
+# Two commands do everything on a machine with Python 3.11+, pip, git and make:
+#   make demo   — install into .venv, then run a whole star-count campaign in this terminal
+#   make test   — install into .venv, then lint and run the test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/goaltender demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_runner.py
+
+clean:
+	rm -rf $(VENV) goaltender-demo
