@@ -68,10 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--socket", type=Path, help="runner socket (default: $GOALTENDER_SOCKET or ~/.goaltender)")
+    parser.add_argument(
+        "--socket", type=Path, help="runner socket (default: $GOALTENDER_SOCKET or ~/.goaltender)"
+    )
     sub = parser.add_subparsers(metavar="command")
 
-    def command(name: str, func: Callable, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    def command(
+        name: str, func: Callable, help: str, description: str | None = None
+    ) -> argparse.ArgumentParser:
         cmd = sub.add_parser(
             name,
             help=help,
@@ -97,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("goal", nargs="?", help="the goal's text (default: the star-count campaign)")
     cmd.add_argument("--yes", action="store_true", help="approve every prompt (for scripts)")
-    cmd.add_argument("--dir", type=Path, default=Path("goaltender-demo"), help="where state, plots and logs go")
+    cmd.add_argument(
+        "--dir", type=Path, default=Path("goaltender-demo"), help="where state, plots and logs go"
+    )
 
     # -- people --
     cmd = command("submit", cmd_submit, "submit a goal, e.g. 'reach 90%% accuracy, budget 2h'")
@@ -154,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     goal_arg(cmd)
 
     cmd = command(
-        "metrics", cmd_metrics, "log metric values", "log metric values: goaltender metrics loss=0.31 acc=0.82 --step 100"
+        "metrics",
+        cmd_metrics,
+        "log metric values",
+        "log metric values: goaltender metrics loss=0.31 acc=0.82 --step 100",
     )
     cmd.add_argument("values", nargs="+", metavar="NAME=VALUE")
     cmd.add_argument("--step", type=float)
@@ -237,7 +246,9 @@ def _goal_id(args: argparse.Namespace) -> int:
         return args.goal_id
     if value := os.environ.get("GOALTENDER_GOAL_ID"):
         return int(value)
-    raise SystemExit("goaltender: no goal: pass --goal N or set GOALTENDER_GOAL_ID (the runner sets it for agents)")
+    raise SystemExit(
+        "goaltender: no goal: pass --goal N or set GOALTENDER_GOAL_ID (the runner sets it for agents)"
+    )
 
 
 def _duration(text: str | None) -> float | None:
@@ -301,7 +312,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_submit(args):
     async def body(runner: RunnerClient):
-        reply = await runner.call(p.SubmitGoal, p.GoalReply, text=args.text, owner=args.owner, agent=args.agent)
+        reply = await runner.call(
+            p.SubmitGoal, p.GoalReply, text=args.text, owner=args.owner, agent=args.agent
+        )
         _print_status(reply.status)
 
     return _run(args, body)
@@ -395,7 +408,9 @@ def cmd_log(args):
 
 def cmd_milestone(args):
     async def body(runner: RunnerClient):
-        reply = await runner.call(p.ReportMilestone, p.Done, goal_id=_goal_id(args), title=args.title, text=args.text)
+        reply = await runner.call(
+            p.ReportMilestone, p.Done, goal_id=_goal_id(args), title=args.title, text=args.text
+        )
         print(reply.message)
 
     return _run(args, body)
@@ -420,7 +435,9 @@ def cmd_metrics(args):
 def cmd_experiment(args):
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise SystemExit("goaltender: give the command after --, e.g. goaltender experiment -d '...' -- python train.py")
+        raise SystemExit(
+            "goaltender: give the command after --, e.g. goaltender experiment -d '...' -- python train.py"
+        )
     params = {k: _number_or_text(v) for k, v in _key_values(args.param).items()}
 
     async def body(runner: RunnerClient):
@@ -488,10 +505,14 @@ def cmd_diary(args):
     async def body(runner: RunnerClient):
         if args.action == "write":
             text = sys.stdin.read() if args.text in (None, "-") else args.text
-            reply = await runner.call(p.WriteDiary, p.Done, goal_id=_goal_id(args), text=text, kind=kind or "note")
+            reply = await runner.call(
+                p.WriteDiary, p.Done, goal_id=_goal_id(args), text=text, kind=kind or "note"
+            )
             print(reply.message)
             return
-        reply = await runner.call(p.ReadDiary, p.DiaryReply, goal_id=_goal_id(args), last=args.last, kind=kind)
+        reply = await runner.call(
+            p.ReadDiary, p.DiaryReply, goal_id=_goal_id(args), last=args.last, kind=kind
+        )
         if not reply.entries:
             print("(the diary is empty)")
         for e in reply.entries:

@@ -59,7 +59,8 @@ def star_count_task() -> SweepTask:
     return SweepTask(
         name="star_count",
         metric="exact_accuracy",
-        space=workload.SEARCH_SPACE,
+        # The planner steps through values in order; the workload lists its baseline value first.
+        space={knob: sorted(values) for knob, values in workload.SEARCH_SPACE.items()},
         baseline=workload.BASELINE,
         command=command,
         estimate_cost=workload.estimate_cost,
@@ -246,6 +247,8 @@ class Planner:
 
 # ---- the campaign ----
 
+COVER = 1.25  # an approved cost also covers later runs up to this multiple of it
+
 
 class SweepAgent:
     def __init__(self, runner: RunnerClient, goal_id: int, task: SweepTask, approve_above_s: float):
@@ -317,9 +320,11 @@ class SweepAgent:
             goal_id=self.goal_id,
             kind="cost",
             question=f"Run a costly experiment (~{estimate:.0f}s, above the {self.approve_above_s:.0f}s threshold)?",
-            detail=f"Hypothesis: {proposal.description}\nConfig: {format_params(proposal.config)}",
+            detail=f"Hypothesis: {proposal.description}\nConfig: {format_params(proposal.config)}\n"
+            f"Approving also covers later runs estimated up to ~{estimate * COVER:.0f}s.",
         )
         if reply.approval.state == "approved":
+            self.approve_above_s = max(self.approve_above_s, estimate * COVER)
             return True
         self.planner.rejected.add(self.planner.key(proposal.config))
         await self._milestone(
@@ -448,21 +453,22 @@ class SweepAgent:
             await self._milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
 
     def _effects(self) -> list[str]:
-        """Per-knob metric change of each one-knob move away from a kept config."""
+        """The metric change of each one-knob move, measured from the kept config it started from."""
         effects = []
-        kept = {self.planner.key(e.params): e for e in self.ledger if e.status == "keep"}
+        kept = [e for e in self.ledger if e.status == "keep" and e.metric_value is not None]
         for e in self.ledger:
             if e.metric_value is None:
                 continue
-            for parent in kept.values():
-                if parent.index >= e.index or parent.metric_value is None:
-                    continue
-                changed = [k for k in self.task.space if parent.params.get(k) != e.params.get(k)]
-                if len(changed) == 1:
-                    k = changed[0]
-                    delta = e.metric_value - parent.metric_value
-                    effects.append((abs(delta), f"{k} {parent.params[k]}→{e.params[k]}: {delta:+.3g}"))
-                    break
+            parents = [
+                k
+                for k in kept
+                if k.index < e.index and sum(k.params.get(n) != e.params.get(n) for n in self.task.space) == 1
+            ]
+            if parents:
+                parent = parents[-1]
+                knob = next(n for n in self.task.space if parent.params.get(n) != e.params.get(n))
+                delta = e.metric_value - parent.metric_value
+                effects.append((abs(delta), f"{knob} {parent.params[knob]}→{e.params[knob]}: {delta:+.3g}"))
         return [text for _, text in sorted(effects, reverse=True)[:4]]
 
 

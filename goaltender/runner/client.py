@@ -86,7 +86,9 @@ class RunnerClient:
         if isinstance(reply, p.Error):
             raise p.ProtocolError(reply)
         if expect is not None and not isinstance(reply, expect):
-            raise p.ProtocolError(p.Error(code="internal", message=f"expected {expect.__name__}, got {reply.type}"))
+            raise p.ProtocolError(
+                p.Error(code="internal", message=f"expected {expect.__name__}, got {reply.type}")
+            )
         return reply  # type: ignore[return-value]
 
     async def subscribe(self, since: int = 0, goal_id: int | None = None) -> int:

@@ -12,7 +12,7 @@ import hashlib
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image, ImageDraw
@@ -117,7 +117,6 @@ class Example:
     background: RGB = (20, 20, 28)
     inner_ratio: float = 0.45
     supersample: int = 1
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 def _place(
