@@ -23,7 +23,15 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("5h", 18000), ("1h30m", 5400), ("90 s", 90), ("2.5 hours", 9000), ("3m", 180), ("1d", 86400), ("soon", None)],
+    [
+        ("5h", 18000),
+        ("1h30m", 5400),
+        ("90 s", 90),
+        ("2.5 hours", 9000),
+        ("3m", 180),
+        ("1d", 86400),
+        ("soon", None),
+    ],
 )
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == seconds
@@ -92,7 +100,9 @@ def test_stop_status_line():
 
 
 def test_budget_changes():
-    budget = Budget(deadline=NOW + timedelta(hours=1), wall_seconds=3600, max_experiments=4, ask_to_continue=True)
+    budget = Budget(
+        deadline=NOW + timedelta(hours=1), wall_seconds=3600, max_experiments=4, ask_to_continue=True
+    )
     new, said = apply_budget_change(budget, "budget +2h", NOW)
     assert new.deadline == NOW + timedelta(hours=3) and "deadline +2h00m" in said
     new, said = apply_budget_change(budget, "+5 experiments", NOW)

@@ -8,11 +8,13 @@ import json
 import pytest
 
 from goaltender.runner import protocol as p
-from goaltender.storage.records import Budget, MetricPoint, MilestoneReported, utcnow, Event
+from goaltender.storage.records import Budget, Event, MetricPoint, MilestoneReported, utcnow
 
 REQUESTS = [
     p.Hello(id=1, version=p.PROTOCOL_VERSION, client="bot"),
-    p.SubmitGoal(id=2, text="reach 90%, budget 1h", owner="ana", agent="sweep", budget=Budget(max_experiments=3)),
+    p.SubmitGoal(
+        id=2, text="reach 90%, budget 1h", owner="ana", agent="sweep", budget=Budget(max_experiments=3)
+    ),
     p.Steer(id=3, goal_id=1, text="focus on lr", author="ana"),
     p.ChangeBudget(id=4, goal_id=1, change="+2h", by="ana"),
     p.Stop(id=5, goal_id=1, by="ana", reason="enough"),

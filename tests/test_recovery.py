@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import psutil
-
 from conftest import events_until_report, submit
+
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 
@@ -20,7 +20,15 @@ TESTS = Path(__file__).parent
 
 
 def start_runner_process(home: Path, socket: Path) -> subprocess.Popen:
-    agent = [sys.executable, "-m", "goaltender.agents.sweep", "--task", "toy_task:TASK", "--approve-above", "100"]
+    agent = [
+        sys.executable,
+        "-m",
+        "goaltender.agents.sweep",
+        "--task",
+        "toy_task:TASK",
+        "--approve-above",
+        "100",
+    ]
     env = {
         **os.environ,
         "GOALTENDER_AGENTS": json.dumps({"toy": agent}),
@@ -107,7 +115,9 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
     assert row.note.startswith("interrupted: the runner restarted while it ran")
     assert all(e.status != "running" for e in ledger)
     assert summary.status.goal.state == "finished"
-    assert summary.status.best.metric_value == max(e.metric_value for e in ledger if e.metric_value is not None)
+    assert summary.status.best.metric_value == max(
+        e.metric_value for e in ledger if e.metric_value is not None
+    )
     # Nothing from before the crash is left running.
     assert not alive(interrupted.pid) and not alive(agent_pid)
     titles = [e.data.title for e in all_events if e.data.kind == "milestone"]

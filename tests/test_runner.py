@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import events_until_report, submit, write_agent
+
 from goaltender.runner import protocol as p
 from goaltender.storage.records import ApprovalRequested, ExperimentStarted
 
@@ -58,10 +58,14 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
             if isinstance(event.data, ApprovalRequested):
                 approval = event.data.approval
                 await watcher.call(p.Steer, p.Done, goal_id=goal_id, text="also try warmup", author="bob")
-                decided = await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana")
+                decided = await watcher.call(
+                    p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana"
+                )
                 assert decided.approval.state == "approved"
                 with pytest.raises(p.ProtocolError, match="already approved by ana"):
-                    await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="bob")
+                    await watcher.call(
+                        p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="bob"
+                    )
                 return
 
     answering = asyncio.ensure_future(answer_approvals())
@@ -95,7 +99,9 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
 
 
 async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_path):
-    agent = write_agent(tmp_path, "a.sh", "goaltender experiment -d slow --metric acc -- sleep 60\necho rc=$? > rc\n")
+    agent = write_agent(
+        tmp_path, "a.sh", "goaltender experiment -d slow --metric acc -- sleep 60\necho rc=$? > rc\n"
+    )
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal_id = await submit(client, "slow, max 2 experiments, 1s each", agent="a")
@@ -168,7 +174,9 @@ async def test_default_stop_rule_asks_before_going_on(start_runner, connect, tmp
             if isinstance(event.data, ApprovalRequested):
                 assert event.data.approval.kind == "continue"
                 assert "4/4 attempted" in event.data.approval.question
-                await watcher.call(p.Decide, p.DecisionReply, approval_id=event.data.approval.id, approve=False, by="ana")
+                await watcher.call(
+                    p.Decide, p.DecisionReply, approval_id=event.data.approval.id, approve=False, by="ana"
+                )
                 return
 
     rejecting = asyncio.ensure_future(reject_continue())
@@ -227,12 +235,34 @@ async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
 def test_cli_help_for_every_verb():
     out = subprocess.run([sys.executable, "-m", "goaltender.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "goaltender demo" in out.stdout
-    verbs = ["runner", "demo", "submit", "status", "summary", "steer", "budget", "pause", "resume", "stop",
-             "approve", "reject", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "diary",
-             "report"]
+    verbs = [
+        "runner",
+        "demo",
+        "submit",
+        "status",
+        "summary",
+        "steer",
+        "budget",
+        "pause",
+        "resume",
+        "stop",
+        "approve",
+        "reject",
+        "events",
+        "log",
+        "milestone",
+        "metrics",
+        "experiment",
+        "ask",
+        "inbox",
+        "diary",
+        "report",
+    ]
     for verb in verbs:
         assert f"    {verb}" in out.stdout
-        helped = subprocess.run([sys.executable, "-m", "goaltender.cli", verb, "--help"], capture_output=True, text=True)
+        helped = subprocess.run(
+            [sys.executable, "-m", "goaltender.cli", verb, "--help"], capture_output=True, text=True
+        )
         assert helped.returncode == 0 and "exit codes" in helped.stdout, verb
 
 

@@ -59,27 +59,51 @@ async def test_runner_store_records_round_trip(tmp_path):
     store.on_event = seen.append
     budget = Budget(deadline=utcnow() + timedelta(hours=1), max_experiments=5)
     goal = await store.create_goal(
-        text="t", owner="ana", agent="sweep", budget=budget, metric=None, direction="maximize",
-        target=0.9, workspace_root=tmp_path / "ws",
+        text="t",
+        owner="ana",
+        agent="sweep",
+        budget=budget,
+        metric=None,
+        direction="maximize",
+        target=0.9,
+        workspace_root=tmp_path / "ws",
     )
     assert goal.state == "accepted" and goal.workspace.endswith("goal-1")
     assert goal.budget == budget
     e = await store.start_experiment(
-        goal.id, description="baseline", command=["python", "x.py"], params={"lr": 0.1},
-        metric_name="acc", experiments_dir=tmp_path / "ws" / "exp",
+        goal.id,
+        description="baseline",
+        command=["python", "x.py"],
+        params={"lr": 0.1},
+        metric_name="acc",
+        experiments_dir=tmp_path / "ws" / "exp",
     )
     assert e.index == 1 and e.log_path.endswith("001/run.log")
     await store.add_metrics(goal.id, e.id, [MetricPoint(name="loss", value=1.5, step=1)])
     done = await store.finish_experiment(
-        e.id, status="keep", metric_value=0.5, metrics={"acc": 0.5}, wall_seconds=1.0, cpu_seconds=0.9,
-        compute_hours=0.9 / 3600, peak_rss_mb=50.0, exit_code=0, note=None, new_best=True,
+        e.id,
+        status="keep",
+        metric_value=0.5,
+        metrics={"acc": 0.5},
+        wall_seconds=1.0,
+        cpu_seconds=0.9,
+        compute_hours=0.9 / 3600,
+        peak_rss_mb=50.0,
+        exit_code=0,
+        note=None,
+        new_best=True,
     )
     assert done.status == "keep" and done.params == {"lr": 0.1} and done.metrics == {"acc": 0.5}
     assert await store.usage(goal.id) == (1, 0.9 / 3600)
     assert await store.metric_series(goal.id, "loss") == [(1.0, 1.5)]
     events = await store.events_since(0)
     assert [ev.seq for ev in events] == list(range(1, len(events) + 1))
-    assert [ev.data.kind for ev in events] == ["goal_accepted", "experiment_started", "metrics", "experiment_finished"]
+    assert [ev.data.kind for ev in events] == [
+        "goal_accepted",
+        "experiment_started",
+        "metrics",
+        "experiment_finished",
+    ]
     assert [ev.seq for ev in seen] == [ev.seq for ev in events]  # told only what the log holds, in order
     await store.close()
 
@@ -87,7 +111,13 @@ async def test_runner_store_records_round_trip(tmp_path):
 async def test_first_decision_wins(tmp_path):
     store = await RunnerStore.open(tmp_path / "runner.db")
     goal = await store.create_goal(
-        text="t", owner="o", agent="a", budget=Budget(), metric=None, direction="maximize", target=None,
+        text="t",
+        owner="o",
+        agent="a",
+        budget=Budget(),
+        metric=None,
+        direction="maximize",
+        target=None,
         workspace_root=tmp_path,
     )
     approval = await store.create_approval(
@@ -123,7 +153,8 @@ async def test_two_concurrent_writer_processes(tmp_path):
     store = await RunnerStore.open(path)  # also a third writer, in this process
     n = 150
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(path), name, str(n)]) for name in ("left", "right")
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), name, str(n)])
+        for name in ("left", "right")
     ]
     for i in range(n):
         await store.append_event(None, MilestoneReported(title=f"here-{i}"))

@@ -10,8 +10,15 @@ from goaltender.storage.records import Experiment
 
 def row(index, params, status, value):
     return Experiment(
-        id=index, goal_id=1, index=index, description="", command=["x"], params=params, status=status,
-        metric_name="score", metric_value=value,
+        id=index,
+        goal_id=1,
+        index=index,
+        description="",
+        command=["x"],
+        params=params,
+        status=status,
+        metric_name="score",
+        metric_value=value,
     )
 
 
