@@ -1,0 +1,57 @@
+"""`goaltender demo --yes`: a whole star-count campaign, end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from PIL import Image
+
+from goaltender.storage.runner_store import RunnerStore
+
+
+async def test_demo_runs_a_complete_campaign(tmp_path):
+    directory = tmp_path / "demo"
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("GOALTENDER_HOME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "demo", "--yes", "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+
+    # The thread, as a person reads it.
+    assert "🎯 Goal #1 accepted" in out
+    assert "🙋 Approval needed" in out and "👍 Approved by demo" in out
+    assert "📋 Final report" in out and "## Ledger" in out and "## From the agent" in out
+    assert "What to try next" in out
+
+    # The ledger, from the runner's own database.
+    store = await RunnerStore.open(directory / "runner" / "runner.db")
+    try:
+        [goal] = await store.list_goals()
+        ledger = await store.experiments(goal.id)
+        events = await store.events_since(0, limit=100_000)
+    finally:
+        await store.close()
+    assert goal.state == "finished"
+    baseline, best = ledger[0], max(e.metric_value or 0 for e in ledger)
+    assert baseline.description.startswith("baseline") and baseline.metric_name == "exact_accuracy"
+    assert baseline.metric_value <= 0.40
+    assert best >= 0.85
+    assert all(e.status in ("keep", "discard", "crash") for e in ledger)
+    assert any(e.data.kind == "approval_requested" for e in events)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].data.kind == "report"
+
+    # The plots exist and are real PNG images.
+    plots = sorted((directory / "plots").glob("*.png"))
+    assert {p.name for p in plots} == {"goal-1-campaign.png", "goal-1-train_loss.png"}
+    for path in plots:
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size[0] > 400
