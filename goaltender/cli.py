@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BUDGET if exc.error.code == "budget_exhausted" else EXIT_RUNNER
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `goaltender events | head`: the reader has gone, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:

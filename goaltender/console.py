@@ -162,13 +162,15 @@ def _format_param_value(value: Any) -> str:
 
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
     """``train_size=2048 hidden=64 lr=0.001``, cut with " …" when longer than ``max_len``."""
-    text = " ".join(f"{k}={_format_param_value(v)}" for k, v in params.items())
-    text = _clean(text).replace("\n", " ")
+    tokens = [_clean(f"{k}={_format_param_value(v)}").replace("\n", " ") for k, v in params.items()]
+    text = " ".join(tokens)
     if max_len is not None and len(text) > max_len:
-        cut = text[: max(0, max_len - 2)]
-        if " " in cut:
-            cut = cut[: cut.rindex(" ")]
-        text = (cut + " …").strip()
+        kept: list[str] = []  # whole params only: a value cut in half reads as another value
+        for token in tokens:
+            if len(" ".join([*kept, token])) > max_len - 2:
+                break
+            kept.append(token)
+        text = " ".join([*kept, "…"])
     return text
 
 
