@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, TextIO
 
+from goaltender.runner.report import format_params as _runner_format_params
 from goaltender.storage.records import (
     Approval,
     ApprovalDecided,
@@ -152,26 +153,9 @@ def format_metric(name: str | None, value: float | None) -> str:
     return f"{value:.4g}"
 
 
-def _format_param_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return ",".join(_format_param_value(v) for v in value)
-    return str(value)
-
-
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
-    """``train_size=2048 hidden=64 lr=0.001``, cut with " …" when longer than ``max_len``."""
-    tokens = [_clean(f"{k}={_format_param_value(v)}").replace("\n", " ") for k, v in params.items()]
-    text = " ".join(tokens)
-    if max_len is not None and len(text) > max_len:
-        kept: list[str] = []  # whole params only: a value cut in half reads as another value
-        for token in tokens:
-            if len(" ".join([*kept, token])) > max_len - 2:
-                break
-            kept.append(token)
-        text = " ".join([*kept, "…"])
-    return text
+    """``train_size=2048 hidden=64 lr=0.001``, cut whole with " …" when longer than ``max_len``."""
+    return _clean(_runner_format_params(params, max_len)).replace("\n", " ")
 
 
 def format_bar(fraction: float, width: int = BAR_WIDTH) -> str:
