@@ -55,3 +55,42 @@ async def test_demo_runs_a_complete_campaign(tmp_path):
     for path in plots:
         with Image.open(path) as image:
             assert image.format == "PNG" and image.size[0] > 400
+
+
+def test_demo_asks_at_the_terminal(tmp_path):
+    """At a real terminal (a pty), prompts are answered by the person: here no once, then yes."""
+    import pty
+    import select
+    import time
+
+    prompt = b"[y/n, optional comment] >"
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the demo, attached to the pty
+        os.environ["NO_COLOR"] = "1"
+        os.environ.pop("GOALTENDER_HOME", None)
+        goal = "star count to 99% exact accuracy, max 5 experiments"
+        os.execv(
+            sys.executable, [sys.executable, "-m", "goaltender.cli", "demo", goal, "--dir", str(tmp_path)]
+        )
+    out, answered, deadline = b"", 0, time.monotonic() + 300
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # the child closed the pty
+            break
+        if not chunk:
+            break
+        out += chunk
+        while out.count(prompt) > answered:
+            os.write(fd, b"n not on my laptop\n" if answered == 0 else b"y\n")
+            answered += 1
+    _, status = os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+    assert answered >= 1
+    assert "👎 Rejected by" in text and "not on my laptop" in text
+    assert "🏁 Skipped:" in text and "Trying the next hypothesis" in text
+    assert "📋 Final report" in text

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -813,8 +814,15 @@ def _tail_text(path: Path, limit: int) -> str:
 
 async def run_forever(settings: RunnerSettings) -> None:
     runner = await Runner.start(settings)
+    serving = asyncio.ensure_future(runner.serve_forever())
+    # SIGTERM (systemd, kill) shuts down in order: agents and runs are ended and recorded, and a
+    # restart resumes the goals. SIGKILL is survived too, by the recovery at start.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, serving.cancel)
     try:
-        await runner.serve_forever()
+        await serving
+    except asyncio.CancelledError:
+        log.info("runner %s shutting down", settings.name)
     finally:
         await runner.close()
 
@@ -823,5 +831,4 @@ def main(settings: RunnerSettings | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_forever(settings or RunnerSettings()))
+    asyncio.run(run_forever(settings or RunnerSettings()))
