@@ -308,7 +308,7 @@ class SweepAgent:
                 raise
             self.ledger.append(reply.experiment)
             await self._after_run(reply)
-        await self._finish()
+        await self.finish()
 
     async def _approved(self, proposal: Proposal) -> bool:
         estimate = self._estimate(proposal.config)
@@ -433,7 +433,7 @@ class SweepAgent:
             + ".",
         )
 
-    async def _finish(self, stopped: bool = False) -> None:
+    async def finish(self, stopped: bool = False) -> None:
         best = self.planner.best(self.ledger)
         lines = [f"**Why it ended:** {'stopped by a person' if stopped else self.end_note}."]
         if best is not None:
@@ -492,7 +492,7 @@ async def amain(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         # Stopped by the runner: hand in the report within the grace period, then go.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(agent._finish(stopped=True), 3)
+            await asyncio.wait_for(agent.finish(stopped=True), 3)
         return 0
     finally:
         await runner.close()
