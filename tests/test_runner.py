@@ -273,3 +273,11 @@ def test_cli_without_runner_says_how_to_start_one(tmp_path):
     )
     assert out.returncode == 4
     assert "no runner is listening" in out.stderr and "goaltender runner" in out.stderr
+
+
+async def test_ack_records_the_clients_position(start_runner, connect):
+    runner = await start_runner()
+    client = await connect(runner, "bot")
+    await client.call(p.Ack, p.Done, seq=7)
+    await client.call(p.Ack, p.Done, seq=3)  # never moves backwards
+    assert await runner.store.cursor("bot") == 7

@@ -211,6 +211,10 @@ class Runner:
                         p.Error(id=request.id, code="handshake_required", message="send hello first")
                     )
                     continue
+                if isinstance(request, p.Ack):  # the client's durable position in the event log
+                    await self.store.set_cursor(conn.client, request.seq)
+                    await conn.send(p.Done(id=request.id, message=f"acked {request.seq}"))
+                    continue
                 if isinstance(request, p.Subscribe):
                     if subscription is not None:
                         subscription.cancel()
@@ -357,9 +361,6 @@ class Runner:
         status = await self._status(goal.id)
         text = summary_text(goal, experiments, status.compute_hours_used, utcnow(), goal.end_reason)
         return p.SummaryReply(status=status, ledger=experiments, text=text)
-
-    async def _on_ack(self, req: p.Ack) -> p.Reply:
-        return p.Done(message=f"acked {req.seq}")
 
     async def _on_get_log(self, req: p.GetLog) -> p.Reply:
         experiment = await self.store.get_experiment(req.experiment_id)

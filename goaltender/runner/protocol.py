@@ -117,6 +117,8 @@ class Subscribe(Request):
 
 
 class Ack(Request):
+    """The client has durably stored every event up to `seq` (kept per client name)."""
+
     type: Literal["ack"] = "ack"
     seq: int = Field(ge=0)
 

@@ -1,0 +1,43 @@
+"""The sweep agent in a real campaign: steering narrows its search, and it reports what it did."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from conftest import events_until_report, submit
+
+from goaltender.runner import protocol as p
+from goaltender.storage.records import ExperimentFinished
+
+TESTS = str(Path(__file__).parent)
+
+
+async def test_steer_narrows_the_search(start_runner, connect, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    agent = [
+        sys.executable,
+        "-m",
+        "goaltender.agents.sweep",
+        "--task",
+        "toy_task:TASK",
+        "--approve-above",
+        "100",
+    ]
+    runner = await start_runner(agents={"toy": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "toy sweep, max 5 experiments", agent="toy")
+    # Delivered before the agent's first look at its inbox: search only y from the start.
+    await client.call(p.Steer, p.Done, goal_id=goal_id, text="only tune y", author="ana")
+    events = await events_until_report(client, goal_id, timeout=60)
+
+    milestones = [e.data for e in events if e.data.kind == "milestone"]
+    applied = next(m for m in milestones if m.title.startswith("Steer from ana"))
+    assert "Applied: searching only y" in applied.text and "x (frozen)" in applied.text
+    rows = [e.data.experiment for e in events if isinstance(e.data, ExperimentFinished)]
+    assert rows[0].description.startswith("baseline")
+    assert all(row.params["x"] == 1 for row in rows)  # x never moved
+    assert {row.params["y"] for row in rows} == {1, 2, 3}
+    report = events[-1].data
+    assert "search space is exhausted" in report.text and "## From the agent" in report.text
