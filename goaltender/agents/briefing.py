@@ -1,0 +1,94 @@
+"""What every agent is told about its goal: the brief (AGENTS.md, and the built-in agent's system
+prompt, re-injected after compaction or a restart) and the skills it may load."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from goaltender.runner.protocol import SummaryReply
+
+SKILLS_DIR = Path(__file__).resolve().parent.parent / "skills"
+
+
+def list_skills() -> dict[str, str]:
+    """Skill name -> its description, from each SKILL.md's front matter."""
+    skills = {}
+    for path in sorted(SKILLS_DIR.glob("*/SKILL.md")):
+        front = path.read_text().split("---")[1] if path.read_text().startswith("---") else ""
+        name = re.search(r"^name:\s*(.+)$", front, re.M)
+        description = re.search(r"^description:\s*(.+)$", front, re.M)
+        if name:
+            skills[name.group(1).strip()] = description.group(1).strip().strip("\"'") if description else ""
+    return skills
+
+
+def load_skill(name: str) -> str:
+    """The SKILL.md text of a skill; KeyError names the ones that exist."""
+    path = SKILLS_DIR / name / "SKILL.md"
+    if not re.fullmatch(r"[a-z0-9-]+", name) or not path.is_file():
+        raise KeyError(f"no skill {name!r}; available: {', '.join(list_skills())}")
+    return path.read_text()
+
+
+def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
+    """The goal, its stop rule and budgets, how to report, the skills, and the latest handoff."""
+    goal, budget = summary.status.goal, summary.status.goal.budget
+    limits = [
+        f"deadline {budget.deadline:%Y-%m-%d %H:%M:%S} UTC" if budget.deadline else "no deadline",
+        f"at most {budget.max_experiments} experiments (attempted)"
+        if budget.max_experiments
+        else "no experiment cap",
+        f"{budget.compute_hours:g} compute-hours" if budget.compute_hours is not None else "no compute cap",
+        f"{budget.experiment_timeout_s:.0f}s per experiment"
+        if budget.experiment_timeout_s
+        else "no per-run timeout",
+    ]
+    if budget.ask_to_continue:
+        limits.append("no stop rule was given: baseline plus three experiments, then the runner asks")
+    skills = "\n".join(f"- `{name}`: {text}" for name, text in list_skills().items())
+    lines = [
+        f"# Goal #{goal.id}",
+        "",
+        goal.text,
+        "",
+        "## Stop rule and budgets (enforced by the runner)",
+        "",
+        *[f"- {limit}" for limit in limits],
+        *([f"- target: {goal.target:g} on the headline metric"] if goal.target is not None else []),
+        f"- now: {summary.status.stop_status}",
+        "",
+        "## How to work",
+        "",
+        'Run every experiment through `goaltender experiment -d "<hypothesis>" --metric <name> -- <command>`;',
+        "report milestones with `goaltender milestone`, ask before costly or risky steps with `goaltender ask`,",
+        "read steering with `goaltender inbox` between steps, and keep the diary (`goaltender diary write",
+        "--handoff`). Put caches, checkpoints and logs on the big disk. Finish with `goaltender report`.",
+        "",
+        "## Skills",
+        "",
+        skills or "(none installed)",
+    ]
+    if summary.ledger:
+        best = summary.status.best
+        lines += [
+            "",
+            "## Ledger so far",
+            "",
+            f"{len(summary.ledger)} experiments attempted"
+            + (f"; best #{best.index} {best.metric_name} = {best.metric_value}" if best else "")
+            + ".",
+        ]
+    if handoff:
+        lines += ["", "## Latest handoff from the diary", "", handoff.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def prepare_workspace(workspace: Path, brief: str) -> None:
+    """Write AGENTS.md and put the skills where Codex looks for them (.agents/skills)."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "AGENTS.md").write_text(brief)
+    target = workspace / ".agents" / "skills"
+    if SKILLS_DIR.is_dir():
+        shutil.copytree(SKILLS_DIR, target, dirs_exist_ok=True)
