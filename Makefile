@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+CODEX_VERSION := 0.171.0
+CODEX := .codex-cli/node_modules/.bin/codex
 
 .PHONY: demo test bench install clean
 
@@ -19,7 +21,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/goaltender demo
 
-test: $(STAMP)
+$(CODEX):  # the real Codex CLI, for the Codex backend's end-to-end tests (the npm package ships the binary)
+	npm install --silent --no-save --no-audit --no-fund --prefix .codex-cli @openai/codex@$(CODEX_VERSION)
+
+test: $(STAMP) $(CODEX)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
@@ -28,4 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 
 clean:
-	rm -rf $(VENV) goaltender-demo
+	rm -rf $(VENV) .codex-cli goaltender-demo
