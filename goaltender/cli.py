@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
@@ -196,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--metric", help="headline metric name (default: the goal's)")
     cmd.add_argument("--minimize", action="store_true", help="lower is better for --metric")
     cmd.add_argument("--timeout", help="per-run time limit, e.g. 10m (the goal's limit may be tighter)")
+    cmd.add_argument(
+        "--eval",
+        dest="eval_command",
+        help="a command the runner runs itself after a successful run to measure --metric on the "
+        "held-out split (it finds the run's files in $GOALTENDER_EXPERIMENT_DIR); without it the "
+        "metric is marked 'reported'",
+    )
     cmd.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     goal_arg(cmd)
 
@@ -455,9 +463,11 @@ def cmd_experiment(args):
             direction="minimize" if args.minimize else ("maximize" if args.metric else None),
             timeout_s=_duration(args.timeout),
             cwd=os.getcwd(),
+            eval_command=shlex.split(args.eval_command) if args.eval_command else None,
         )
         e = reply.experiment
-        value = f"{e.metric_name} = {e.metric_value:.4g}" if e.metric_value is not None else "no metric"
+        how = " (verified by the runner)" if e.verified else " (reported)"
+        value = f"{e.metric_name} = {e.metric_value:.4g}{how}" if e.metric_value is not None else "no metric"
         best = " (new best)" if reply.new_best else ""
         print(f"experiment #{e.index}: {e.status}{best} — {value}; {e.wall_seconds or 0:.1f}s wall")
         if e.note:

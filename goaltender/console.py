@@ -509,8 +509,12 @@ class ConsoleThread:
             name = e.metric_name or "metric"
             value = format_metric(name, e.metric_value)
             best = " (best)" if new_best else ""
-            parts_plain.append(f"{name} {value}{best}")
-            parts.append(f"{name} {self._c(value, 'bold')}{self._c(best, 'yellow', 'bold')}")
+            # A number the runner did not measure itself says so wherever it is shown.
+            how = "" if e.verified else " reported"
+            parts_plain.append(f"{name} {value}{how}{best}")
+            parts.append(
+                f"{name} {self._c(value, 'bold')}{self._c(how, 'dim')}{self._c(best, 'yellow', 'bold')}"
+            )
         elif e.status == "crash":
             crash = f"exit {e.exit_code}" if e.exit_code is not None else "no metric"
             parts_plain.append(crash)

@@ -68,6 +68,7 @@ def experiment(index: int = 3, status: str = "keep", value: float | None = 0.875
         "cpu_seconds": 14.4,
         "compute_hours": 0.004,
         "peak_rss_mb": 312.0,
+        "verified": True,  # measured by the runner's eval command
     }
     base.update(kw)
     return Experiment(**base)
@@ -395,3 +396,8 @@ def test_card_prints() -> None:
     thread = ConsoleThread(stream=stream, color=False)
     thread.card(goal(), attempted=0, compute_hours_used=0.0, best=None, now=T0)
     assert "experiments  [----------] 0/8" in stream.getvalue()
+
+
+def test_reported_metric_is_marked():
+    text = render(ExperimentFinished(experiment=experiment(verified=False)))
+    assert "exact_accuracy 87.5% reported" in text

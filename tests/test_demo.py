@@ -42,6 +42,7 @@ async def test_demo_runs_a_complete_campaign(tmp_path):
     assert goal.state == "finished"
     baseline, best = ledger[0], max(e.metric_value or 0 for e in ledger)
     assert baseline.description.startswith("baseline") and baseline.metric_name == "exact_accuracy"
+    assert all(e.verified for e in ledger if e.metric_value is not None)  # the runner scored them
     assert baseline.metric_value <= 0.40
     assert best >= 0.85
     assert all(e.status in ("keep", "discard", "crash") for e in ledger)

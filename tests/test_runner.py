@@ -281,3 +281,27 @@ async def test_ack_records_the_clients_position(start_runner, connect):
     await client.call(p.Ack, p.Done, seq=7)
     await client.call(p.Ack, p.Done, seq=3)  # never moves backwards
     assert await runner.store.cursor("bot") == 7
+
+
+VERIFY_AGENT = """
+goaltender experiment -d "reported only" --metric acc -- python -c 'print("acc: 0.99")'
+goaltender experiment -d "verified" --metric acc --eval "python -c 'import os; print(\\"acc: 0.61\\"); print(os.environ[\\"GOALTENDER_EXPERIMENT_DIR\\"].endswith(\\"002\\") * 1)'" -- \
+    python -c 'print("acc: 0.99")'
+goaltender experiment -d "eval breaks" --metric acc --eval "python -c 'raise SystemExit(2)'" -- python -c 'print("acc: 0.99")'
+"""
+
+
+async def test_the_runner_measures_the_headline_with_the_eval_command(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"v": write_agent(tmp_path, "v.sh", VERIFY_AGENT)})
+    client = await connect(runner)
+    goal_id = await submit(client, "verify me, max 3 experiments", agent="v")
+    events = await events_until_report(client, goal_id)
+    reported, verified, broken = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    assert reported.metric_value == 0.99 and not reported.verified
+    # The run claimed 0.99; the runner's own evaluation says 0.61, and that is the headline.
+    assert verified.metric_value == 0.61 and verified.verified
+    assert verified.metrics["run/acc"] == 0.99 and verified.metrics["acc"] == 0.61
+    assert (Path(verified.log_path).parent / "eval.log").read_text().strip().endswith("1")
+    assert broken.status == "crash" and broken.note == "eval: exit code 2" and not broken.verified
+    report = events[-1].data.text
+    assert "| 1 | keep | 0.99 (reported) |" in report and "| 2 | discard | 0.61 |" in report

@@ -45,6 +45,7 @@ class SweepTask:
     reasons: dict[tuple[str, int], str] = field(default_factory=dict)  # (knob, ±1) -> why it may help
     aliases: dict[str, str] = field(default_factory=dict)  # words people use -> knob
     direction: str = "maximize"
+    eval_command: list[str] | None = None  # the runner scores each run itself with this
 
 
 def star_count_task() -> SweepTask:
@@ -66,6 +67,7 @@ def star_count_task() -> SweepTask:
         estimate_cost=workload.estimate_cost,
         reasons=getattr(workload, "HYPOTHESES", {}),
         aliases=getattr(workload, "ALIASES", {}),
+        eval_command=[sys.executable, "-m", "goaltender.environments.star_count.evaluate"],
     )
 
 
@@ -300,6 +302,7 @@ class SweepAgent:
                     params=proposal.config,
                     metric=self.task.metric,
                     direction=self.task.direction,
+                    eval_command=self.task.eval_command,
                 )
             except p.ProtocolError as exc:
                 if exc.error.code in ("budget_exhausted", "conflict"):

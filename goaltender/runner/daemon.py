@@ -452,6 +452,7 @@ class Runner:
                 params=req.params,
                 metric_name=metric,
                 experiments_dir=Path(goal.workspace) / "experiments",
+                eval_command=req.eval_command,
             )
             task = asyncio.ensure_future(self._supervise(goal, experiment, req))
             self._experiments[experiment.id] = task
@@ -517,21 +518,26 @@ class Runner:
             raise
         except OSError as exc:
             return await self._finish(experiment, "crash", None, {}, None, f"could not start: {exc}"), False
-        metric = experiment.metric_name
-        if result.timed_out:
-            status, note = "crash", f"timeout after {timeout:.0f}s"
-        elif result.exit_code != 0:
-            how = (
-                f"exit code {result.exit_code}"
-                if result.signal is None
-                else f"killed by signal {result.signal}"
+        metric, summary, verified = experiment.metric_name, result.summary, False
+        status, note = _judge(result, timeout, metric, summary)
+        if status != "crash" and req.eval_command:
+            # The runner measures the headline itself; the run's own numbers stay under `run/`.
+            evaluation = await run_supervised(
+                req.eval_command,
+                cwd=Path(req.cwd or goal.workspace),
+                env=env,
+                log_path=log_path.parent / "eval.log",
+                timeout_s=timeout,
+                on_points=on_points,
+                on_start=_nothing,
+                grace_s=self.settings.stop_grace_s,
             )
-            status, note = "crash", how
-        elif metric and metric not in result.summary:
-            status, note = "crash", f"no '{metric}: <value>' summary line in the output"
-        else:
-            status, note = "keep", None
-        value = result.summary.get(metric) if metric and status != "crash" else None
+            status, note = _judge(evaluation, timeout, metric, evaluation.summary, what="eval")
+            summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
+            result.wall_seconds += evaluation.wall_seconds
+            result.cpu_seconds += evaluation.cpu_seconds
+            verified = status != "crash"
+        value = summary.get(metric) if metric and status != "crash" else None
         new_best = False
         if status == "keep" and value is not None:
             best = best_experiment(await self.store.experiments(goal.id), goal.direction)
@@ -539,7 +545,7 @@ class Runner:
                 value > best.metric_value if goal.direction == "maximize" else value < best.metric_value
             )
             status = "keep" if new_best else "discard"
-        finished = await self._finish(experiment, status, value, result.summary, result, note, new_best)
+        finished = await self._finish(experiment, status, value, summary, result, note, new_best, verified)
         return finished, new_best
 
     async def _finish(
@@ -551,6 +557,7 @@ class Runner:
         result: ProcessResult | None,
         note: str | None,
         new_best: bool = False,
+        verified: bool = False,
     ) -> Experiment:
         compute = None
         if result is not None:
@@ -569,6 +576,7 @@ class Runner:
             exit_code=result.exit_code if result else None,
             note=note,
             new_best=new_best,
+            verified=verified,
         )
 
     async def _ask(
@@ -731,6 +739,27 @@ class Runner:
             pending_approvals=await self.store.pending_approvals(goal_id),
             stop_status=stop_status(goal.budget, attempted, compute_used, utcnow()),
         )
+
+
+def _judge(
+    result: ProcessResult, timeout: float | None, metric: str | None, summary: dict, what: str = "run"
+) -> tuple[str, str | None]:
+    """keep (for now; the best-so-far comparison may make it discard) or crash, with the reason."""
+    prefix = "" if what == "run" else f"{what}: "
+    if result.timed_out:
+        return "crash", f"{prefix}timeout after {timeout:.0f}s"
+    if result.exit_code != 0:
+        how = (
+            f"exit code {result.exit_code}" if result.signal is None else f"killed by signal {result.signal}"
+        )
+        return "crash", prefix + how
+    if metric and metric not in summary:
+        return "crash", f"{prefix}no '{metric}: <value>' summary line in the output"
+    return "keep", None
+
+
+async def _nothing(*_) -> None:
+    return None
 
 
 class _Refused(Exception):

@@ -167,6 +167,9 @@ class RunExperiment(Request):
     timeout_s: float | None = Field(default=None, gt=0)
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Run by the runner itself after a successful run (GOALTENDER_EXPERIMENT_DIR points at the
+    # run's directory); its `metric: value` line becomes the verified headline.
+    eval_command: list[str] | None = None
 
 
 class Ask(Request):

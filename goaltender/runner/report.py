@@ -48,7 +48,9 @@ def ledger_table(experiments: list[Experiment], metric: str | None) -> str:
         "|---:|---|---:|---:|---:|---|---|",
     ]
     for e in experiments:
-        value = f"{e.metric_value:.4g}" if e.metric_value is not None else "—"
+        value = (
+            "—" if e.metric_value is None else f"{e.metric_value:.4g}" + ("" if e.verified else " (reported)")
+        )
         wall = f"{e.wall_seconds:.1f}s" if e.wall_seconds is not None else "—"
         compute = f"{e.compute_hours:.4f}" if e.compute_hours is not None else "—"
         description = e.description + (f" ({e.note})" if e.note else "")
@@ -70,8 +72,9 @@ def summary_text(
     head = f"Goal #{goal.id} — {goal.state}" + (f" ({end_reason})" if end_reason else "")
     lines = [f"# {head}", "", f"> {goal.text}", ""]
     if best is not None:
+        how = "verified by the runner" if best.verified else "reported by the experiment"
         lines.append(
-            f"**Best:** #{best.index} {best.metric_name} = {best.metric_value:.4g} — {best.description}"
+            f"**Best:** #{best.index} {best.metric_name} = {best.metric_value:.4g} ({how}) — {best.description}"
         )
         if best.params:
             lines.append(f"**Best config:** `{format_params(best.params)}`")

@@ -71,6 +71,10 @@ class Experiment(Record):
     status: ExperimentStatus = "running"
     metric_name: str | None = None
     metric_value: float | None = None
+    # True when the runner measured metric_value itself with the experiment's eval command;
+    # False when the number is only what the experiment reported ("reported").
+    verified: bool = False
+    eval_command: list[str] | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     started_at: datetime = Field(default_factory=utcnow)
     ended_at: datetime | None = None

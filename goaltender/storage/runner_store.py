@@ -137,6 +137,11 @@ MIGRATIONS = [
         updated_at TEXT NOT NULL
     );
     """,
+    # 2: verified metrics (the runner's own eval command) vs reported ones
+    """
+    ALTER TABLE experiments ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE experiments ADD COLUMN eval_command TEXT;
+    """,
 ]
 
 _event_data = TypeAdapter(EventData)
@@ -331,6 +336,7 @@ class RunnerStore:
         params: dict[str, Any],
         metric_name: str | None,
         experiments_dir: Path,
+        eval_command: list[str] | None = None,
     ) -> Experiment:
         """Reserve the next attempted index and log the experiment as running."""
         pending: list[Event] = []
@@ -343,7 +349,7 @@ class RunnerStore:
             log_path = str(experiments_dir / f"{index:03d}" / "run.log")
             experiment_id = await tx.insert(
                 "INSERT INTO experiments (goal_id, idx, description, command, params, status, "
-                "metric_name, started_at, log_path) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                "metric_name, started_at, log_path, eval_command) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
                 (
                     goal_id,
                     index,
@@ -353,6 +359,7 @@ class RunnerStore:
                     metric_name,
                     utcnow().isoformat(),
                     log_path,
+                    json.dumps(eval_command) if eval_command else None,
                 ),
             )
             experiment = await self._experiment(tx, experiment_id)
@@ -380,13 +387,14 @@ class RunnerStore:
         exit_code: int | None,
         note: str | None,
         new_best: bool = False,
+        verified: bool = False,
     ) -> Experiment:
         pending: list[Event] = []
         async with self.db.write() as tx:
             await tx.run(
                 "UPDATE experiments SET status = ?, metric_value = ?, metrics = ?, ended_at = ?, "
                 "wall_seconds = ?, cpu_seconds = ?, compute_hours = ?, peak_rss_mb = ?, exit_code = ?, "
-                "note = ? WHERE id = ? AND status = 'running'",
+                "note = ?, verified = ? WHERE id = ? AND status = 'running'",
                 (
                     status,
                     metric_value,
@@ -398,6 +406,7 @@ class RunnerStore:
                     peak_rss_mb,
                     exit_code,
                     note,
+                    verified,
                     experiment_id,
                 ),
             )
@@ -588,6 +597,8 @@ def _experiment(row: sqlite3.Row) -> Experiment:
     data["command"] = json.loads(data["command"])
     data["params"] = json.loads(data["params"])
     data["metrics"] = json.loads(data["metrics"])
+    data["verified"] = bool(data["verified"])
+    data["eval_command"] = json.loads(data["eval_command"]) if data["eval_command"] else None
     return Experiment(**data)
 
 

@@ -29,6 +29,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import pickle  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -54,6 +55,8 @@ from .generate import (  # noqa: E402
 )
 from .prompt import format_answer  # noqa: E402
 from .verify import score  # noqa: E402
+
+MODEL_FILE = "model.pkl"
 
 #: Bump when rendering or array layout changes, so stale caches are not reused.
 CACHE_VERSION = 1
@@ -271,6 +274,7 @@ def run(
     use_cache: bool = True,
     threads: int = 2,
     emit=print,
+    save_model: Path | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate once; ``emit`` receives progress lines. Returns the summary dict."""
     from sklearn.exceptions import ConvergenceWarning
@@ -320,6 +324,12 @@ def run(
     pred = np.nan_to_num(pred, nan=0.0, posinf=0.0, neginf=0.0)
     answers = predictions_to_answers(pred, cfg)
     scores = score(heldout_examples, answers)
+    if save_model is not None:  # for an evaluation the runner runs itself (evaluate.py)
+        save_model.parent.mkdir(parents=True, exist_ok=True)
+        tmp = save_model.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            pickle.dump({"model": model, "resolution": wc.resolution, "config": cfg.fingerprint()}, f)
+        os.replace(tmp, save_model)
     return {
         "exact_accuracy": round(scores["exact_accuracy"], 4),
         "mean_reward": round(scores["mean_reward"], 4),
@@ -347,6 +357,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the array cache")
+    parser.add_argument(
+        "--save-model",
+        type=Path,
+        default=Path(os.environ["GOALTENDER_EXPERIMENT_DIR"]) / MODEL_FILE
+        if os.environ.get("GOALTENDER_EXPERIMENT_DIR")
+        else None,
+        help="where to pickle the trained model (default: $GOALTENDER_EXPERIMENT_DIR/model.pkl when set)",
+    )
     args = parser.parse_args(argv)
     for name in ("train_size", "hidden", "iters", "resolution"):
         if getattr(args, name) < 1:
@@ -361,7 +379,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         resolution=args.resolution,
         seed=args.seed,
     )
-    summary = run(wc, use_cache=not args.no_cache, threads=args.threads, emit=lambda s: print(s, flush=True))
+    summary = run(
+        wc,
+        use_cache=not args.no_cache,
+        threads=args.threads,
+        emit=lambda s: print(s, flush=True),
+        save_model=args.save_model,
+    )
     summary["estimated_seconds"] = estimate_cost(wc)
     for key, value in summary.items():
         print(f"{key}: {value}", flush=True)
