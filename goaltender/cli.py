@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument(
         "--dir", type=Path, default=Path("goaltender-demo"), help="where state, plots and logs go"
     )
+    cmd.add_argument(
+        "--agent",
+        choices=["sweep", "openai", "codex"],
+        default="sweep",
+        help="sweep (no model needed), or an LLM agent on the endpoint in OPENAI_BASE_URL / "
+        "OPENAI_API_KEY with model GOALTENDER_MODEL",
+    )
 
     # -- people --
     cmd = command("submit", cmd_submit, "submit a goal, e.g. 'reach 90%% accuracy, budget 2h'")
@@ -318,7 +325,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from goaltender.demo import run_demo
 
-    return run_demo(args.goal, directory=args.dir, yes=args.yes)
+    return run_demo(args.goal, directory=args.dir, yes=args.yes, agent=args.agent)
 
 
 def cmd_submit(args):

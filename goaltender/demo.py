@@ -37,17 +37,54 @@ DEFAULT_GOAL = (
     "Train the star-count model to 98% exact accuracy on the fixed 64-example held-out split, "
     "budget 3m, max 10 experiments"
 )
+LLM_GOAL = (
+    "Train the star-count CPU model to 95% exact accuracy on the fixed 64-example held-out split. "
+    "Run `python -m goaltender.environments.star_count.workload --help` for its knobs (train-size, "
+    "hidden, iters, lr, resolution); run every experiment through `goaltender experiment` with "
+    "--metric exact_accuracy and --eval 'python -m goaltender.environments.star_count.evaluate'. "
+    "Budget 10m, max 8 experiments"
+)
 APPROVE_ABOVE_S = 4.0  # the demo's cost threshold: the big-data runs ask first
 CURVE_METRIC = "train_loss"
 
 
-def run_demo(goal_text: str | None, *, directory: Path, yes: bool) -> int:
-    return asyncio.run(Demo(goal_text or DEFAULT_GOAL, directory.resolve(), yes).run())
+def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = "sweep") -> int:
+    if agent != "sweep" and (problem := asyncio.run(endpoint_problem())):
+        print(f"goaltender demo --agent {agent}: {problem}", file=sys.stderr)
+        return 2
+    text = goal_text or (DEFAULT_GOAL if agent == "sweep" else LLM_GOAL)
+    return asyncio.run(Demo(text, directory.resolve(), yes, agent).run())
+
+
+async def endpoint_problem() -> str | None:
+    """Why the model endpoint the LLM agents would use cannot serve them, or None if it can."""
+    import openai
+
+    base_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+    if not os.environ.get("GOALTENDER_MODEL"):
+        return (
+            "set GOALTENDER_MODEL to the model to use, and OPENAI_BASE_URL / OPENAI_API_KEY for the "
+            "endpoint (any OpenAI-compatible server: vLLM, NIM, OpenAI)"
+        )
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_retries=0, timeout=5
+    )
+    try:
+        await client.models.list()
+    except openai.APIConnectionError as exc:
+        return f"no model endpoint reachable at {base_url} ({exc}); set OPENAI_BASE_URL"
+    except openai.APIStatusError as exc:
+        if exc.status_code in (401, 403):
+            return f"the endpoint at {base_url} refused the key ({exc.status_code}); set OPENAI_API_KEY"
+    finally:
+        await client.close()
+    return None
 
 
 class Demo:
-    def __init__(self, goal_text: str, directory: Path, yes: bool):
+    def __init__(self, goal_text: str, directory: Path, yes: bool, agent: str = "sweep"):
         self.goal_text = goal_text
+        self.agent = agent
         self.directory = directory
         self.interactive = not yes and sys.stdin.isatty()
         self.auto_note = not yes and not self.interactive
@@ -65,12 +102,13 @@ class Demo:
         self.started = time.monotonic()
 
     def settings(self) -> RunnerSettings:
-        agent = [sys.executable, "-m", "goaltender.agents.sweep", "--approve-above", str(APPROVE_ABOVE_S)]
+        sweep = [sys.executable, "-m", "goaltender.agents.sweep", "--approve-above", str(APPROVE_ABOVE_S)]
+        agents = RunnerSettings.model_fields["agents"].default_factory() | {"sweep": sweep}
         return RunnerSettings(
             home=self.directory / "runner",
             name="demo",
-            agents={"sweep": agent},
-            default_agent="sweep",
+            agents=agents,
+            default_agent=self.agent,
             experiment_timeout_s=90,
             approval_timeout_s=600,
             stop_grace_s=3,

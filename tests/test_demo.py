@@ -95,3 +95,26 @@ def test_demo_asks_at_the_terminal(tmp_path):
     assert "👎 Rejected by" in text and "not on my laptop" in text
     assert "🏁 Skipped:" in text and "Trying the next hypothesis" in text
     assert "📋 Final report" in text
+
+
+def test_llm_demo_fails_fast_without_an_endpoint(tmp_path):
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "GOALTENDER_MODEL": "m"}
+    for agent in ("openai", "codex"):
+        done = subprocess.run(
+            [sys.executable, "-m", "goaltender.cli", "demo", "--agent", agent, "--dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert done.returncode == 2
+        assert "no model endpoint reachable at http://127.0.0.1:9/v1" in done.stderr
+    env.pop("GOALTENDER_MODEL")
+    done = subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "demo", "--agent", "openai", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2 and "set GOALTENDER_MODEL" in done.stderr

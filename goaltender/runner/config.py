@@ -17,7 +17,10 @@ from pydantic_settings import (
 
 
 def _default_agents() -> dict[str, list[str]]:
-    return {"sweep": [sys.executable, "-m", "goaltender.agents.sweep"]}
+    return {
+        name: [sys.executable, "-m", f"goaltender.agents.{module}"]
+        for name, module in (("sweep", "sweep"), ("openai", "openai_agent"), ("codex", "codex_agent"))
+    }
 
 
 class RunnerSettings(BaseSettings):
