@@ -1,0 +1,43 @@
+"""bot.db: event cursors and outbox rows move together; Slack event ids are seen once."""
+
+from __future__ import annotations
+
+from goaltender.storage.bot_store import BotStore
+
+
+async def test_an_event_is_recorded_once_with_its_writes(tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    writes = [("C1", "post", {"text": "milestone"}, "gpu1:5:0")]
+    assert await store.record_event("gpu1", 5, writes)
+    assert not await store.record_event("gpu1", 5, writes)  # redelivered after a reconnect
+    assert not await store.record_event("gpu1", 4, [("C1", "post", {"text": "old"}, "gpu1:4:0")])
+    assert await store.cursor("gpu1") == 5 and await store.cursor("gpu2") == 0
+    [item] = await store.next_pending(now=1e12)
+    assert item.payload == {"text": "milestone"} and item.dedupe_key == "gpu1:5:0"
+    await store.close()
+
+
+async def test_outbox_keeps_order_per_channel_and_waits_for_retry_after(tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    a1 = await store.enqueue("C1", "post", {"text": "a1"}, "k1")
+    await store.enqueue("C1", "post", {"text": "a2"}, "k2")
+    b1 = await store.enqueue("C2", "post", {"text": "b1"}, "k3")
+    assert await store.enqueue("C1", "post", {"text": "again"}, "k1") is None  # same key: queued once
+    heads = await store.next_pending(now=100)
+    assert [(i.channel, i.id) for i in heads] == [("C1", a1), ("C2", b1)]  # one head per channel
+    await store.mark_retry(a1, not_before=200, error="ratelimited")
+    assert [i.id for i in await store.next_pending(now=150)] == [b1]  # C1 waits; its a2 does not jump ahead
+    await store.mark_sent(a1, {"ts": "1.000100"})
+    assert [i.payload["text"] for i in await store.next_pending(now=150)] == ["a2", "b1"]
+    assert (await store.outbox_by_key("k1")).result == {"ts": "1.000100"}
+    await store.close()
+
+
+async def test_slack_event_ids_are_seen_once(tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    assert await store.first_sight("Ev1")
+    assert not await store.first_sight("Ev1")
+    await store.close()
+    reopened = await BotStore.open(tmp_path / "bot.db")  # survives a restart
+    assert not await reopened.first_sight("Ev1")
+    await reopened.close()
