@@ -234,10 +234,17 @@ def build_parser() -> argparse.ArgumentParser:
     goal_arg(cmd)
 
     cmd = command("diary", cmd_diary, "write or read the goal's diary (durable session memory)")
-    cmd.add_argument("action", choices=["write", "read"])
-    cmd.add_argument("text", nargs="?", help="for write: the entry (or - for stdin)")
-    cmd.add_argument("--handoff", action="store_true", help="a handoff: everything needed to resume")
-    cmd.add_argument("--last", type=int, default=20, help="for read: how many entries")
+    actions = cmd.add_subparsers(dest="action", metavar="write|read", required=True)
+    write = actions.add_parser("write", help="add an entry: goaltender diary write [--handoff] TEXT")
+    write.add_argument("text", nargs="?", help="the entry (or - for stdin)")
+    write.add_argument("--handoff", action="store_true", help="a handoff: everything needed to resume")
+    goal_arg(write)
+    read = actions.add_parser(
+        "read", help="print recent entries: goaltender diary read [--handoff] [--last N]"
+    )
+    read.add_argument("--handoff", action="store_true", help="only handoffs")
+    read.add_argument("--last", type=int, default=20, help="how many entries")
+    goal_arg(read)
     goal_arg(cmd)
 
     cmd = command("report", cmd_report, "hand in your words for the final report (findings, next steps)")
@@ -470,6 +477,7 @@ def cmd_experiment(args):
             direction="minimize" if args.minimize else ("maximize" if args.metric else None),
             timeout_s=_duration(args.timeout),
             cwd=os.getcwd(),
+            env=dict(os.environ),  # what the agent exported reaches its experiment
             eval_command=shlex.split(args.eval_command) if args.eval_command else None,
         )
         e = reply.experiment

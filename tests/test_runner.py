@@ -90,7 +90,7 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
     assert "handoff: best lr=0.1" in out
     report = events[-1].data
     assert report.best.index == 1
-    assert "| 2 | discard | 0.4 |" in report.text
+    assert "| 2 | discard | 0.4 (reported) |" in report.text
     assert "try warmup next" in report.text
 
     # A finished goal takes no more steering, and says why.

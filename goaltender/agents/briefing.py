@@ -25,10 +25,12 @@ def list_skills() -> dict[str, str]:
 
 
 def load_skill(name: str) -> str:
-    """The SKILL.md text of a skill; KeyError names the ones that exist."""
-    path = SKILLS_DIR / name / "SKILL.md"
-    if not re.fullmatch(r"[a-z0-9-]+", name) or not path.is_file():
-        raise KeyError(f"no skill {name!r}; available: {', '.join(list_skills())}")
+    """A skill's SKILL.md (`autoresearch`), or one of its files (`autoresearch/references/x.md`);
+    KeyError names the skills that exist."""
+    skill, _, rest = name.partition("/")
+    path = SKILLS_DIR / skill / (rest or "SKILL.md")
+    if not re.fullmatch(r"[a-z0-9-]+(/[A-Za-z0-9_.-]+)*", name) or ".." in name or not path.is_file():
+        raise KeyError(f"no skill file {name!r}; skills: {', '.join(list_skills())}")
     return path.read_text()
 
 
@@ -63,8 +65,9 @@ def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
         "",
         'Run every experiment through `goaltender experiment -d "<hypothesis>" --metric <name> -- <command>`;',
         "report milestones with `goaltender milestone`, ask before costly or risky steps with `goaltender ask`,",
-        "read steering with `goaltender inbox` between steps, and keep the diary (`goaltender diary write",
-        "--handoff`). Put caches, checkpoints and logs on the big disk. Finish with `goaltender report`.",
+        "read steering with `goaltender inbox` between steps, and keep the diary",
+        '(`goaltender diary write --handoff "..."`). Put caches, checkpoints and logs on the big disk.',
+        "Finish with `goaltender report`.",
         "",
         "## Skills",
         "",

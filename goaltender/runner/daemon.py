@@ -519,7 +519,8 @@ class Runner:
         except OSError as exc:
             return await self._finish(experiment, "crash", None, {}, None, f"could not start: {exc}"), False
         metric, summary, verified = experiment.metric_name, result.summary, False
-        status, note = _judge(result, timeout, metric, summary)
+        # With an eval command the run need not print the metric: the evaluation measures it.
+        status, note = _judge(result, timeout, None if req.eval_command else metric, summary)
         if status != "crash" and req.eval_command:
             # The runner measures the headline itself; the run's own numbers stay under `run/`.
             evaluation = await run_supervised(
