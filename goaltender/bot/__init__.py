@@ -1,0 +1,1 @@
+"""bot: the Slack surface — intake, threads, approvals, steering, digests, runner links."""

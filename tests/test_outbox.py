@@ -1,0 +1,109 @@
+"""The outbox against a fake Slack speaking the Web API: order, rate, Retry-After, no duplicates."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fake_slack import FakeSlack
+
+from goaltender.bot.outbox import METADATA_EVENT, Outbox
+from goaltender.storage.bot_store import BotStore
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+async def slack():
+    async with FakeSlack() as fake:
+        fake.add_channel("C0TWO", "two")
+        yield fake
+
+
+async def drain(outbox: Outbox, store: BotStore, timeout: float = 30) -> None:
+    async def loop():
+        while await store.pending_count():
+            await outbox.drain_once()
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(loop(), timeout)
+
+
+async def test_posts_arrive_in_order_within_the_channel_rate(slack, tmp_path):
+    slack.limit_channel_rate(0.9)  # Slack answers 429 to a channel written faster than this
+    store = await BotStore.open(tmp_path / "bot.db")
+    outbox = Outbox(store, slack.client())
+    for i in range(4):
+        await store.enqueue(slack.general, "post", {"text": f"general {i}"}, f"g{i}")
+    for i in range(2):
+        await store.enqueue("C0TWO", "post", {"text": f"two {i}"}, f"t{i}")
+    await drain(outbox, store)
+    assert [m.text for m in slack.messages(slack.general)] == [f"general {i}" for i in range(4)]
+    assert [m.text for m in slack.messages("C0TWO")] == ["two 0", "two 1"]
+    posts = slack.calls("chat.postMessage")
+    assert all(call.ok for call in posts)  # never rate-limited: the outbox kept to one per second
+    assert len(posts) == 6
+    await store.close()
+
+
+async def test_a_429_storm_delays_but_loses_and_reorders_nothing(slack, tmp_path):
+    slack.rate_limit("chat.postMessage", times=3, retry_after=1)
+    store = await BotStore.open(tmp_path / "bot.db")
+    outbox = Outbox(store, slack.client(), per_channel_interval_s=0.1)
+    for i in range(3):
+        await store.enqueue(slack.general, "post", {"text": f"m{i}"}, f"k{i}")
+    await drain(outbox, store)
+    assert [m.text for m in slack.messages(slack.general)] == ["m0", "m1", "m2"]
+    limited = [c for c in slack.calls("chat.postMessage") if c.status == 429]
+    assert len(limited) == 3
+    await store.close()
+
+
+async def test_a_post_slack_took_before_a_crash_is_not_posted_again(slack, tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    item_id = await store.enqueue(slack.general, "post", {"text": "milestone"}, "gpu1:7:0")
+    # The bot sent it, Slack stored it, and the bot died before writing that down.
+    await store.mark_retry(item_id, 0, "")
+    slack.add_message(
+        slack.general,
+        "milestone",
+        bot=True,
+        metadata={"event_type": METADATA_EVENT, "event_payload": {"key": "gpu1:7:0"}},
+    )
+    outbox = Outbox(store, slack.client())
+    await drain(outbox, store)
+    assert [m.text for m in slack.messages(slack.general)] == ["milestone"]  # one, not two
+    assert (await store.outbox_item(item_id)).state == "sent"
+    await store.close()
+
+
+async def test_updates_and_replies_wait_for_the_post_they_refer_to(slack, tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    outbox = Outbox(store, slack.client(), per_channel_interval_s=0.05)
+    await store.enqueue(slack.general, "post", {"text": "status card: running"}, "card")
+    await store.enqueue(slack.general, "post", {"text": "milestone", "thread_of": "card"}, "m1")
+    await store.enqueue(slack.general, "update", {"text": "status card: finished", "ts_of": "card"}, "card-2")
+    await drain(outbox, store)
+    [root] = slack.messages(slack.general)
+    assert root.text == "status card: finished"
+    assert [m.text for m in slack.thread(slack.general, root.ts)][-1] == "milestone"
+    await store.close()
+
+
+async def test_a_permanent_error_fails_the_item_and_says_so(slack, tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    failures = []
+    outbox = Outbox(store, slack.client())
+
+    async def on_failed(item, error):
+        failures.append((item.dedupe_key, error))
+
+    outbox.on_failed = on_failed
+    await store.enqueue("C0RANDOM", "post", {"text": "hello"}, "r1")  # the bot is not in #random
+    await drain(outbox, store)
+    assert failures == [("r1", "not_in_channel")]
+    await store.close()
