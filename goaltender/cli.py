@@ -91,7 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
         return cmd
 
     # -- processes --
-    cmd = command("runner", cmd_runner, "start the runner daemon in the foreground")
+    cmd = command(
+        "runner",
+        cmd_runner,
+        "start the runner daemon in the foreground",
+        """\
+        goaltender runner          start the runner daemon in the foreground
+        goaltender runner attach   bridge stdin/stdout to a running runner's socket (for SSH hosts
+                                   whose sshd forbids stream forwarding: the bot runs this command)""",
+    )
+    cmd.add_argument("action", nargs="?", choices=["attach"], help="attach: the stdio bridge")
+    cmd.add_argument("--socket", type=Path, default=argparse.SUPPRESS, help="the runner socket")
     cmd.add_argument("--home", type=Path, help="state directory (default: $GOALTENDER_HOME or ~/.goaltender)")
 
     cmd = command(
@@ -319,6 +329,12 @@ def _print_status(status: p.GoalStatus) -> None:
 
 
 def cmd_runner(args: argparse.Namespace) -> int:
+    if args.action == "attach":
+        from goaltender.runner.attach import run as attach
+
+        if args.home and not args.socket:
+            os.environ["GOALTENDER_HOME"] = str(args.home)
+        return attach(args.socket)
     from goaltender.runner.config import RunnerSettings
     from goaltender.runner.daemon import main as runner_main
 

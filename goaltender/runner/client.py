@@ -36,7 +36,7 @@ class RunnerClient:
         self._writer = writer
         self._ids = itertools.count(1)
         self._pending: dict[p.RequestId, asyncio.Future[p.Reply]] = {}
-        self._events: asyncio.Queue[p.EventMessage | None] = asyncio.Queue()
+        self._events: asyncio.Queue[p.EventMessage | Exception] = asyncio.Queue()
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._reader_task = asyncio.ensure_future(self._read_loop())
@@ -50,7 +50,12 @@ class RunnerClient:
             raise RunnerUnavailable(
                 f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
             ) from exc
-        return await cls(reader, writer).hello(client)
+        runner = cls(reader, writer)
+        try:
+            return await runner.hello(client)
+        except BaseException:
+            await runner.close()
+            raise
 
     async def hello(self, client: str) -> RunnerClient:
         welcome = await self.call(p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client)
@@ -101,9 +106,9 @@ class RunnerClient:
         """Subscribed events, until the link drops (then RunnerUnavailable)."""
         while True:
             message = await self._events.get()
-            if message is None:
-                self._events.put_nowait(None)  # stay closed for any later reader
-                raise RunnerUnavailable("the runner closed the connection")
+            if isinstance(message, Exception):
+                self._events.put_nowait(message)  # stay closed for any later reader
+                raise message
             yield message.event
 
     async def _send(self, message: p.Message) -> None:
@@ -131,7 +136,7 @@ class RunnerClient:
             for future in self._pending.values():
                 if not future.done():
                     future.set_exception(error)
-            self._events.put_nowait(None)
+            self._events.put_nowait(error)  # why the link dropped reaches events() readers too
 
 
 def socket_from_env() -> Path:
