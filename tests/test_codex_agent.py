@@ -1,0 +1,469 @@
+"""The Codex agent end to end: the real runner, the real `codex app-server` (0.171.0, installed by
+`make test`), and FakeOpenAI as the model behind it (a Responses API endpoint).
+
+The fake model is scripted by request content rather than by order: Codex aborts an in-flight model
+request when it is steered or interrupted (which consumes a scripted item), so each answer looks at
+what the request already contains (tool outputs, steering text) and answers idempotently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import events_until_report, submit
+from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
+
+from goaltender.agents.briefing import list_skills
+from goaltender.agents.codex_agent import CodexSettings, report_text, says_done, write_codex_home
+from goaltender.runner import protocol as p
+from goaltender.storage.records import ApprovalRequested, MilestoneReported
+
+REPO = Path(__file__).resolve().parent.parent
+CODEX_BIN = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
+AGENT = [sys.executable, "-m", "goaltender.agents.codex_agent"]
+
+
+@pytest.fixture
+async def fake(monkeypatch):
+    """FakeOpenAI, and the environment that points the Codex agent at it."""
+    if not CODEX_BIN.exists():
+        pytest.fail(
+            f"the Codex CLI is not installed at {CODEX_BIN}: run `make test`, which installs it "
+            "(npm install @openai/codex into .codex-cli/)"
+        )
+    server = FakeOpenAI()
+    await server.start()
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    monkeypatch.setenv("GOALTENDER_CODEX_BIN", str(CODEX_BIN))
+    monkeypatch.setenv("GOALTENDER_CODEX_RETRIES", "0")  # fail fast on injected errors
+    monkeypatch.delenv("GOALTENDER_CODEX_APPROVAL", raising=False)  # the default: untrusted
+    yield server
+    await server.close()
+
+
+# ---- helpers ----
+
+
+def outputs(body: dict) -> dict[str, str]:
+    """call_id -> the tool output Codex sent back for it."""
+    return {
+        item["call_id"]: str(item.get("output"))
+        for item in body.get("input", [])
+        if item.get("type") == "function_call_output"
+    }
+
+
+def shell(cmd: str, call_id: str) -> Turn:
+    """Codex's shell tool (0.171.0, fallback model metadata) is `exec_command` with `cmd`."""
+    return Turn(tool_calls=[ToolCall("exec_command", {"cmd": cmd}, id=call_id)])
+
+
+def requests_text(fake: FakeOpenAI) -> list[str]:
+    return [json.dumps(seen.body) for seen in fake.requests]
+
+
+async def decide(client, goal_id: int, decisions: list[tuple[bool, str | None]], then=None) -> list:
+    """Answer the goal's approval prompts in order; returns the approvals as asked."""
+    asked = []
+    await client.subscribe(goal_id=goal_id)
+    async for event in client.events():
+        if isinstance(event.data, ApprovalRequested):
+            approve, comment = decisions[len(asked)]
+            asked.append(event.data.approval)
+            await client.call(
+                p.Decide,
+                p.DecisionReply,
+                approval_id=event.data.approval.id,
+                approve=approve,
+                by="ana",
+                comment=comment,
+            )
+            if then is not None:
+                await then(len(asked))
+            if len(asked) == len(decisions):
+                return asked
+    return asked
+
+
+async def approval_asked(runner, connect, goal_id: int) -> None:
+    watcher = await connect(runner, "watch")
+    await watcher.subscribe(goal_id=goal_id)
+    async for event in watcher.events():
+        if isinstance(event.data, ApprovalRequested):
+            return
+
+
+def workspace(runner, goal_id: int = 1) -> Path:
+    return runner.settings.workspaces / f"goal-{goal_id}"
+
+
+def group_alive(pgid: int) -> list[int]:
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+def processes_with(needle: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if needle in " ".join(proc.info["cmdline"] or []) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
+async def wait_until(predicate, timeout: float = 20.0):
+    async def poll():
+        while not (result := predicate()):
+            await asyncio.sleep(0.1)
+        return result
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+# ---- tests ----
+
+
+async def test_approved_and_rejected_commands_brief_skills_metrics_report(
+    start_runner, connect, fake, monkeypatch
+):
+    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "32768")
+    runner = await start_runner(agents={"codex": AGENT})
+    ws = workspace(runner)
+    skill = ws / ".agents" / "skills" / "star-helper" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text(
+        "---\nname: star-helper\ndescription: SKILLMARK-93 tips for counting stars\n---\nUse the verifier.\n"
+    )
+
+    def model(body: dict) -> Turn:
+        done = outputs(body)
+        if "call_ms" not in done:  # a reporting verb: allowed by the agent's rules, reaches the runner
+            return shell('goaltender milestone "Baseline planned" "posted from inside Codex"', "call_ms")
+        if "call_ok" not in done:
+            return shell("touch approved-marker", "call_ok")
+        if "call_no" not in done:
+            return shell("touch rejected-marker", "call_no")
+        return Turn(
+            text="Counted the stars: exact accuracy 0.91 with train_size=8000.\nNext: more data.\nGOAL COMPLETE"
+        )
+
+    fake.default = model
+    client = await connect(runner)
+    goal_id = await submit(client, "count the stars STARGOAL-7781, max 5 experiments", agent="codex")
+    deciding = asyncio.ensure_future(
+        decide(await connect(runner, "ana"), goal_id, [(True, None), (False, "too risky")])
+    )
+    events = await events_until_report(client, goal_id, timeout=30)
+    approvals = await asyncio.wait_for(deciding, 5)
+
+    # The shell command Codex wanted became a runner prompt; approved ran, rejected did not.
+    assert [a.kind for a in approvals] == ["command", "command"]
+    assert "touch approved-marker" in approvals[0].question and str(ws) in approvals[0].detail
+    assert "touch rejected-marker" in approvals[1].question
+    assert (ws / "approved-marker").exists()
+    assert not (ws / "rejected-marker").exists()
+    texts = requests_text(fake)
+    declined = [t for t in texts if "call_no" in outputs(json.loads(t))]
+    assert declined and "rejected by user" in outputs(json.loads(declined[0]))["call_no"]
+    assert any("too risky" in t for t in texts)  # the rejection's comment reached Codex too
+
+    # Codex read AGENTS.md (the brief) from the workspace, and listed the workspace's skills.
+    first = fake.requests[0].body
+    agents_md = [
+        part["text"]
+        for item in first["input"]
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("text", "").startswith("# AGENTS.md instructions for")
+    ]
+    assert agents_md and "STARGOAL-7781" in agents_md[0] and "Stop rule and budgets" in agents_md[0]
+    assert "<skills_instructions>" in json.dumps(first) and "SKILLMARK-93" in json.dumps(first)
+    assert "star-helper" in json.dumps(first)
+    for name in list_skills():  # the project's skills, copied to .agents/skills by the agent
+        assert f"- {name}:" in json.dumps(first), name
+    assert {t["name"] for t in first["tools"] if t.get("type") == "function"} >= {"exec_command"}
+
+    # The thread id is persisted in the workspace and in the diary; the goal finished with the report.
+    thread_id = (ws / ".codex-thread").read_text().strip()
+    diary = await client.call(p.ReadDiary, p.DiaryReply, goal_id=goal_id, kind="note")
+    assert any(f"codex thread: {thread_id}" in e.text for e in diary.entries)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "finished"
+    titles = [e.data.title for e in events if isinstance(e.data, MilestoneReported)]
+    assert "Codex started" in titles and any(t.startswith("Codex: Counted the stars") for t in titles)
+    assert "Baseline planned" in titles, outputs(fake.requests[-1].body).get("call_ms")
+    report = events[-1].data
+    assert report.end_reason == "the agent finished"
+    assert "exact accuracy 0.91" in report.text and "GOAL COMPLETE" not in report.text
+
+    # Token usage became metric series, cumulative.
+    for name in ("agent/input_tokens", "agent/output_tokens"):
+        series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name=name)
+        values = [v for _, v in series.points]
+        assert values and values == sorted(values) and values[-1] > 0
+    log = (ws / "codex.log").read_text()
+    window = int(re.search(r"model context window: (\d+) tokens", log).group(1))
+    assert 30_000 < window <= 32_768  # GOALTENDER_CONTEXT_TOKENS reached Codex (it keeps a 5% margin)
+    assert "command completed (exit 0" in log and "touch approved-marker" in log
+    assert "command declined" in log
+
+
+async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
+    runner = await start_runner(agents={"codex": AGENT})
+
+    def model(body: dict) -> Turn:
+        if "STEER-LR-ONLY" in json.dumps(body):
+            return Turn(text="Understood: only lr from now on.\nGOAL COMPLETE")
+        return shell("sleep 2", "call_wait")
+
+    fake.default = model
+    client = await connect(runner)
+    goal_id = await submit(client, "tune the model, max 3 experiments", agent="codex")
+    ana = await connect(runner, "ana")
+
+    async def steer_after_approving(_):
+        await ana.call(p.Steer, p.Done, goal_id=goal_id, text="STEER-LR-ONLY please", author="bob")
+
+    deciding = asyncio.ensure_future(decide(ana, goal_id, [(True, None)], then=steer_after_approving))
+    events = await events_until_report(client, goal_id, timeout=30)
+    await asyncio.wait_for(deciding, 5)
+
+    steered = [t for t in requests_text(fake) if "STEER-LR-ONLY" in t]
+    assert steered and "bob" in steered[0]
+    log = (workspace(runner) / "codex.log").read_text()
+    assert "steered turn 1 (turn/steer)" in log  # into the running turn, not a new one
+    titles = [e.data.title for e in events if isinstance(e.data, MilestoneReported)]
+    assert "Steering passed to Codex" in titles
+    assert events[-1].data.end_reason == "the agent finished"
+
+
+async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, connect, fake):
+    runner = await start_runner(agents={"codex": AGENT})
+    fake.default = lambda body: shell("sleep 31 && touch late-marker", "call_long")
+    client = await connect(runner)
+    goal_id = await submit(client, "a long one, max 3 experiments", agent="codex")
+    await asyncio.wait_for(decide(await connect(runner, "ana"), goal_id, [(True, None)]), 20)
+    await wait_until(lambda: processes_with("sleep 31"))
+    ws = workspace(runner)
+    server_pid = int((ws / ".codex-app-server.pid").read_text())
+    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+
+    done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    assert "stopped by ana: enough" in done.message
+
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "stopped"
+    events = await events_until_report(client, goal_id, timeout=5)
+    assert "Stopped during turn 1 of the Codex session" in events[-1].data.text
+    assert group_alive(agent_pid) == []
+    await wait_until(lambda: group_alive(server_pid) == [], timeout=5)
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+    assert processes_with("sleep 31") == []
+    log = (ws / "codex.log").read_text()
+    assert "turn 1 interrupted" in log and "stopped" in log
+    assert not (ws / "late-marker").exists()
+
+
+async def test_runner_restart_resumes_the_codex_thread(start_runner, connect, fake):
+    def model(body: dict) -> Turn:
+        text = json.dumps(body)
+        if "runner restarted and interrupted this session" in text:
+            return Turn(text="Back again, history intact.\nGOAL COMPLETE")
+        if "call_hold" in text:  # the approval prompt is pending when the runner goes down
+            return Turn(text="still waiting")
+        if "Continue toward the goal" in text:
+            return shell("touch held-marker", "call_hold")
+        return Turn(text="FIRSTTURN-4242 baseline planned, more to do")
+
+    fake.default = model
+    first = await start_runner(agents={"codex": AGENT})
+    client = await connect(first)
+    goal_id = await submit(client, "resumable goal, max 3 experiments", agent="codex")
+    await asyncio.wait_for(approval_asked(first, connect, goal_id), 30)
+    ws = workspace(first)
+    thread_id = (ws / ".codex-thread").read_text().strip()
+    old_server = int((ws / ".codex-app-server.pid").read_text())
+    await first.close()  # SIGTERM to the agent: it interrupts the turn and ends its app-server
+    await wait_until(lambda: group_alive(old_server) == [], timeout=5)
+    before = len(fake.requests)
+
+    second = await start_runner(agents={"codex": AGENT})  # same home: recovers the goal, resumed=1
+    client = await connect(second)
+    events = await events_until_report(client, goal_id, timeout=30)
+    assert events[-1].data.end_reason == "the agent finished"
+    assert "Back again, history intact" in events[-1].data.text
+
+    # Same thread: the id did not change, the agent said it resumed it, and the model's first
+    # request after the restart carries the first session's history.
+    assert (ws / ".codex-thread").read_text().strip() == thread_id
+    titles = [e.data.title for e in events if isinstance(e.data, MilestoneReported)]
+    assert "Codex resumed its thread after a restart" in titles
+    assert f"resumed thread {thread_id}" in (ws / "codex.log").read_text()
+    after = requests_text(fake)[before:]
+    assert after and "FIRSTTURN-4242" in after[0] and "runner restarted" in after[0]
+    notes = await client.call(p.ReadDiary, p.DiaryReply, goal_id=goal_id, kind="note")
+    assert sum(f"codex thread: {thread_id}" in e.text for e in notes.entries) == 1  # not a new thread
+
+
+async def test_a_killed_agent_takes_its_app_server_along(start_runner, connect, fake):
+    fake.default = lambda body: shell("touch never-decided", "call_pending")
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "crash me, max 2 experiments", agent="codex")
+    await asyncio.wait_for(approval_asked(runner, connect, goal_id), 20)
+    server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
+    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    assert group_alive(server_pid)  # its own process group, so a SIGKILL of the agent's misses it
+    os.killpg(agent_pid, signal.SIGKILL)
+    # PR_SET_PDEATHSIG and the end of its stdin take the app-server down without the agent.
+    await wait_until(lambda: group_alive(server_pid) == [], timeout=10)
+    events = await events_until_report(client, goal_id, timeout=10)
+    assert "the agent exited with code -9" in events[-1].data.end_reason
+
+
+async def test_endpoint_failure_fails_the_goal_with_the_reason(start_runner, connect, fake):
+    fake.add(Fail(400, message="model exploded XYZ-55"))
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "doomed, max 2 experiments", agent="codex")
+    events = await events_until_report(client, goal_id, timeout=30)
+    failed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    assert failed and "XYZ-55" in failed[0].text and "turn failed" in failed[0].title
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "failed"
+    assert "the agent exited with code 1" in events[-1].data.end_reason
+    server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
+    assert group_alive(server_pid) == []
+
+
+FAKE_APP_SERVER = textwrap.dedent(
+    """
+    import json, sys
+    out = open(sys.argv[1], "a")
+    def send(msg):
+        sys.stdout.write(json.dumps(msg) + "\\n"); sys.stdout.flush()
+    answers = {}
+    for line in sys.stdin:
+        msg = json.loads(line)
+        method = msg.get("method")
+        if method == "initialize":
+            send({"id": msg["id"], "result": {"userAgent": "fake-app-server"}})
+        elif method == "thread/start":
+            send({"id": msg["id"], "result": {"thread": {"id": "thr-fake"}}})
+        elif method == "turn/start":
+            send({"id": msg["id"], "result": {"turn": {"id": "turn-1", "status": "inProgress"}}})
+            wanted = {"network": {"enabled": True}, "fileSystem": {"write": ["/data/shared"]}}
+            send({"id": 100, "method": "item/permissions/requestApproval", "params": {
+                "threadId": "thr-fake", "turnId": "turn-1", "itemId": "i1", "cwd": "/w", "startedAtMs": 0,
+                "reason": "download the dataset", "permissions": wanted}})
+            send({"id": 101, "method": "item/tool/call", "params": {"tool": "mystery"}})
+        elif "id" in msg and method is None:
+            answers[msg["id"]] = msg
+            if len(answers) == 2:
+                out.write(json.dumps(answers)); out.close()
+                sys.stderr.write("fake app-server: crashing on purpose\\n")
+                sys.exit(3)
+    """
+)
+
+
+async def test_permissions_unknown_requests_and_a_crashing_app_server(
+    start_runner, connect, tmp_path, monkeypatch
+):
+    script = tmp_path / "fake_app_server.py"
+    script.write_text(FAKE_APP_SERVER)
+    answers = tmp_path / "answers.json"
+    binary = tmp_path / "codex"
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} {answers}\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("GOALTENDER_CODEX_BIN", str(binary))
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "permissions please, max 2 experiments", agent="codex")
+    [approval] = await asyncio.wait_for(decide(await connect(runner, "ana"), goal_id, [(True, None)]), 20)
+    events = await events_until_report(client, goal_id, timeout=20)
+
+    assert approval.kind == "permissions"
+    assert "network access" in approval.question and "/data/shared" in approval.question
+    assert "download the dataset" in approval.detail
+    replies = json.loads(answers.read_text())
+    assert replies["100"]["result"] == {
+        "permissions": {"network": {"enabled": True}, "fileSystem": {"write": ["/data/shared"]}},
+        "scope": "turn",
+    }
+    assert replies["101"]["error"]["code"] == -32601  # unknown server requests get an error, not silence
+    failed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    assert failed and "exited with code 3" in failed[0].title and "crashing on purpose" in failed[0].text
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+
+
+async def test_missing_codex_binary_fails_the_goal_clearly(start_runner, connect, tmp_path, monkeypatch):
+    monkeypatch.setenv("GOALTENDER_CODEX_BIN", str(tmp_path / "no-such-codex"))
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "no codex here", agent="codex")
+    events = await events_until_report(client, goal_id, timeout=20)
+    failed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    assert failed and "no Codex CLI at" in failed[0].title
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+
+
+def test_settings_codex_home_and_done_detection(tmp_path):
+    env = {
+        "PATH": str(tmp_path / "empty"),
+        "OPENAI_BASE_URL": "http://127.0.0.1:8000/v1",
+        "GOALTENDER_MODEL": "Qwen/Qwen3-8B",
+        "GOALTENDER_CONTEXT_TOKENS": "65536",
+    }
+    settings = CodexSettings.from_env(env)
+    assert settings.binary == str(CODEX_BIN)  # not on PATH: the copy `make test` installs
+    assert (settings.sandbox, settings.approval, settings.network) == ("workspace-write", "untrusted", True)
+    on_path = tmp_path / "bin" / "codex"
+    on_path.parent.mkdir()
+    on_path.write_text("#!/bin/sh\n")
+    on_path.chmod(0o755)
+    assert CodexSettings.from_env({**env, "PATH": str(on_path.parent)}).binary == str(on_path)
+    assert CodexSettings.from_env({**env, "GOALTENDER_CODEX_BIN": "/opt/codex"}).binary == "/opt/codex"
+
+    write_codex_home(tmp_path / "home", settings)
+    config = tomllib.loads((tmp_path / "home" / "config.toml").read_text())
+    assert config["model"] == "Qwen/Qwen3-8B" and config["model_context_window"] == 65536
+    assert config["model_provider"] == "goaltender"
+    assert config["model_providers"]["goaltender"] == {
+        "name": "goaltender endpoint",
+        "base_url": "http://127.0.0.1:8000/v1",
+        "wire_api": "responses",
+        "env_key": "OPENAI_API_KEY",
+    }
+    assert (
+        config["allow_login_shell"] is False and config["sandbox_workspace_write"]["network_access"] is True
+    )
+    assert "approval_policy" not in config  # Codex 0.171 refuses "untrusted" there; it goes in thread/start
+    rules = (tmp_path / "home" / "rules" / "goaltender.rules").read_text()
+    assert 'pattern = ["goaltender", "milestone"]' in rules and '"experiment"' not in rules
+
+    assert says_done("Best 0.91 with lr=3e-4.\n\n**GOAL COMPLETE**")
+    assert says_done("Nothing more to do.")
+    assert not says_done(
+        "When it is met I will write GOAL COMPLETE.\nFirst: the baseline.\nThen lr.\nThen more."
+    )
+    assert report_text("Best 0.91.\nNext: more data.\n`GOAL COMPLETE`") == "Best 0.91.\nNext: more data."
