@@ -31,6 +31,7 @@ every step (milestones, experiment rows, approval prompts, plots, a final report
 
   goaltender demo                 watch a whole campaign end to end, no Slack needed
   goaltender runner               start the runner daemon (one per GPU box)
+  goaltender bot                  run the Slack bot (tokens from an app made from manifest.yml)
 
 People (and the Slack bot) drive goals:   submit, status, summary, steer, budget,
                                           pause, resume, stop, approve, reject, events, log
@@ -124,6 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="sweep",
         help="sweep (no model needed), or an LLM agent on the endpoint in OPENAI_BASE_URL / "
         "OPENAI_API_KEY with model GOALTENDER_MODEL",
+    )
+
+    command(
+        "bot",
+        cmd_bot,
+        "run the Slack bot (Socket Mode): /goal, goal threads, approvals, steering",
+        """\
+        Run the Slack bot. It needs SLACK_BOT_TOKEN (xoxb-…) and SLACK_APP_TOKEN (xapp-…) from an
+        app created from manifest.yml, and reaches the runners listed in its config (default: the
+        local runner socket).""",
     )
 
     # -- people --
@@ -343,6 +354,12 @@ def cmd_runner(args: argparse.Namespace) -> int:
         overrides["socket"] = args.socket
     runner_main(RunnerSettings(**overrides))
     return EXIT_OK
+
+
+def cmd_bot(args: argparse.Namespace) -> int:
+    from goaltender.bot.app import main as bot_main
+
+    return bot_main() or EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -237,6 +237,7 @@ def test_cli_help_for_every_verb():
     assert out.returncode == 0 and "goaltender demo" in out.stdout
     verbs = [
         "runner",
+        "bot",
         "demo",
         "submit",
         "status",

@@ -204,6 +204,15 @@ class BotStore:
         row = await self.db.fetchone("SELECT * FROM outbox WHERE dedupe_key = ?", (dedupe_key,))
         return _outbox(row) if row else None
 
+    async def sent_posts(self, *key_patterns: str) -> list[tuple[str, str, str | None]]:
+        """(dedupe key, channel, ts) of sent posts whose key matches a LIKE pattern ('%:card')."""
+        where = " OR ".join("dedupe_key LIKE ?" for _ in key_patterns) or "1"
+        rows = await self.db.fetchall(
+            f"SELECT dedupe_key, channel, result FROM outbox WHERE state = 'sent' AND kind = 'post' AND ({where})",
+            key_patterns,
+        )
+        return [(row[0], row[1], (json.loads(row[2]) if row[2] else {}).get("ts")) for row in rows]
+
     async def pending_count(self) -> int:
         row = await self.db.fetchone("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])

@@ -1,0 +1,590 @@
+"""The Slack bot: intake (/goal, @mentions, goal channels), thread replies, approvals, and the
+runner events rendered into each goal's thread.
+
+Every listener acks first (events are acked by Bolt before the listener runs), every subscribed
+event type has a listener so Socket Mode acks it, and every Slack event is deduplicated by its
+event_id (bot.db). A message that @mentions the bot arrives twice (app_mention + message): it is
+handled once, keyed on (channel, ts). Every write to Slack goes through the outbox; runner events
+are stored with their outbox rows and the runner's seq in one transaction (exactly once).
+
+Entry point: `goaltender.bot.app:main`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import sys
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from goaltender.bot import render
+from goaltender.bot.config import BotSettings
+from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.outbox import Outbox
+from goaltender.runner import protocol as p
+from goaltender.runner.budget import parse_goal_text
+from goaltender.runner.client import RunnerUnavailable
+from goaltender.storage.bot_store import BotStore, OutboxItem, Thread
+from goaltender.storage.records import (
+    ApprovalDecided,
+    ApprovalRequested,
+    BudgetChanged,
+    Event,
+    ExperimentFinished,
+    ExperimentStarted,
+    FinalReport,
+    GoalAccepted,
+    GoalStateChanged,
+    MilestoneReported,
+    SteerReceived,
+)
+
+log = logging.getLogger("goaltender.bot")
+
+MAX_GOAL_TEXT = 4000
+STATUS_TIMEOUT_S = 10.0
+HOWTO = (
+    "Start a goal with `/goal <what to achieve>`, e.g. "
+    "`/goal train the star-count model to 95% accuracy, budget 2h, max 20 experiments`. "
+    "Optional: `gpu-hours 8`, `30m each`, `with <agent>`, `on <runner>`. "
+    "Then steer it from the goal's thread: `stop`, `pause`, `resume`, `status`, `budget +2h`, "
+    "or any message for the agent."
+)
+CARD_EVENTS = (
+    GoalAccepted,
+    GoalStateChanged,
+    ExperimentStarted,
+    ExperimentFinished,
+    ApprovalRequested,
+    ApprovalDecided,
+    BudgetChanged,
+    FinalReport,
+)
+CONTROL = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
+_BUDGET = re.compile(
+    r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
+)
+_USER_ID = re.compile(r"\b([UW][A-Z0-9]{5,})\b")
+
+Reply = Callable[[str], Awaitable[None]]
+
+
+def card_key(runner: str, goal_id: int) -> str:
+    return f"{runner}:{goal_id}:card"
+
+
+def approval_key(runner: str, goal_id: int, approval_id: int) -> str:
+    return f"{runner}:{goal_id}:approval:{approval_id}"
+
+
+def normalise_reaction(name: str) -> str:
+    """`+1::skin-tone-3` -> `+1`."""
+    return name.strip(":").split("::")[0]
+
+
+def _mentions(text: str) -> str:
+    return _USER_ID.sub(r"<@\1>", text)
+
+
+class GoaltenderBot:
+    """The bot: an AsyncApp (Socket Mode), bot.db, the outbox and the links to the runners."""
+
+    def __init__(self, settings: BotSettings, store: BotStore, client: AsyncWebClient):
+        self.settings = settings
+        self.store = store
+        self.client = client
+        self.app = AsyncApp(client=client)
+        self.outbox = Outbox(store, client, per_channel_interval_s=settings.outbox_interval_s)
+        self.outbox.on_failed = self._on_outbox_failed
+        self.outbox.on_sent = self._on_outbox_sent
+        self.pool = RunnerPool(
+            settings.runner_targets(), on_event=self.on_runner_event, load_cursor=store.cursor
+        )
+        # (channel, message ts) -> (runner, approval id, goal id); rebuilt from the outbox at start.
+        self.approvals: dict[tuple[str, str], tuple[str, int, int]] = {}
+        self._submitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._responders: dict[str, Reply] = {}  # card key -> the /goal response_url, for errors
+        self._tasks: list[asyncio.Task] = []
+        self.handler: AsyncSocketModeHandler | None = None
+        self._register()
+
+    @classmethod
+    async def open(cls, settings: BotSettings) -> GoaltenderBot:
+        token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
+        kwargs: dict[str, Any] = {"token": token}
+        if settings.slack_api_url:
+            kwargs["base_url"] = settings.slack_api_url
+        client = AsyncWebClient(**kwargs)
+        settings.db_path.parent.mkdir(parents=True, exist_ok=True)
+        store = await BotStore.open(settings.db_path)
+        bot = cls(settings, store, client)
+        await bot._rebuild()
+        return bot
+
+    async def start(self) -> None:
+        """Start the outbox, the runner links and the Socket Mode connection."""
+        self._tasks.append(asyncio.ensure_future(self.outbox.run()))
+        self._tasks.append(asyncio.ensure_future(self.pool.run()))
+        if self.settings.slack_app_token is not None:
+            self.handler = AsyncSocketModeHandler(
+                self.app, app_token=self.settings.slack_app_token.get_secret_value(), web_client=self.client
+            )
+            await self.handler.connect_async()
+
+    async def close(self) -> None:
+        if self.handler is not None:
+            with contextlib.suppress(Exception):
+                await self.handler.close_async()
+        self.pool.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.store.close()
+
+    async def run_forever(self) -> None:
+        await self.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.close()
+
+    # ---- bookkeeping ----
+
+    async def _rebuild(self) -> None:
+        """Card roots and approval messages from the outbox rows already sent (after a restart)."""
+        for key, channel, ts in await self.store.sent_posts("%:card", "%:approval:%"):
+            await self._posted(key, channel, ts)
+
+    async def _on_outbox_sent(self, item: OutboxItem, result: dict[str, Any]) -> None:
+        if item.kind == "post" and item.dedupe_key:
+            await self._posted(item.dedupe_key, item.channel, result.get("ts"))
+
+    async def _posted(self, key: str, channel: str, ts: str | None) -> None:
+        if not ts:
+            return
+        if key.endswith(":card"):
+            runner, goal_id, _ = key.rsplit(":", 2)
+            await self.store.set_root(runner, int(goal_id), ts)
+        elif ":approval:" in key:
+            head, approval_id = key.rsplit(":approval:", 1)
+            runner, goal_id = head.rsplit(":", 1)
+            self.approvals[(channel, ts)] = (runner, int(approval_id), int(goal_id))
+
+    async def _fresh(self, body: dict) -> bool:
+        event_id = body.get("event_id")
+        return True if not event_id else await self.store.first_sight(event_id)
+
+    async def _enqueue(self, channel: str, kind: Any, payload: dict, key: str | None = None) -> None:
+        await self.store.enqueue(channel, kind, payload, key)
+        self.outbox.notify()
+
+    async def _status(self, runner: str, goal_id: int) -> p.GoalStatus | None:
+        try:
+            reply = await asyncio.wait_for(
+                self.pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id), STATUS_TIMEOUT_S
+            )
+        except (RunnerUnavailable, p.ProtocolError, TimeoutError, UnknownRunner) as exc:
+            log.warning("runner %s: no status for goal #%s: %s", runner, goal_id, exc)
+            return None
+        return reply.goals[0] if reply.goals else None
+
+    def may_decide(self, user: str, thread: Thread) -> bool:
+        return user == thread.owner or user in self.settings.approvers
+
+    # ---- listeners ----
+
+    def _register(self) -> None:
+        app = self.app
+
+        @app.command("/goal")
+        async def goal_command(ack, command, respond):
+            text = (command.get("text") or "").strip()
+            if not text:
+                await ack(text=HOWTO)
+                return
+            if len(text) > MAX_GOAL_TEXT:
+                await ack(
+                    text=f"That goal is {len(text)} characters long; the limit is {MAX_GOAL_TEXT}. {HOWTO}"
+                )
+                return
+            await ack()
+
+            async def reply(message: str) -> None:
+                await respond(text=message, response_type="ephemeral")
+
+            await self._guard(
+                self.intake(text, command["channel_id"], command["user_id"], reply, respond=reply)
+            )
+
+        @app.event("app_mention")
+        async def app_mention(body, event, context):
+            if await self._fresh(body):
+                await self._guard(self._on_message(event, context.get("bot_user_id"), mention=True))
+
+        @app.event("message")
+        async def message(body, event, context):
+            if await self._fresh(body):
+                await self._guard(self._on_message(event, context.get("bot_user_id"), mention=False))
+
+        @app.event("reaction_added")
+        async def reaction_added(body, event):
+            if await self._fresh(body):
+                await self._guard(self._on_reaction(event))
+
+        @app.action("approve")
+        @app.action("reject")
+        async def decide_button(ack, body, respond):
+            await ack()
+            await self._guard(self._on_button(body, respond))
+
+        @app.event(re.compile(".*"))
+        async def everything_else(body):
+            """Subscribed events nobody handles (reaction_removed, member_joined_channel, ...):
+            acked all the same, so Slack does not redeliver them."""
+
+    async def _guard(self, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception:
+            log.exception("a Slack listener failed")
+
+    # ---- intake ----
+
+    async def intake(
+        self, text: str, channel: str, user: str, reply: Reply, *, respond: Reply | None = None
+    ) -> int | None:
+        """Submit a goal and open its thread; returns the goal id (None when refused)."""
+        text = text.strip()
+        if not text:
+            await reply(HOWTO)
+            return None
+        if len(text) > MAX_GOAL_TEXT:
+            await reply(f"That goal is {len(text)} characters long; the limit is {MAX_GOAL_TEXT}. {HOWTO}")
+            return None
+        spec = parse_goal_text(text)
+        if not spec.text:
+            await reply(f"I could not read a goal in that. {HOWTO}")
+            return None
+        name = spec.runner if spec.runner in self.pool.links else None
+        if name is None and spec.runner and re.search(r"\bon\s+runner\s+", text, re.I):
+            name = spec.runner
+        try:
+            link = await self.pool.pick(name)
+        except UnknownRunner as exc:
+            await reply(f"{exc}. Your goal was not submitted: `{render.escape(text[:500])}`")
+            return None
+        except RunnerUnavailable as exc:
+            await reply(self._unreachable(str(exc), text))
+            return None
+        async with self._submitting[link.name]:
+            try:
+                submitted = await link.call(
+                    p.SubmitGoal, p.GoalReply, text=text, owner=user, agent=spec.agent
+                )
+            except p.ProtocolError as exc:
+                await reply(f"The runner {link.name} refused the goal: {exc.error.message}")
+                return None
+            except RunnerUnavailable as exc:
+                await reply(self._unreachable(str(exc), text))
+                return None
+            status = submitted.status
+            goal_id = status.goal.id
+            key = card_key(link.name, goal_id)
+            if respond is not None:
+                self._responders[key] = respond
+            # The card first: an event that finds the thread must also find its card.
+            await self.store.enqueue(channel, "post", render.status_card(status, link.name), key)
+            await self.store.add_thread(link.name, goal_id, channel, user)
+        self.outbox.notify()
+        await reply(
+            f"Queued as goal #{goal_id} on {link.name}. Its thread is the status card in this channel: "
+            "reply there to steer it (`stop`, `pause`, `resume`, `status`, `budget +2h`)."
+        )
+        return goal_id
+
+    @staticmethod
+    def _unreachable(why: str, text: str) -> str:
+        return (
+            f"No runner is reachable right now ({why}), so your goal was not submitted. "
+            f"Nothing is lost: run it again when the runner is back: `/goal {render.escape(text[:500])}`"
+        )
+
+    async def _on_message(self, event: dict, bot_user: str | None, *, mention: bool) -> None:
+        subtype = event.get("subtype")
+        if subtype not in (None, "thread_broadcast", "file_share"):
+            return
+        if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user:
+            return
+        channel, ts, user = event["channel"], event["ts"], event["user"]
+        text = event.get("text") or ""
+        token = f"<@{bot_user}>" if bot_user else None
+        mentioned = mention or bool(token and token in text)
+        if token:
+            text = text.replace(token, " ")
+        text = text.strip()
+        thread_ts = event.get("thread_ts")
+        if thread_ts and thread_ts != ts:
+            thread = await self.store.thread_at(channel, thread_ts)
+            if thread is None:
+                return  # not a goal thread
+            if await self.store.first_sight(f"msg:{channel}:{ts}"):
+                await self._on_reply(thread, ts, user, text)
+            return
+        if not (mentioned or channel in self.settings.goal_channels):
+            return
+        # Decided it is ours; only now mark it, so the twin event (app_mention/message) is dropped.
+        if not await self.store.first_sight(f"msg:{channel}:{ts}"):
+            return
+
+        async def reply(message: str) -> None:
+            await self._enqueue(channel, "ephemeral", {"user": user, "text": message})
+
+        await self.intake(text, channel, user, reply)
+
+    # ---- thread replies ----
+
+    async def _thread_post(self, thread: Thread, text: str, key: str | None = None) -> None:
+        await self._enqueue(thread.channel, "post", {**render.notice(text), "thread_ts": thread.root_ts}, key)
+
+    async def _on_reply(self, thread: Thread, ts: str, user: str, text: str) -> None:
+        if not text:
+            return
+        key = f"reply:{thread.channel}:{ts}"
+        command = text.strip().lower().rstrip(".!")
+        try:
+            link = self.pool[thread.runner]
+        except UnknownRunner:
+            await self._thread_post(
+                thread, f"This goal's runner {thread.runner} is no longer configured.", key
+            )
+            return
+        try:
+            if command in CONTROL:
+                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=user)
+                await self._enqueue(thread.channel, "reaction", {"timestamp": ts, "name": "ok_hand"}, key)
+            elif command == "status":
+                status = await self._status(thread.runner, thread.goal_id)
+                if status is None:
+                    await self._thread_post(
+                        thread, f"Runner {thread.runner} did not answer; try again soon.", key
+                    )
+                else:
+                    payload = render.status_summary(status, thread.runner)
+                    await self._enqueue(thread.channel, "post", {**payload, "thread_ts": thread.root_ts}, key)
+            elif _BUDGET.match(text):
+                await link.call(p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=user)
+                await self._enqueue(thread.channel, "reaction", {"timestamp": ts, "name": "ok_hand"}, key)
+            else:
+                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=user)
+                await self._enqueue(thread.channel, "reaction", {"timestamp": ts, "name": "eyes"}, key)
+        except p.ProtocolError as exc:
+            if exc.error.code == "conflict" and (status := await self._status(thread.runner, thread.goal_id)):
+                goal = status.goal
+                if not goal.active:
+                    why = f" ({goal.end_reason.splitlines()[0]})" if goal.end_reason else ""
+                    await self._thread_post(
+                        thread,
+                        f"Goal #{goal.id} is {goal.state}{render.escape(why)}; it takes no more messages. "
+                        "Start a new one with `/goal`.",
+                        key,
+                    )
+                    return
+            await self._thread_post(thread, f"That did not work: {render.escape(exc.error.message)}", key)
+        except RunnerUnavailable as exc:
+            await self._thread_post(
+                thread,
+                f"Runner {thread.runner} is not reachable right now ({render.escape(str(exc))}); "
+                "your message was not delivered. Please send it again later.",
+                key,
+            )
+
+    # ---- approvals ----
+
+    async def _decide(self, runner: str, approval_id: int, approve: bool, user: str) -> str | None:
+        """Ask the runner to decide; None on success, else what went wrong (for the person)."""
+        try:
+            await self.pool[runner].call(
+                p.Decide, p.DecisionReply, approval_id=approval_id, approve=approve, by=user
+            )
+        except p.ProtocolError as exc:
+            if exc.error.code == "conflict":
+                return f"Already decided: {_mentions(render.escape(exc.error.message))}."
+            return f"The runner refused: {render.escape(exc.error.message)}"
+        except (RunnerUnavailable, UnknownRunner) as exc:
+            return f"Runner {runner} is not reachable right now ({render.escape(str(exc))}); try again soon."
+        return None
+
+    async def _on_button(self, body: dict, respond: Any) -> None:
+        action = body["actions"][0]
+        approve = action["action_id"] == "approve"
+        user = body["user"]["id"]
+        container = body.get("container") or {}
+        channel = container.get("channel_id") or (body.get("channel") or {}).get("id")
+        runner, _, approval = (action.get("value") or "").rpartition(":")
+
+        async def tell(text: str) -> None:
+            await respond(text=text, response_type="ephemeral", replace_original=False)
+
+        found = self.approvals.get((channel, container.get("message_ts")))
+        thread = None
+        if found is not None:
+            runner, approval_id, goal_id = found
+            thread = await self.store.thread(runner, goal_id)
+        elif container.get("thread_ts") and approval.isdigit():
+            approval_id = int(approval)
+            thread = await self.store.thread_at(channel, container["thread_ts"])
+        if thread is None:
+            await tell("I can't find the goal this approval belongs to.")
+            return
+        if not self.may_decide(user, thread):
+            await tell(f"Only {render.user_ref(thread.owner)} or the configured approvers can decide this.")
+            return
+        if problem := await self._decide(thread.runner, approval_id, approve, user):
+            await tell(problem)
+
+    async def _on_reaction(self, event: dict) -> None:
+        name = normalise_reaction(event.get("reaction") or "")
+        if name in render.APPROVE_REACTIONS:
+            approve = True
+        elif name in render.REJECT_REACTIONS:
+            approve = False
+        else:
+            return
+        item = event.get("item") or {}
+        found = self.approvals.get((item.get("channel"), item.get("ts")))
+        if found is None:
+            return
+        runner, approval_id, goal_id = found
+        thread = await self.store.thread(runner, goal_id)
+        user = event.get("user") or ""
+        if thread is None or not self.may_decide(user, thread):
+            return  # reactions from people who may not decide are ignored
+        if problem := await self._decide(runner, approval_id, approve, user):
+            log.info("reaction by %s on approval #%s: %s", user, approval_id, problem)
+
+    # ---- runner events -> Slack ----
+
+    async def on_runner_event(self, runner: str, event: Event) -> None:
+        """Render one runner event into outbox rows and store them with its seq (exactly once)."""
+        writes: list[tuple[str, Any, dict[str, Any], str | None]] = []
+        goal_id = event.goal_id
+        thread = await self.store.thread(runner, goal_id) if goal_id is not None else None
+        if goal_id is not None and thread is None:
+            async with self._submitting[runner]:  # a goal being submitted right now gets its thread
+                thread = await self.store.thread(runner, goal_id)
+        card = card_key(runner, goal_id) if goal_id is not None else ""
+        posted_card = await self.store.outbox_by_key(card) if thread is not None else None
+        if thread is not None and posted_card is not None and posted_card.state != "failed":
+            writes = await self._writes(runner, event, thread, card)
+        if await self.store.record_event(runner, event.seq, writes) and writes:
+            self.outbox.notify()
+
+    async def _writes(
+        self, runner: str, event: Event, thread: Thread, card: str
+    ) -> list[tuple[str, Any, dict[str, Any], str | None]]:
+        data = event.data
+        channel = thread.channel
+        goal_id = thread.goal_id
+        writes: list[tuple[str, Any, dict[str, Any], str | None]] = []
+
+        def post(payload: dict[str, Any] | None, key: str | None = None) -> None:
+            if payload is not None:
+                writes.append(
+                    (
+                        channel,
+                        "post",
+                        {**payload, "thread_of": card},
+                        key or f"{runner}:{event.seq}:{len(writes)}",
+                    )
+                )
+
+        if isinstance(data, MilestoneReported):
+            post(render.milestone(data))
+        elif isinstance(data, ExperimentFinished):
+            post(render.experiment_finished(data))
+        elif isinstance(data, ApprovalRequested):
+            post(
+                render.approval_prompt(data.approval, runner), approval_key(runner, goal_id, data.approval.id)
+            )
+        elif isinstance(data, ApprovalDecided):
+            prompt = approval_key(runner, goal_id, data.approval.id)
+            if await self.store.outbox_by_key(prompt) is not None:
+                writes.append(
+                    (
+                        channel,
+                        "update",
+                        {**render.approval_decided(data.approval), "ts_of": prompt},
+                        f"{runner}:{event.seq}:{len(writes)}",
+                    )
+                )
+        elif isinstance(data, SteerReceived):
+            post(render.steer_ack(data.message))
+        elif isinstance(data, BudgetChanged):
+            post(render.budget_changed(data))
+        elif isinstance(data, GoalStateChanged):
+            post(render.state_changed(goal_id, data))
+        elif isinstance(data, FinalReport):
+            post(render.final_report(data, goal_id))
+        if isinstance(data, CARD_EVENTS) and (status := await self._status(runner, goal_id)) is not None:
+            writes.append(
+                (
+                    channel,
+                    "update",
+                    {**render.status_card(status, runner), "ts_of": card},
+                    f"{runner}:{event.seq}:card",
+                )
+            )
+        return writes
+
+    async def _on_outbox_failed(self, item: OutboxItem, error: str) -> None:
+        key = item.dedupe_key or ""
+        if error != "not_in_channel" or not key.endswith(":card"):
+            return
+        runner, goal_id, _ = key.rsplit(":", 2)
+        with contextlib.suppress(RunnerUnavailable, p.ProtocolError, UnknownRunner):
+            await self.pool[runner].call(
+                p.Stop, p.Done, goal_id=int(goal_id), by="goaltender", reason="the bot is not in the channel"
+            )
+        if (respond := self._responders.pop(key, None)) is not None:
+            await respond(
+                f"I'm not in this channel, so I can't open goal #{goal_id}'s thread here (I stopped it). "
+                "Invite me with `/invite @goaltender`, then run `/goal` again."
+            )
+
+
+# ---- entry point ----
+
+
+def missing_tokens_message(missing: list[str]) -> str:
+    return (
+        f"goaltender bot: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set.\n"
+        "Create the Slack app from manifest.yml (api.slack.com/apps -> Create New App -> From a manifest),\n"
+        "install it to your workspace, then put its two tokens in the environment:\n"
+        "  export SLACK_BOT_TOKEN=xoxb-...   # OAuth & Permissions -> Bot User OAuth Token\n"
+        "  export SLACK_APP_TOKEN=xapp-...   # Basic Information -> App-Level Tokens (scope connections:write)\n"
+    )
+
+
+def main() -> None:
+    """`goaltender bot`: run the Slack bot (Socket Mode) until interrupted."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = BotSettings()
+    if missing := settings.missing_tokens():
+        print(missing_tokens_message(missing), file=sys.stderr, end="")
+        raise SystemExit(2)
+
+    async def run() -> None:
+        bot = await GoaltenderBot.open(settings)
+        await bot.run_forever()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())

@@ -1,0 +1,85 @@
+"""Bot configuration: `GOALTENDER_*` environment variables (or a TOML file named by GOALTENDER_CONFIG),
+plus Slack's two tokens under their usual names, SLACK_BOT_TOKEN and SLACK_APP_TOKEN.
+
+Lists and runners are JSON in the environment, e.g.
+`GOALTENDER_GOAL_CHANNELS='["C0123"]'`, `GOALTENDER_APPROVERS='["U0ANA"]'`,
+`GOALTENDER_RUNNERS='[{"name": "gpu1", "host": "gpu1", "username": "ml", ...}]'`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from goaltender.bot.links import RunnerTarget
+
+TOKEN_VARIABLES = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")
+
+
+def _default_home() -> Path:
+    return Path.home() / ".goaltender"
+
+
+class BotSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GOALTENDER_", extra="ignore", populate_by_name=True)
+
+    home: Path = Field(default_factory=_default_home)
+    """Where bot.db lives by default (the same GOALTENDER_HOME the runner uses)."""
+    db: Path | None = None
+    """bot.db's path; default <home>/bot.db."""
+    runners: list[RunnerTarget] = Field(default_factory=list)
+    """The runners goals go to; default: one local runner ("local") at the default socket."""
+    goal_channels: list[str] = Field(default_factory=list)
+    """Channel ids where every new top-level message is a goal."""
+    approvers: list[str] = Field(default_factory=list)
+    """Slack user ids who may decide any approval (besides each goal's owner)."""
+    slack_api_url: str | None = None
+    """Slack Web API base URL (tests point it at a fake Slack); default Slack's own."""
+    outbox_interval_s: float = Field(default=1.0, ge=0)
+    """Minimum time between two writes to one channel (Slack allows about one per second)."""
+    slack_bot_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("SLACK_BOT_TOKEN", "slack_bot_token")
+    )
+    slack_app_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("SLACK_APP_TOKEN", "slack_app_token")
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config := os.environ.get("GOALTENDER_CONFIG"):
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
+        return tuple(sources)
+
+    @property
+    def db_path(self) -> Path:
+        return self.db or self.home / "bot.db"
+
+    def runner_targets(self) -> list[RunnerTarget]:
+        if self.runners:
+            return list(self.runners)
+        socket = os.environ.get("GOALTENDER_SOCKET")
+        return [RunnerTarget(name="local", socket=Path(socket) if socket else self.home / "runner.sock")]
+
+    def missing_tokens(self) -> list[str]:
+        """The names of the token variables that are unset (or empty)."""
+        missing = []
+        for name, value in zip(TOKEN_VARIABLES, (self.slack_bot_token, self.slack_app_token), strict=True):
+            if value is None or not value.get_secret_value().strip():
+                missing.append(name)
+        return missing

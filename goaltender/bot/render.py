@@ -1,0 +1,431 @@
+"""Runner events and goal status -> Slack Block Kit payloads (pure functions, no I/O).
+
+Every function returns a payload for chat.postMessage / chat.update: ``{"text": fallback,
+"blocks": [...]}``, within Slack's limits: section text <= 3,000 characters (longer text is split
+over several sections), at most 50 blocks, and about 11,000 characters of block text in all (a
+longer report is cut, with a note saying so). Wording follows the terminal thread (console.py).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from goaltender.console import (
+    EMOJI,
+    STATE_EMOJI,
+    format_bar,
+    format_duration,
+    format_metric,
+    format_params,
+)
+from goaltender.runner.protocol import GoalStatus
+from goaltender.storage.records import (
+    Approval,
+    Budget,
+    BudgetChanged,
+    Experiment,
+    ExperimentFinished,
+    FinalReport,
+    GoalStateChanged,
+    InboxMessage,
+    MilestoneReported,
+    utcnow,
+)
+
+Payload = dict[str, Any]
+
+SECTION_MAX = 3000
+MAX_BLOCKS = 50
+MAX_TOTAL = 11_000  # Slack refuses messages whose blocks add up to ~13k characters
+FALLBACK_MAX = 3000
+APPROVE_REACTIONS = frozenset({"white_check_mark", "heavy_check_mark", "+1", "thumbsup"})
+REJECT_REACTIONS = frozenset({"x", "-1", "thumbsdown"})
+APPROVAL_HINT = "Or react on this message: :white_check_mark: / :+1: approves, :x: / :-1: rejects."
+
+
+# ---- text helpers ----
+
+
+def escape(text: str) -> str:
+    """Escape the three characters mrkdwn treats as markup (&, <, >)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def user_ref(who: str | None) -> str:
+    """A Slack user id as a mention; anything else (a CLI user's name) as plain text."""
+    if not who:
+        return "someone"
+    if re.fullmatch(r"[UW][A-Z0-9]{2,}", who):
+        return f"<@{who}>"
+    return escape(who)
+
+
+def _inline(text: str) -> str:
+    text = re.sub(r"\*\*(.+?)\*\*", r"*\1*", text)
+    text = re.sub(r"__(.+?)__", r"*\1*", text)
+    text = re.sub(r"\[([^\]]+)\]\((https?://[^)\s]+)\)", r"<\2|\1>", text)
+    return text
+
+
+def markdown_to_mrkdwn(md: str) -> str:
+    """Markdown (as the runner writes reports) -> Slack mrkdwn: headings and **bold** become *bold*,
+    [text](url) becomes <url|text>, tables and fenced code go into code blocks."""
+    out: list[str] = []
+    table: list[str] = []
+    in_code = False
+
+    def flush_table() -> None:
+        if table:
+            out.append("```\n" + "\n".join(table) + "\n```")
+            table.clear()
+
+    for raw in escape(md.replace("\r\n", "\n")).split("\n"):
+        line = raw.rstrip()
+        if line.strip().startswith("```"):
+            flush_table()
+            in_code = not in_code
+            out.append("```")
+            continue
+        if in_code:
+            out.append(line)
+            continue
+        if line.lstrip().startswith("|"):
+            table.append(line.strip())
+            continue
+        flush_table()
+        if m := re.match(r"^\s*#{1,6}\s+(.*)$", line):
+            out.append(f"*{_inline(m.group(1)).strip('*')}*")
+        elif m := re.match(r"^(\s*)[-*+]\s+(.*)$", line):
+            out.append(f"{m.group(1)}• {_inline(m.group(2))}")
+        else:
+            out.append(_inline(line))
+    flush_table()
+    if in_code:
+        out.append("```")
+    return "\n".join(out).strip("\n")
+
+
+def _split(text: str, limit: int = SECTION_MAX) -> list[str]:
+    """Split text into pieces of at most `limit` characters, at line breaks where possible, keeping
+    ``` code blocks balanced in every piece."""
+    pieces: list[str] = []
+    current: list[str] = []
+    size = 0
+    in_code = False
+    for line in text.split("\n"):
+        while len(line) > limit - 10:  # a single overlong line: cut it hard
+            head, line = line[: limit - 10], line[limit - 10 :]
+            if current:
+                pieces.append(_close("\n".join(current), in_code))
+                current, size = (["```"] if in_code else []), (4 if in_code else 0)
+            pieces.append(head)
+        if size + len(line) + 1 > limit - 4 and current:
+            pieces.append(_close("\n".join(current), in_code))
+            current, size = (["```"] if in_code else []), (4 if in_code else 0)
+        current.append(line)
+        size += len(line) + 1
+        if line.strip().startswith("```"):
+            in_code = not in_code
+    if current and "\n".join(current).strip() not in ("", "```"):
+        pieces.append("\n".join(current))
+    return [p for p in pieces if p.strip()]
+
+
+def _close(text: str, in_code: bool) -> str:
+    return text + "\n```" if in_code else text
+
+
+def section(text: str) -> dict:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:SECTION_MAX] or " "}}
+
+
+def sections(text: str) -> list[dict]:
+    return [section(piece) for piece in _split(text)]
+
+
+def context(text: str) -> dict:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:SECTION_MAX] or " "}]}
+
+
+def _block_chars(block: dict) -> int:
+    if "text" in block and isinstance(block["text"], dict):
+        return len(block["text"].get("text", ""))
+    return sum(len(el.get("text", "")) for el in block.get("elements", []) if isinstance(el, dict))
+
+
+def fit(blocks: list[dict], what: str = "message") -> list[dict]:
+    """At most MAX_BLOCKS blocks and MAX_TOTAL characters; anything cut is noted at the end."""
+    kept: list[dict] = []
+    total = 0
+    for i, block in enumerate(blocks):
+        chars = _block_chars(block)
+        if len(kept) >= MAX_BLOCKS - 1 or total + chars > MAX_TOTAL:
+            cut = len(blocks) - i
+            kept.append(
+                context(
+                    f":scissors: {what} truncated here ({cut} more part{'s' if cut != 1 else ''} not shown; "
+                    "the full text is on the runner: `goaltender summary <goal>`)"
+                )
+            )
+            return kept
+        kept.append(block)
+        total += chars
+    return kept
+
+
+def payload(text: str, blocks: list[dict], what: str = "message") -> Payload:
+    fallback = text if len(text) <= FALLBACK_MAX else text[: FALLBACK_MAX - 1] + "…"
+    return {"text": fallback, "blocks": fit(blocks, what)}
+
+
+# ---- the status card ----
+
+
+def _hours(hours: float) -> str:
+    if hours == 0:
+        return "0"
+    if hours < 10:
+        return f"{hours:.3f}".rstrip("0").rstrip(".") if hours >= 0.001 else f"{hours:.2g}"
+    return f"{hours:.1f}"
+
+
+def _bar(label: str, used: float, total: float | None, fmt, sep: str = " / ") -> str:
+    if total is None or total <= 0:
+        return f"`{label:<11}` {fmt(used)} _(no limit)_"
+    frac = used / total
+    over = " *over budget*" if frac > 1.0 + 1e-9 else ""
+    return f"`{label:<11} {format_bar(frac)}` {fmt(used)}{sep}{fmt(total)}{over}"
+
+
+def _metric_text(e: Experiment) -> str:
+    name = e.metric_name or "metric"
+    how = "" if e.verified else " _(reported)_"
+    return f"{escape(name)} *{format_metric(name, e.metric_value)}*{how}"
+
+
+def budget_summary(budget: Budget) -> str:
+    parts: list[str] = []
+    if budget.wall_seconds is not None:
+        parts.append(f"{format_duration(budget.wall_seconds)} wall")
+    if budget.max_experiments is not None:
+        parts.append(f"≤{budget.max_experiments} experiments")
+    if budget.compute_hours is not None:
+        parts.append(f"{_hours(budget.compute_hours)} compute-h")
+    if budget.experiment_timeout_s is not None:
+        parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
+    if budget.ask_to_continue:
+        parts.append("asks before going past baseline + 3")
+    return " · ".join(parts) if parts else "no limits"
+
+
+def status_card(status: GoalStatus, runner: str, now: datetime | None = None) -> Payload:
+    """The goal's root message: state, budget bars, best result, runner, agent, pending approvals."""
+    now = now or utcnow()
+    goal = status.goal
+    b = goal.budget
+    state = goal.state.replace("_", " ")
+    emoji = STATE_EMOJI.get(goal.state, EMOJI["goal_accepted"])
+    head = f"{emoji} *Goal #{goal.id}* · *{state}* · owner {user_ref(goal.owner)}"
+    text_lines = escape(goal.text)
+    if len(text_lines) > 1500:
+        text_lines = text_lines[:1500] + " …"
+    start = goal.accepted_at or goal.created_at
+    end = goal.ended_at or now
+    used_s = max(0.0, (end - start).total_seconds())
+    total_s = b.wall_seconds
+    if total_s is None and b.deadline is not None:
+        total_s = (b.deadline - start).total_seconds()
+    bars = [
+        _bar("time", used_s, total_s, format_duration),
+        _bar("experiments", float(status.attempted), b.max_experiments, lambda v: str(int(v)), sep="/"),
+        _bar("compute-h", status.compute_hours_used, b.compute_hours, _hours),
+    ]
+    best = status.best
+    if best is not None and best.metric_value is not None:
+        best_text = f"*best* #{best.index} {_metric_text(best)}"
+    else:
+        best_text = "*best* none yet"
+    arrow = "↑" if goal.direction == "maximize" else "↓"
+    extras = [f"{arrow} {goal.direction}"]
+    if goal.target is not None:
+        extras.append(
+            f"target {format_metric(goal.metric or (best.metric_name if best else None), goal.target)}"
+        )
+    best_text += f" ({', '.join(extras)})"
+    blocks = [section(f"{head}\n>{text_lines}"), section("\n".join(bars) + "\n" + best_text)]
+    if status.running is not None:
+        r = status.running
+        params = f" `{escape(format_params(r.params, 300))}`" if r.params else ""
+        blocks.append(
+            section(f"{EMOJI['running']} running #{r.index}: {escape(r.description[:500])}{params}")
+        )
+    for approval in status.pending_approvals[:5]:
+        blocks.append(
+            section(
+                f"{EMOJI['approval_requested']} waiting for approval #{approval.id}: {escape(approval.question[:500])}"
+            )
+        )
+    facts = [f"runner *{escape(runner)}*", f"agent *{escape(goal.agent)}*"]
+    if goal.end_reason:
+        facts.append(f"ended: {escape(goal.end_reason.splitlines()[0][:300])}")
+    elif status.stop_status:
+        facts.append(escape(status.stop_status[:300]))
+    blocks.append(context(" · ".join(facts)))
+    fallback = f"Goal #{goal.id} ({state}): {goal.text[:200]}"
+    return payload(fallback, blocks)
+
+
+# ---- thread messages ----
+
+
+def milestone(data: MilestoneReported) -> Payload:
+    blocks = sections(f"{EMOJI['milestone']} *{escape(data.title)}*")
+    if data.text:
+        blocks += sections(markdown_to_mrkdwn(data.text))
+    return payload(f"Milestone: {data.title}", blocks)
+
+
+def experiment_finished(data: ExperimentFinished) -> Payload:
+    """A ledger row: keep/discard/crash, the metric, params, cost and note."""
+    e = data.experiment
+    emoji = EMOJI.get(e.status, EMOJI["running"])
+    parts = [f"{emoji} *#{e.index} {e.status}*"]
+    if e.metric_value is not None:
+        parts.append(_metric_text(e) + (" :trophy: *best*" if data.new_best else ""))
+    elif e.status == "crash":
+        parts.append(f"exit {e.exit_code}" if e.exit_code is not None else "no metric")
+    cost = []
+    if e.wall_seconds is not None:
+        cost.append(format_duration(e.wall_seconds))
+    if e.compute_hours is not None:
+        cost.append(f"{_hours(e.compute_hours)} compute-h")
+    elif e.cpu_seconds is not None:
+        cost.append(f"{_hours(e.cpu_seconds / 3600)} cpu-h")
+    if cost:
+        parts.append(" · ".join(cost))
+    lines = ["  ".join(parts), escape(e.description[:1000])]
+    if e.params:
+        lines.append(f"`{escape(format_params(e.params, 1000))}`")
+    blocks = sections("\n".join(lines))
+    if e.note:
+        note = e.note if len(e.note) <= 1500 else e.note[:700] + "\n…\n" + e.note[-700:]
+        blocks.append(context(f"note: {escape(note)}"))
+    metric = (
+        f" {e.metric_name} {format_metric(e.metric_name, e.metric_value)}"
+        if e.metric_value is not None
+        else ""
+    )
+    return payload(f"#{e.index} {e.status}{metric}", blocks)
+
+
+def approval_prompt(approval: Approval, runner: str) -> Payload:
+    """The question, its detail, Approve / Reject buttons (value "<runner>:<approval id>")."""
+    value = f"{runner}:{approval.id}"
+    blocks = sections(f"{EMOJI['approval_requested']} *Approval needed:* {escape(approval.question)}")
+    if approval.detail:
+        blocks += sections(markdown_to_mrkdwn(approval.detail))
+    blocks.append(
+        {
+            "type": "actions",
+            "block_id": f"approval-{approval.id}",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": "approve",
+                    "text": {"type": "plain_text", "text": "Approve"},
+                    "style": "primary",
+                    "value": value,
+                },
+                {
+                    "type": "button",
+                    "action_id": "reject",
+                    "text": {"type": "plain_text", "text": "Reject"},
+                    "style": "danger",
+                    "value": value,
+                },
+            ],
+        }
+    )
+    blocks.append(context(f"approval #{approval.id} · {escape(approval.kind)} · {APPROVAL_HINT}"))
+    return payload(f"Approval needed: {approval.question}", blocks)
+
+
+def approval_decided(approval: Approval) -> Payload:
+    """What the approval prompt becomes once decided: the question, who decided, their comment."""
+    who = user_ref(approval.decided_by)
+    if approval.state == "approved":
+        verdict = f"{EMOJI['approved']} *Approved* by {who}"
+    elif approval.state == "rejected":
+        verdict = f"{EMOJI['rejected']} *Rejected* by {who}"
+    elif approval.state == "expired":
+        verdict = f"{EMOJI['expired']} *Expired* without an answer (treated as rejected)"
+    else:
+        verdict = f"{EMOJI['pending']} still pending"
+    blocks = sections(f"~Approval needed:~ {escape(approval.question)}\n{verdict}")
+    if approval.comment:
+        blocks += sections(f"> {escape(approval.comment)}")
+    blocks.append(context(f"approval #{approval.id}"))
+    plain = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired"}.get(
+        approval.state, "Pending"
+    )
+    by = f" by {approval.decided_by}" if approval.decided_by and approval.state != "expired" else ""
+    return payload(f"{plain}{by}: {approval.question}", blocks)
+
+
+def steer_ack(message: InboxMessage) -> Payload:
+    text = message.text if len(message.text) <= 500 else message.text[:500] + "…"
+    return payload(
+        f"Steer from {message.author}: {text}",
+        [
+            context(
+                f"{EMOJI['steer']} steer from {user_ref(message.author)} delivered to the agent: “{escape(text)}”"
+            )
+        ],
+    )
+
+
+def budget_changed(data: BudgetChanged) -> Payload:
+    reason = f": {escape(data.reason)}" if data.reason else ""
+    return payload(
+        f"Budget changed{': ' + data.reason if data.reason else ''}",
+        sections(f"{EMOJI['budget_changed']} *Budget changed*{reason}\nnow: {budget_summary(data.budget)}"),
+    )
+
+
+def state_changed(goal_id: int, data: GoalStateChanged) -> Payload | None:
+    """A thread note for state changes people act on (pause, resume, failure); None otherwise."""
+    if (
+        data.state == "paused"
+        or data.state == "failed"
+        or (data.state == "running" and data.reason.startswith("resumed"))
+    ):
+        state = data.state.replace("_", " ")
+        emoji = STATE_EMOJI.get(data.state, EMOJI["goal_state"])
+        reason = f" ({escape(data.reason)})" if data.reason else ""
+        return payload(
+            f"Goal #{goal_id} is now {state}", [section(f"{emoji} Goal #{goal_id} is now *{state}*{reason}")]
+        )
+    return None
+
+
+def final_report(data: FinalReport, goal_id: int | None = None) -> Payload:
+    title = f"{EMOJI['report']} *Final report*" + (f" — goal #{goal_id}" if goal_id is not None else "")
+    head = f"{title} — {escape(data.end_reason)}"
+    if data.best is not None and data.best.metric_value is not None:
+        b = data.best
+        head += f"\n*best* #{b.index} {_metric_text(b)} — {escape(b.description[:500])}"
+    blocks = sections(head) + sections(markdown_to_mrkdwn(data.text))
+    return payload(f"Final report: {data.end_reason}", blocks, what="report")
+
+
+def notice(text: str) -> Payload:
+    """A plain bot line in a thread (command answers, errors); `text` is mrkdwn, already escaped."""
+    return payload(re.sub(r"<@([A-Z0-9]+)>", r"@\1", text), sections(text))
+
+
+def status_summary(status: GoalStatus, runner: str) -> Payload:
+    """`status` in a thread: the card's content posted now, as a reply."""
+    card = status_card(status, runner)
+    return {"text": f"Status now: {card['text']}", "blocks": card["blocks"]}

@@ -1,0 +1,250 @@
+"""The Slack bot end to end: the real AsyncApp + AsyncSocketModeHandler + AsyncWebClient against the
+fake Slack, linked to a real runner (local socket) driving a shell-script agent."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_agent
+from fake_slack import ALICE, BOB, FakeSlack
+
+from goaltender.bot import render
+from goaltender.bot.app import GoaltenderBot, normalise_reaction
+from goaltender.bot.config import BotSettings
+from goaltender.bot.links import RunnerTarget
+from goaltender.runner import protocol as p
+from goaltender.storage.records import Approval, FinalReport, utcnow
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    # slack_sdk routes every request (127.0.0.1 too) through HTTP(S)_PROXY and ignores NO_PROXY.
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+async def fake():
+    async with FakeSlack() as server:
+        yield server
+
+
+@pytest.fixture
+async def make_bot(fake, tmp_path):
+    bots: list[GoaltenderBot] = []
+
+    async def make(socket: Path, *, wait_runner: bool = True, **overrides) -> GoaltenderBot:
+        settings = BotSettings(
+            home=tmp_path / "bot",
+            runners=[RunnerTarget(name="box", socket=socket)],
+            slack_api_url=fake.api_url,
+            slack_bot_token=fake.bot_token,
+            slack_app_token=fake.app_token,
+            outbox_interval_s=0.05,
+            **overrides,
+        )
+        bot = await GoaltenderBot.open(settings)
+        bots.append(bot)
+        await bot.start()
+        await fake.wait_connected()
+        if wait_runner:
+            await asyncio.wait_for(bot.pool["box"].wait_healthy(), 10)
+        return bot
+
+    yield make
+    for bot in bots:
+        await bot.close()
+
+
+def agent_script(out: Path) -> str:
+    return f"""
+goaltender milestone "Plan" "baseline first, then ask"
+goaltender experiment -d base --metric acc -- python -c 'print("acc: 0.5")'
+goaltender ask "Run the big one?" --detail "~2 GPU-hours"
+echo "$?" > {out}/ask.rc
+for i in $(seq 1 150); do
+    goaltender inbox >> {out}/inbox.txt
+    grep -q "focus on lr" {out}/inbox.txt && break
+    sleep 0.2
+done
+sleep 60
+"""
+
+
+async def until(predicate, timeout: float = 15.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (result := predicate()):
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {predicate}")
+        await asyncio.sleep(0.05)
+    return result
+
+
+def blocks_text(msg) -> str:
+    return msg.text + json.dumps(msg.blocks or [])
+
+
+async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_runner, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    agent = write_agent(tmp_path, "agent.sh", agent_script(out))
+    runner = await start_runner(agents={"test-agent": agent}, default_agent="test-agent")
+    await make_bot(runner.settings.socket_path)
+    general = fake.general
+
+    res = await fake.slash_command("/goal", "find a good lr, max 3 experiments", general, ALICE)
+    assert res.acked
+    queued = await res.wait_for_ephemeral(timeout=10)
+    assert "goal #1 on box" in queued.text.lower()
+
+    card = await fake.wait_for_message(general, text="Goal #1")
+    assert card.thread_ts in (None, card.ts) and card.metadata["event_payload"]["key"] == "box:1:card"
+    assert "find a good lr" in blocks_text(card)
+
+    milestone = await fake.wait_for_message(general, thread_ts=card.ts, text="Plan", timeout=15)
+    assert "baseline first" in blocks_text(milestone)
+    row = await fake.wait_for_message(general, thread_ts=card.ts, text="#1 keep", timeout=15)
+    assert "50.0%" in blocks_text(row) and "reported" in blocks_text(row)
+
+    prompt = await fake.wait_for_message(general, thread_ts=card.ts, text="Run the big one?", timeout=15)
+    assert prompt.action_ids() == ["approve", "reject"]
+    assert "~2 GPU-hours" in blocks_text(prompt) and ":white_check_mark:" in blocks_text(prompt)
+    stale_blocks = copy.deepcopy(prompt.blocks)
+    await fake.wait_for(lambda: "waiting for approval" in blocks_text(fake.message(general, card.ts)), 10)
+
+    # Bob is neither the owner nor an approver: his reaction is ignored, his click is refused.
+    env = await fake.user_reacts(general, prompt.ts, "white_check_mark", user=BOB)
+    await env.wait_acked()
+    click = await fake.click_button(general, prompt.ts, "approve", user=BOB)
+    refused = await click.wait_for_ephemeral()
+    assert "Only <@U0ALICE>" in refused.text
+    await asyncio.sleep(0.5)
+    assert not (out / "ask.rc").exists() and prompt.edited is None
+
+    # The owner's 👍 (with a skin tone) approves; the prompt shows who decided.
+    await fake.user_reacts(general, prompt.ts, "+1::skin-tone-3", user=ALICE)
+    await until(lambda: (out / "ask.rc").exists() and (out / "ask.rc").read_text().strip())
+    assert (out / "ask.rc").read_text().strip() == "0"
+    await fake.wait_for(lambda: "Approved" in blocks_text(prompt) and not prompt.action_ids(), 10)
+    assert "<@U0ALICE>" in blocks_text(prompt)
+
+    # A stale client still shows the buttons: a later click gets "already decided".
+    prompt.blocks = stale_blocks
+    late = await fake.click_button(general, prompt.ts, "reject", user=ALICE)
+    answer = await late.wait_for_ephemeral()
+    assert "Already decided" in answer.text and "approved by <@U0ALICE>" in answer.text
+
+    # Any other reply steers: it reaches the agent's inbox and gets 👀.
+    steer = await fake.user_replies(general, card.ts, "focus on lr", user=ALICE)
+    await until(lambda: (out / "inbox.txt").exists() and "focus on lr" in (out / "inbox.txt").read_text())
+    await fake.wait_for(lambda: fake.message(general, steer.ts).reacted("eyes", fake.bot_user_id), 10)
+
+    # `status` answers in the thread.
+    await fake.user_replies(general, card.ts, "status", user=BOB)
+    await fake.wait_for_message(general, thread_ts=card.ts, text="Status now", timeout=10)
+
+    # `stop` ends it: the final report in the thread, the card shows stopped.
+    await fake.user_replies(general, card.ts, "stop", user=ALICE)
+    report = await fake.wait_for_message(general, thread_ts=card.ts, text="Final report", timeout=20)
+    assert "```" in blocks_text(report)  # the ledger table is in a code block
+    await fake.wait_for(lambda: "stopped" in blocks_text(fake.message(general, card.ts)), 10)
+
+    # A reply to a finished goal gets a clear answer.
+    late_reply = await fake.user_replies(general, card.ts, "one more idea?", user=ALICE)
+    finished = await fake.wait_for_message(
+        general, thread_ts=card.ts, text="Start a new one", after=late_reply.ts, timeout=10
+    )
+    assert "Goal #1 is stopped" in finished.text
+    assert not fake.warnings
+    assert all(c.ok for c in fake.calls() if c.method.startswith("chat."))
+
+
+async def test_mention_starts_one_goal(fake, make_bot, start_runner, tmp_path):
+    agent = write_agent(tmp_path, "sleepy.sh", "sleep 30\n")
+    runner = await start_runner(agents={"sleepy": agent}, default_agent="sleepy")
+    bot = await make_bot(runner.settings.socket_path)
+    msg = await fake.user_mentions_bot(fake.general, "tune the lr, max 2 experiments")
+    await fake.wait_for(lambda: all(e.acked for e in msg.envelopes) and len(msg.envelopes) == 2)
+    card = await fake.wait_for_message(fake.general, text="Goal #1")
+    eph = await fake.wait_for(lambda: fake.ephemerals(ALICE))
+    assert "goal #1" in eph[0].text.lower()
+    again = await fake.redeliver(msg.envelopes[0])  # Slack retries: same event_id, new envelope
+    await again.wait_acked()
+    await asyncio.sleep(0.5)
+    cards = [m for m in fake.messages(fake.general) if m.bot_id and "Goal #" in m.text]
+    assert cards == [card]
+    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    assert len(status.goals) == 1 and status.goals[0].goal.owner == ALICE
+    assert "tune the lr" in status.goals[0].goal.text and "<@" not in status.goals[0].goal.text
+
+
+async def test_goal_where_the_bot_is_not_a_member_says_invite(fake, make_bot, start_runner, tmp_path):
+    agent = write_agent(tmp_path, "sleepy.sh", "sleep 30\n")
+    runner = await start_runner(agents={"sleepy": agent}, default_agent="sleepy")
+    bot = await make_bot(runner.settings.socket_path)
+    res = await fake.slash_command("/goal", "tune the lr", "#random", ALICE)
+    invite = await res.wait_for_ephemeral(2, timeout=10)
+    assert "/invite @goaltender" in invite.text
+    assert (await fake.wait_for_call("chat.postMessage")).error == "not_in_channel"
+    for _ in range(100):  # the goal that could not get a thread is stopped, not left running
+        status = await bot.pool["box"].call(p.Status, p.StatusReply, goal_id=1)
+        if status.goals[0].goal.state == "stopped":
+            break
+        await asyncio.sleep(0.1)
+    assert status.goals[0].goal.state == "stopped"
+    assert fake.messages("#random") == []
+
+
+async def test_empty_goal_gets_the_howto(fake, make_bot, short_dir):
+    await make_bot(short_dir / "nobody.sock", wait_runner=False)
+    res = await fake.slash_command("/goal", "   ", fake.general, ALICE)
+    assert res.acked and "/goal" in res.ack_payload["text"]
+    too_long = await fake.slash_command("/goal", "x" * 4001, fake.general, ALICE)
+    assert "limit is 4000" in too_long.ack_payload["text"]
+    # No runner is reachable: the person is told, with their goal's words to send again.
+    down = await fake.slash_command("/goal", "train it, budget 1h", fake.general, ALICE)
+    eph = await down.wait_for_ephemeral()
+    assert "No runner is reachable" in eph.text and "train it, budget 1h" in eph.text
+    assert fake.messages(fake.general) == []
+
+
+def test_main_without_tokens_exits_2():
+    env = {k: v for k, v in os.environ.items() if k not in ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")}
+    done = subprocess.run(
+        [sys.executable, "-c", "from goaltender.bot.app import main; main()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "SLACK_BOT_TOKEN" in done.stderr and "SLACK_APP_TOKEN" in done.stderr
+    assert "manifest.yml" in done.stderr
+
+
+def test_render_limits_and_reactions():
+    assert normalise_reaction("+1::skin-tone-3") == "+1" and normalise_reaction(":x:") == "x"
+    table = "\n".join(
+        ["| # | status | acc |", "|---|---|---|"] + [f"| {i} | keep | 0.{i} |" for i in range(3000)]
+    )
+    report = FinalReport(end_reason="stopped by U0ALICE", text="# Report\n**best** run\n\n" + table)
+    payload = render.final_report(report, 1)
+    blocks = payload["blocks"]
+    assert len(blocks) <= 50 and all(len(b["text"]["text"]) <= 3000 for b in blocks if b["type"] == "section")
+    assert sum(len(json.dumps(b)) for b in blocks) < 13_000
+    assert "truncated" in blocks[-1]["elements"][0]["text"]
+    assert blocks[1]["text"]["text"].startswith("*Report*\n*best* run")
+    assert all(b["text"]["text"].count("```") % 2 == 0 for b in blocks if b["type"] == "section")
+    approval = Approval(id=7, goal_id=1, question="Go <big>?", expires_at=utcnow())
+    prompt = render.approval_prompt(approval, "box")
+    buttons = prompt["blocks"][-2]["elements"]
+    assert [(b["action_id"], b["value"]) for b in buttons] == [("approve", "box:7"), ("reject", "box:7")]
+    assert "&lt;big&gt;" in prompt["blocks"][0]["text"]["text"]
