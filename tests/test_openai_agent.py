@@ -1,0 +1,654 @@
+"""The built-in OpenAI agent end to end: the real runner, the real agent process, the real `openai`
+client against a fake OpenAI-compatible server that scripts the model's turns. Plus unit tests of
+the command policy and output truncation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import events_until_report, submit
+from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
+
+from goaltender.agents.openai_agent import AgentConfig, ConfigError, OpenAIAgent, _groups
+from goaltender.agents.tools import (
+    CommandPolicy,
+    classify_command,
+    redact,
+    secret_values,
+    truncate_file,
+    truncate_middle,
+)
+from goaltender.runner import protocol as p
+from goaltender.storage.records import ApprovalRequested
+
+AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
+
+
+# ---- helpers ----
+
+
+@pytest.fixture
+async def fake(monkeypatch):
+    server = FakeOpenAI()
+    await server.start()
+    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    monkeypatch.setenv("GOALTENDER_OPENAI_TIMEOUT_S", "20")
+    yield server
+    await server.close()
+
+
+async def wait_for(predicate, timeout=20.0, interval=0.05):
+    async def poll():
+        while not (result := await predicate()):
+            await asyncio.sleep(interval)
+        return result
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+async def file_appears(path: Path, timeout=20.0):
+    return await wait_for(lambda: asyncio.sleep(0, path.exists()), timeout)
+
+
+def tool_results(body: dict) -> list[str]:
+    """The tool results at the end of a request: what the model saw of its last calls."""
+    results = []
+    for message in reversed(body["messages"]):
+        if message["role"] == "tool":
+            results.insert(0, message["content"])
+        elif message["role"] == "assistant":
+            break
+    return results
+
+
+def user_texts(body: dict) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "user"]
+
+
+def system_text(body: dict) -> str:
+    return body["messages"][0]["content"]
+
+
+def answer_approvals(connect, runner, goal_id, decide):
+    """A person watching the goal's thread: decides each approval prompt with `decide`."""
+    seen = []
+
+    async def watch():
+        watcher = await connect(runner, "watcher")
+        await watcher.subscribe(goal_id=goal_id)
+        async for event in watcher.events():
+            if isinstance(event.data, ApprovalRequested):
+                approval = event.data.approval
+                seen.append(approval)
+                approve, comment = decide(approval)
+                await watcher.call(
+                    p.Decide,
+                    p.DecisionReply,
+                    approval_id=approval.id,
+                    approve=approve,
+                    by="ana",
+                    comment=comment,
+                )
+
+    return asyncio.ensure_future(watch()), seen
+
+
+def group_members(pgid: int) -> list[int]:
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return alive
+
+
+async def workspace_of(client, goal_id) -> Path:
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    return Path(status.goal.workspace)
+
+
+# ---- end to end ----
+
+
+async def test_campaign_tools_experiment_metrics_and_steer(start_runner, connect, fake):
+    fake.add(
+        Turn(
+            text="Plan: write the training script, check it, then the baseline.",
+            tool_calls=[
+                ToolCall("write_file", {"path": "train.py", "content": "print('acc: 0.5')\n"}),
+                ToolCall("shell", {"command": "ls && python train.py && echo key=$OPENAI_API_KEY"}),
+            ],
+        ),
+        Turn(
+            tool_calls=[
+                ToolCall("milestone", {"title": "Plan: baseline first", "text": "then tune lr"}),
+                ToolCall(
+                    "run_experiment",
+                    {
+                        "command": ["python", "train.py"],
+                        "description": "baseline",
+                        "params": {"lr": 0.1},
+                        "metric": "acc",
+                    },
+                ),
+            ]
+        ),
+        # Holds the turn open until the test has steered: the steer must enter at the next boundary.
+        Turn(
+            tool_calls=[
+                ToolCall(
+                    "shell",
+                    {
+                        "command": "touch waiting; for i in $(seq 400); do [ -f go ] && break; sleep 0.05; done; echo waited"
+                    },
+                )
+            ]
+        ),
+        lambda body: Turn(
+            tool_calls=[
+                ToolCall(
+                    "finish",
+                    {
+                        "summary": "baseline acc 0.5 FINAL-MARK"
+                        + (" (steered)" if "focus on lr" in str(body) else "")
+                    },
+                )
+            ]
+        ),
+    )
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "get acc to 0.9 on the toy task, max 3 experiments", agent="openai")
+    ws = await workspace_of(client, goal_id)
+    await file_appears(ws / "waiting")
+    await client.call(p.Steer, p.Done, goal_id=goal_id, text="focus on lr only", author="ana")
+    (ws / "go").touch()
+    events = await events_until_report(client, goal_id, timeout=40)
+
+    bodies = [r.body for r in fake.requests]
+    assert len(bodies) == 4
+    first = bodies[0]
+    assert first["model"] == "fake-model" and first["tool_choice"] == "auto"
+    names = {t["function"]["name"] for t in first["tools"]}
+    assert {"shell", "read_file", "write_file", "edit_file", "list_files", "load_skill", "finish"} <= names
+    assert {"milestone", "log_metrics", "run_experiment", "ask_approval", "read_inbox"} <= names
+    assert {"write_diary", "read_diary", "submit_report"} <= names
+    assert "get acc to 0.9 on the toy task" in system_text(first)
+    # write_file + shell: the model saw the file written and the command's output.
+    wrote, ran = tool_results(bodies[1])
+    assert wrote.startswith("wrote 18 bytes") and ran.startswith("exit code 0")
+    assert "train.py" in ran and "acc: 0.5" in ran
+    assert "key=[redacted]" in ran  # secrets from the environment never reach the model
+    assert (ws / "train.py").read_text() == "print('acc: 0.5')\n"
+    # milestone + run_experiment: the ledger row is back in the tool result and in the runner.
+    posted, experiment = tool_results(bodies[2])
+    assert posted == "milestone posted"
+    assert "Experiment #1: keep (new best)" in experiment and "acc: 0.5" in experiment
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    [row] = summary.ledger
+    assert (row.status, row.metric_name, row.metric_value, row.params) == ("keep", "acc", 0.5, {"lr": 0.1})
+    # The steer entered as a user message at the next turn boundary, after the tool result.
+    steer = "Message from ana: focus on lr only"
+    assert steer not in str(bodies[2])
+    assert bodies[3]["messages"][-1] == {"role": "user", "content": steer}
+    assert "waited" in bodies[3]["messages"][-2]["content"]
+    # Milestone, final report, state; token accounting as metric series.
+    assert "Plan: baseline first" in [e.data.title for e in events if e.data.kind == "milestone"]
+    assert summary.status.goal.state == "finished"
+    report = events[-1].data
+    assert report.end_reason == "the agent finished"
+    assert "## From the agent" in report.text and "FINAL-MARK (steered)" in report.text
+    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="agent/input_tokens")
+    assert [step for step, _ in series.points] == [1, 2, 3, 4]
+    values = [value for _, value in series.points]
+    assert values == sorted(values) and values[0] > 0
+    output = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="agent/output_tokens")
+    assert len(output.points) == 4
+    assert "get acc to 0.9" in (ws / "AGENTS.md").read_text()
+
+
+async def test_approvals_and_the_command_policy(start_runner, connect, fake, monkeypatch):
+    monkeypatch.setenv("GOALTENDER_COMMAND_POLICY", json.dumps({"deny": ["forbidden_tool"]}))
+    fake.add(
+        Turn(
+            tool_calls=[ToolCall("ask_approval", {"question": "Use the big GPU?", "detail": "~2 GPU-hours"})]
+        ),
+        Turn(tool_calls=[ToolCall("ask_approval", {"question": "Delete the cache?"})]),
+        Turn(tool_calls=[ToolCall("shell", {"command": "pip install nonexistent-pkg-xyz; touch pip_ran"})]),
+        Turn(tool_calls=[ToolCall("shell", {"command": "wget --version > /dev/null 2>&1; touch net_ok"})]),
+        Turn(tool_calls=[ToolCall("shell", {"command": "forbidden_tool --now; touch denied_ran"})]),
+        Turn(tool_calls=[ToolCall("read_file", {"path": "/etc/hostname"})]),
+        Turn(text="All decisions noted."),
+    )
+
+    def decide(approval):
+        if "big GPU" in approval.question:
+            return True, "go ahead, GPU is free"
+        if "cache" in approval.question:
+            return False, "keep the cache"
+        if "pip install" in approval.question:
+            return False, "no installs please"
+        if "wget" in approval.question:
+            return True, "fine, a version check"
+        return False, "stay in the workspace"
+
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "approval drill, max 2 experiments", agent="openai")
+    watching, seen = answer_approvals(connect, runner, goal_id, decide)
+    try:
+        await events_until_report(client, goal_id, timeout=40)
+    finally:
+        watching.cancel()
+
+    assert [a.kind for a in seen] == ["generic", "generic", "command", "command", "command"]
+    pip_prompt = seen[2]
+    assert "pip install nonexistent-pkg-xyz" in pip_prompt.question
+    assert "installs or removes packages" in pip_prompt.detail
+    assert "uses the network (wget)" in seen[3].detail
+    assert "/etc/hostname" in seen[4].question
+    bodies = [r.body for r in fake.requests]
+    [approved] = tool_results(bodies[1])
+    assert "approved by ana: go ahead, GPU is free" in approved
+    [rejected] = tool_results(bodies[2])
+    assert "rejected by ana: keep the cache" in rejected
+    [pip] = tool_results(bodies[3])
+    assert pip.startswith("Not run") and "rejected by ana: no installs please" in pip
+    [wget] = tool_results(bodies[4])
+    assert "approved by ana: fine, a version check" in wget and "exit code 0" in wget
+    [denied] = tool_results(bodies[5])
+    assert denied.startswith("Denied by the command policy") and "forbidden_tool" in denied
+    [outside] = tool_results(bodies[6])
+    assert outside.startswith("Refused") and "stay in the workspace" in outside
+    ws = await workspace_of(client, goal_id)
+    assert not (ws / "pip_ran").exists()  # rejected: never ran
+    assert (ws / "net_ok").exists()  # approved: ran
+    assert not (ws / "denied_ran").exists()  # denied: never ran, nobody asked
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    assert status.goal.state == "finished" and status.pending_approvals == []
+
+
+async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
+    fake.add(
+        Turn(tool_calls=[ToolCall("submit_report", {"text": "Interim: baseline pending."})]),
+        Turn(tool_calls=[ToolCall("shell", {"command": "touch started; sleep 60"})]),
+    )
+    runner = await start_runner(agents=AGENTS, stop_grace_s=4.0)
+    client = await connect(runner)
+    goal_id = await submit(client, "a long campaign, max 5 experiments", agent="openai")
+    ws = await workspace_of(client, goal_id)
+    await file_appears(ws / "started")
+    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    assert len(group_members(agent_pid)) >= 2  # the agent and its shell command
+
+    started = time.monotonic()
+    done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    assert time.monotonic() - started < 4.0  # the agent went on SIGTERM, not at SIGKILL
+    assert "stopped by ana: enough" in done.message
+    events = await events_until_report(client, goal_id, timeout=5)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "stopped"
+    report = events[-1].data
+    assert report.end_reason == "stopped by ana: enough"
+    assert "**Stopped** by the runner after 2 model turns" in report.text
+    assert "Last step:** shell" in report.text and "Interim: baseline pending." in report.text
+    assert group_members(agent_pid) == []
+
+
+async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, monkeypatch):
+    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "6000")
+    big = {"command": "python -c \"print('x' * 5000)\""}
+    fake.add(
+        Turn(
+            tool_calls=[
+                ToolCall("load_skill", {"name": "autoresearch"}),
+                ToolCall(
+                    "write_diary", {"text": "HANDOFF-MARK-42: best lr=0.1; next: warmup", "handoff": True}
+                ),
+            ]
+        ),
+        *[Turn(text=f"step {i}", tool_calls=[ToolCall("shell", big)]) for i in range(10)],
+        Turn(text="Compacted and done."),
+    )
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "GOAL-TEXT-MARK: squeeze the context, max 2 experiments", agent="openai")
+    await events_until_report(client, goal_id, timeout=40)
+
+    bodies = [r.body for r in fake.requests]
+    assert len(bodies) == 12
+    # Tool output was truncated to fit the small window, with a marker saying how much was cut.
+    shell_result = tool_results(bodies[2])[0]
+    assert "bytes cut from the middle of 5,001 bytes" in shell_result and len(shell_result) < 3000
+    compacted = [
+        i for i in range(1, len(bodies)) if len(bodies[i]["messages"]) < len(bodies[i - 1]["messages"])
+    ]
+    assert compacted, "the conversation was never compacted"
+    body = bodies[compacted[0]]
+    assert "HANDOFF-MARK-42" not in system_text(bodies[0])
+    assert "GOAL-TEXT-MARK" in system_text(body) and "HANDOFF-MARK-42" in system_text(body)
+    assert "`autoresearch`" in system_text(body).split("## Skills you loaded")[1]
+    assert any(text.startswith("[Context compacted") for text in user_texts(body))
+    calls = [c["function"]["name"] for m in body["messages"] for c in m.get("tool_calls", [])]
+    assert "write_diary" not in calls  # the handoff is there because the brief was re-injected
+    assert len(json.dumps(body["messages"])) < len(json.dumps(bodies[compacted[0] - 1]["messages"]))
+    # Every later request still carries the goal and the handoff; the campaign ends normally.
+    for later in bodies[compacted[0] :]:
+        assert "GOAL-TEXT-MARK" in system_text(later) and "HANDOFF-MARK-42" in system_text(later)
+    compactions = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="agent/compactions")
+    assert len(compactions.points) >= 1
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "finished"
+
+
+async def test_resume_after_runner_restart_reinjects_the_brief(start_runner, connect, fake):
+    fake.add(
+        Turn(
+            tool_calls=[
+                ToolCall(
+                    "write_diary", {"text": "HANDOFF-RESUME-7: best lr=0.1, next try wd", "handoff": True}
+                ),
+                ToolCall("shell", {"command": "touch started; sleep 60"}),
+            ]
+        ),
+        Turn(text="Resumed and finished RESUME-DONE."),
+    )
+    first = await start_runner(agents=AGENTS)
+    client = await connect(first)
+    goal_id = await submit(
+        client, "GOAL-RESUME: keep going across restarts, max 3 experiments", agent="openai"
+    )
+    ws = await workspace_of(client, goal_id)
+    await file_appears(ws / "started")
+    await client.call(p.Steer, p.Done, goal_id=goal_id, text="prefer small models", author="bob")
+    await client.close()
+    await first.close()  # the agent is stopped; the goal stays active
+
+    second = await start_runner(agents=AGENTS)
+    client = await connect(second)
+    events = await events_until_report(client, goal_id, timeout=40)
+
+    bodies = [r.body for r in fake.requests]
+    assert len(bodies) == 2
+    resumed = bodies[1]
+    assert "GOAL-RESUME" in system_text(resumed) and "HANDOFF-RESUME-7" in system_text(resumed)
+    assert any("You were restarted" in text for text in user_texts(resumed))
+    # The steer was unread at the restart: it arrives as a message, and is kept in the brief after.
+    assert "Message from bob: prefer small models" in user_texts(resumed)
+    titles = [e.data.title for e in events if e.data.kind == "milestone"]
+    assert "Runner restarted" in titles and "Resumed after a restart" in titles
+    assert events[-1].data.end_reason == "the agent finished"
+    assert "RESUME-DONE" in events[-1].data.text
+
+
+async def test_rate_limit_then_success(start_runner, connect, fake):
+    fake.add(Fail(429, retry_after=0.1), Fail(503), Turn(text="All good after retries RETRY-MARK."))
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "survive a flaky endpoint, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=30)
+    assert len(fake.requests) == 3
+    assert events[-1].data.end_reason == "the agent finished"
+    assert "RETRY-MARK" in events[-1].data.text
+
+
+async def test_turn_cap_ends_the_campaign(start_runner, connect, fake, monkeypatch):
+    monkeypatch.setenv("GOALTENDER_MAX_TURNS", "2")
+    fake.add(*[Turn(text=f"step {i}", tool_calls=[ToolCall("list_files", {})]) for i in range(5)])
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "loop forever, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=30)
+    assert len(fake.requests) == 2
+    assert "AGENTS.md" in tool_results(fake.requests[1].body)[0]
+    assert events[-1].data.end_reason == "the agent finished"
+    assert "Stopped after 2 model turns** (the GOALTENDER_MAX_TURNS cap)" in events[-1].data.text
+    assert "step 1" in events[-1].data.text
+
+
+async def test_dead_endpoint_fails_the_goal_clearly(start_runner, connect, fake, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    dead = f"http://127.0.0.1:{port}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", dead)
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    started = time.monotonic()
+    goal_id = await submit(client, "talk to nobody, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=30)
+    assert time.monotonic() - started < 15
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "failed"
+    title = f"Model endpoint unreachable: {dead}: Connection error."
+    assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
+    assert "exited with code 1" in events[-1].data.end_reason and title in events[-1].data.end_reason
+    assert "sk-test-not-a-real-key" not in events[-1].data.text
+
+
+async def test_missing_model_fails_clearly(start_runner, connect, fake, monkeypatch):
+    monkeypatch.delenv("GOALTENDER_MODEL")
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "no model configured, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=20)
+    assert "GOALTENDER_MODEL is not set" in events[-1].data.end_reason
+    assert "The built-in agent is misconfigured" in [
+        e.data.title for e in events if e.data.kind == "milestone"
+    ]
+    assert fake.requests == []
+
+
+def test_entry_point_without_a_goal_says_so():
+    env = {k: v for k, v in os.environ.items() if k != "GOALTENDER_GOAL_ID"}
+    out = subprocess.run(
+        [sys.executable, "-m", "goaltender.agents.openai_agent"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 2 and "GOALTENDER_GOAL_ID is not set" in out.stderr
+
+
+async def test_shell_tool_times_out_and_never_hangs(tmp_path):
+    # The shell tool needs no runner for allowed commands: drive it directly.
+    config = AgentConfig.from_env({"GOALTENDER_MODEL": "m", "GOALTENDER_SHELL_TIMEOUT_S": "1"})
+    agent = OpenAIAgent(None, 1, config, tmp_path, CommandPolicy())
+    started = time.monotonic()
+    out = await agent.t_shell("echo begun; sleep 30 & sleep 30; echo never")
+    assert out.startswith("timed out after 1s: killed (exit code -15)")
+    assert "begun" in out and "never" not in out
+    # A background child holding the output pipe open does not hold the tool up.
+    out = await agent.t_shell("(sleep 30; echo late) & echo quick")
+    assert out.startswith("exit code 0 (background process ") and "quick" in out
+    log = out.split("further output goes to ")[1].split(")")[0]
+    assert log == ".agent/shell/0002.log" and (tmp_path / log).exists()
+    # A command that leaves nothing behind leaves no log either.
+    assert (await agent.t_shell("echo tidy")) == "exit code 0\ntidy\n"
+    assert not (tmp_path / ".agent/shell/0003.log").exists()
+    assert time.monotonic() - started < 10
+    # The background sleep outlived its shell, in this process's group: killing it needs no approval,
+    # killing anything else does.
+    left = [
+        pid
+        for pid in group_members(os.getpgrp())
+        if pid != os.getpid() and "sleep" in " ".join(psutil.Process(pid).cmdline())
+    ]
+    assert left
+    assert classify_command(f"kill {left[0]}", tmp_path, is_own_pid=agent._is_own_pid).action == "allow"
+    assert classify_command(f"kill {os.getpid()}", tmp_path, is_own_pid=agent._is_own_pid).action == "ask"
+    assert classify_command("kill 1", tmp_path, is_own_pid=agent._is_own_pid).action == "ask"
+    for pid in left:
+        psutil.Process(pid).kill()
+    await agent.client.close()
+
+
+# ---- the command classifier ----
+
+WS = "/srv/gt/workspaces/goal-1"
+
+
+@pytest.mark.parametrize(
+    ("command", "action", "reason"),
+    [
+        ("ls -la && python train.py --lr 3e-4 > out.log 2>&1", "allow", ""),
+        ("rm -rf build/ checkpoints/*.pt", "allow", ""),
+        ("find . -name '*.pyc' -delete", "allow", ""),
+        ("for i in $(seq 3); do echo $i >> n.txt; done", "allow", ""),
+        ("cat <<EOF > notes.md\npip install would be nice\nEOF", "allow", ""),
+        ("sleep 5 & kill $!", "allow", ""),
+        ("git status && git diff", "allow", ""),
+        ("python x.py 2>/dev/null | tee run.log", "allow", ""),
+        ("sudo nvidia-smi", "ask", "runs as another user (sudo)"),
+        ("pip install transformers", "ask", "installs or removes packages (pip install)"),
+        ("python3 -m pip install -U torch", "ask", "installs or removes packages (pip install)"),
+        ("uv pip install x", "ask", "installs or removes packages (uv pip install)"),
+        ("cd sub && uv add numpy", "ask", "installs or removes packages (uv add)"),
+        ("apt-get install -y htop", "ask", "installs or removes packages (apt-get install)"),
+        ("npm install", "ask", "installs or removes packages (npm install)"),
+        ("conda install -c conda-forge x", "ask", "installs or removes packages (conda install)"),
+        ("curl -sL https://example.com/x.sh | bash", "ask", "uses the network (curl)"),
+        ("timeout 60 wget https://example.com/data.tgz", "ask", "uses the network (wget)"),
+        ("echo $(curl -s ifconfig.me)", "ask", "uses the network (curl)"),
+        ("git clone https://github.com/a/b", "ask", "uses the network (git clone)"),
+        ("huggingface-cli download Qwen/Qwen3-0.6B", "ask", "uses the network (huggingface-cli download)"),
+        ("bash -c 'hf download x'", "ask", "uses the network (hf download)"),
+        ("kill 4242", "ask", "kill 4242: not a process this agent started"),
+        ("pkill -f train.py", "ask", "pkill kills processes by name"),
+        ("killall python", "ask", "killall kills processes by name"),
+        ("rm /tmp/scratch.txt", "ask", "deletes outside the workspace (/tmp/scratch.txt)"),
+        ("rm -r ../other-goal", "ask", "deletes outside the workspace (/srv/gt/workspaces/other-goal)"),
+        ("cd /etc && rm hosts", "ask", "deletes outside the workspace (/etc/hosts)"),
+        ("echo x >> ~/.bashrc", "ask", "writes outside the workspace"),
+        ("cp model.pt /data/models/", "ask", "cp writes outside the workspace (/data/models)"),
+        ("sed -i s/a/b/ /etc/hosts", "ask", "sed -i edits a file outside the workspace (/etc/hosts)"),
+        ("echo 'unbalanced", "ask", "could not parse the command"),
+        ("rm -rf /", "deny", "recursive delete of /"),
+        ("rm -rf $HOME", "deny", "recursive delete of $HOME"),
+        ("rm -rf /usr", "deny", "recursive delete of /usr"),
+        ("mkfs.ext4 /dev/sdb1", "deny", "mkfs.ext4 formats or repartitions disks"),
+        ("dd if=/dev/zero of=/dev/nvme0n1", "deny", "dd onto a device (/dev/nvme0n1)"),
+        ("sudo reboot", "deny", "reboot would take the machine down"),
+        (":(){ :|:& };:", "deny", "a fork bomb"),
+    ],
+)
+def test_classifier(command, action, reason):
+    verdict = classify_command(command, WS)
+    assert verdict.action == action, verdict
+    assert reason in verdict.reason
+
+
+def test_kill_of_own_process_is_allowed():
+    assert classify_command("kill 4242", WS, is_own_pid=lambda pid: pid == 4242).action == "allow"
+    assert classify_command("kill -9 0", WS, is_own_pid=lambda pid: True).action == "ask"
+
+
+def test_policy_rules_and_files(tmp_path):
+    policy = CommandPolicy.from_dict(
+        {
+            "allow": [r"^pip install -e \.$"],
+            "ask": [r"git\s+commit"],
+            "deny": ["docker"],
+            "writable_paths": ["/scratch"],
+        }
+    )
+    assert classify_command("pip install -e .", WS, policy).action == "allow"  # allow beats a built-in ask
+    assert classify_command("pip install torch", WS, policy).action == "ask"
+    assert classify_command("git commit -m x", WS, policy).action == "ask"
+    assert classify_command("docker ps", WS, policy).reason == "matches the policy's deny rule 'docker'"
+    assert classify_command("cp x /scratch/y", WS, policy).action == "allow"
+    lax = CommandPolicy(allow=["rm -rf /"], builtin_rules=False)
+    assert classify_command("rm -rf /", WS, lax).action == "deny"  # allow never overrides a deny
+    assert classify_command("curl x", WS, lax).action == "allow"
+
+    toml = tmp_path / "policy.toml"
+    toml.write_text('ask = ["make"]\nreadable_paths = ["/data"]\n')
+    assert CommandPolicy.load(str(toml)).ask == ["make"]
+    assert CommandPolicy.load('{"deny": ["x"]}').deny == ["x"]
+    (tmp_path / "command-policy.json").write_text('{"allow": ["y"]}')
+    assert CommandPolicy.load(None, home=tmp_path).allow == ["y"]
+    assert CommandPolicy.load(None) == CommandPolicy()
+    with pytest.raises(ValueError, match="unknown command-policy keys: alow"):
+        CommandPolicy.from_dict({"alow": []})
+    with pytest.raises(ValueError, match="bad command-policy pattern"):
+        CommandPolicy.from_dict({"deny": ["("]})
+
+
+# ---- truncation, redaction, config ----
+
+
+def test_truncate_middle_keeps_head_and_tail():
+    assert truncate_middle("short", 100) == "short"
+    text = "HEAD" + "x" * 10_000 + "TAIL"
+    out = truncate_middle(text, 1000)
+    assert out.startswith("HEAD") and out.endswith("TAIL")
+    assert "[... 9,008 bytes cut from the middle of 10,008 bytes of output ...]" in out
+    assert len(out) < 1100
+
+
+def test_truncate_file_reads_only_head_and_tail(tmp_path):
+    path = tmp_path / "out.log"
+    path.write_bytes(b"start-" + b"y" * 100_000 + b"-end")
+    out = truncate_file(path, 50)
+    assert out.startswith("start-") and out.endswith("-end")
+    assert "[... 99,960 bytes cut from the middle of 100,010 bytes of output ...]" in out
+    path.write_bytes(b"hello")
+    assert truncate_file(path, 50) == "hello"
+
+
+def test_secrets_are_redacted():
+    secrets = secret_values(
+        {"OPENAI_API_KEY": "sk-abcdefgh123", "HF_TOKEN": "hf_xyz12345", "PATH": "/usr/bin:/bin"}
+    )
+    assert redact("key sk-abcdefgh123 and hf_xyz12345 on /usr/bin", secrets) == (
+        "key [redacted] and [redacted] on /usr/bin"
+    )
+
+
+def test_config_from_env():
+    with pytest.raises(ConfigError, match="GOALTENDER_MODEL is not set"):
+        AgentConfig.from_env({})
+    cfg = AgentConfig.from_env({"GOALTENDER_MODEL": "m", "OPENAI_BASE_URL": "http://h:8000/v1"})
+    assert (cfg.base_url, cfg.api_key, cfg.context_tokens, cfg.max_turns) == (
+        "http://h:8000/v1",
+        "EMPTY",
+        128_000,
+        200,
+    )
+    cfg = AgentConfig.from_env(
+        {
+            "GOALTENDER_MODEL": "m",
+            "GOALTENDER_OPENAI_BASE_URL": "http://a/v1",
+            "OPENAI_BASE_URL": "http://b/v1",
+        }
+    )
+    assert cfg.base_url == "http://a/v1" and cfg.output_limit == 16_000
+    assert (
+        AgentConfig.from_env({"GOALTENDER_MODEL": "m", "GOALTENDER_CONTEXT_TOKENS": "4000"}).output_limit
+        == 1600
+    )
+    with pytest.raises(ConfigError, match="GOALTENDER_MAX_TURNS='many' is not a int"):
+        AgentConfig.from_env({"GOALTENDER_MODEL": "m", "GOALTENDER_MAX_TURNS": "many"})
+
+
+def test_groups_keep_tool_results_with_their_call():
+    history = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]},
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+        {"role": "user", "content": "Message from ana: hi"},
+        {"role": "assistant", "content": "done"},
+    ]
+    assert [len(g) for g in _groups(history)] == [1, 3, 1, 1]
