@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -118,3 +119,45 @@ def test_llm_demo_fails_fast_without_an_endpoint(tmp_path):
         env=env,
     )
     assert done.returncode == 2 and "set GOALTENDER_MODEL" in done.stderr
+
+
+async def test_llm_demo_runs_against_the_endpoint_in_the_environment(tmp_path):
+    """`goaltender demo --agent openai|codex` drives a goal on whatever endpoint the environment
+    names; here the fake server answers that there is nothing more to do, so each goal finishes."""
+    from fake_openai import FakeOpenAI
+
+    fake = FakeOpenAI()
+    await fake.start()
+    try:
+        env = {
+            **os.environ,
+            "NO_COLOR": "1",
+            "OPENAI_BASE_URL": fake.base_url,
+            "GOALTENDER_MODEL": "fake-model",
+        }
+        env.pop("GOALTENDER_HOME", None)
+        for agent in ("openai", "codex"):
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [
+                    sys.executable,
+                    "-m",
+                    "goaltender.cli",
+                    "demo",
+                    "--yes",
+                    "--agent",
+                    agent,
+                    "--dir",
+                    str(tmp_path / agent),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                env=env,
+            )
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            assert "📋 Final report" in done.stdout and "Goal #1" in done.stdout
+        paths = {seen.path for seen in fake.requests}
+        assert {"chat", "responses"} <= paths  # the built-in loop and Codex both asked the model
+    finally:
+        await fake.close()
