@@ -174,7 +174,8 @@ def _format_hours(hours: float) -> str:
     return f"{hours:.1f}"
 
 
-def _budget_summary(budget: Budget) -> str:
+def budget_summary(budget: Budget) -> str:
+    """`3m00s wall · deadline 18:24:17 · ≤10 experiments · 1m30s per experiment`."""
     parts: list[str] = []
     if budget.wall_seconds is not None:
         parts.append(f"{format_duration(budget.wall_seconds)} wall")
@@ -341,7 +342,7 @@ class ConsoleThread:
         if isinstance(data, BudgetChanged):
             summary = f"Budget changed: {_clean(data.reason)}" if data.reason else "Budget changed"
             return self._message(
-                ts, EMOJI["budget_changed"], summary, self._body(f"now: {_budget_summary(data.budget)}")
+                ts, EMOJI["budget_changed"], summary, self._body(f"now: {budget_summary(data.budget)}")
             )
         if isinstance(data, FinalReport):
             return self._render_report(ts, data)
@@ -469,7 +470,7 @@ class ConsoleThread:
                 metric += f", target {format_metric(g.metric, g.target)}"
             facts.append(metric)
         body += self._body(" · ".join(facts), "dim")
-        body += self._body(f"budget: {_budget_summary(g.budget)}", "dim")
+        body += self._body(f"budget: {budget_summary(g.budget)}", "dim")
         return self._message(ts, EMOJI["goal_accepted"], summary, body)
 
     def _render_state(self, ts: datetime, data: GoalStateChanged) -> str:

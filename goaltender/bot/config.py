@@ -13,13 +13,11 @@ from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from goaltender.bot.links import RunnerTarget
+from goaltender.runner.config import GoaltenderSettings
 
 TOKEN_VARIABLES = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")
 
@@ -28,7 +26,7 @@ def _default_home() -> Path:
     return Path.home() / ".goaltender"
 
 
-class BotSettings(BaseSettings):
+class BotSettings(GoaltenderSettings):
     model_config = SettingsConfigDict(env_prefix="GOALTENDER_", extra="ignore", populate_by_name=True)
 
     home: Path = Field(default_factory=_default_home)
@@ -51,20 +49,6 @@ class BotSettings(BaseSettings):
     slack_app_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("SLACK_APP_TOKEN", "slack_app_token")
     )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        if config := os.environ.get("GOALTENDER_CONFIG"):
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
-        return tuple(sources)
 
     @property
     def db_path(self) -> Path:

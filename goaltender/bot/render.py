@@ -15,6 +15,7 @@ from typing import Any
 from goaltender.console import (
     EMOJI,
     STATE_EMOJI,
+    budget_summary,
     format_bar,
     format_duration,
     format_metric,
@@ -23,7 +24,6 @@ from goaltender.console import (
 from goaltender.runner.protocol import GoalStatus
 from goaltender.storage.records import (
     Approval,
-    Budget,
     BudgetChanged,
     Experiment,
     ExperimentFinished,
@@ -203,21 +203,6 @@ def _metric_text(e: Experiment) -> str:
     name = e.metric_name or "metric"
     how = "" if e.verified else " _(reported)_"
     return f"{escape(name)} *{format_metric(name, e.metric_value)}*{how}"
-
-
-def budget_summary(budget: Budget) -> str:
-    parts: list[str] = []
-    if budget.wall_seconds is not None:
-        parts.append(f"{format_duration(budget.wall_seconds)} wall")
-    if budget.max_experiments is not None:
-        parts.append(f"≤{budget.max_experiments} experiments")
-    if budget.compute_hours is not None:
-        parts.append(f"{_hours(budget.compute_hours)} compute-h")
-    if budget.experiment_timeout_s is not None:
-        parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
-    if budget.ask_to_continue:
-        parts.append("asks before going past baseline + 3")
-    return " · ".join(parts) if parts else "no limits"
 
 
 def status_card(status: GoalStatus, runner: str, now: datetime | None = None) -> Payload:

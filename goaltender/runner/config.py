@@ -23,20 +23,10 @@ def _default_agents() -> dict[str, list[str]]:
     }
 
 
-class RunnerSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GOALTENDER_", extra="ignore")
+class GoaltenderSettings(BaseSettings):
+    """`GOALTENDER_*` environment variables first, then the TOML file named by GOALTENDER_CONFIG."""
 
-    home: Path = Field(default_factory=lambda: Path.home() / ".goaltender")
-    """State lives here: runner.db, runner.sock, workspaces/, cache/. Put it on the big disk."""
-    name: str = Field(default_factory=lambda: os.uname().nodename)
-    socket: Path | None = None  # default: <home>/runner.sock
-    default_agent: str = "sweep"
-    agents: dict[str, list[str]] = Field(default_factory=_default_agents)
-    """Agent name -> command. The runner adds GOALTENDER_SOCKET / _GOAL_ID / _WORKSPACE to its env."""
-    approval_timeout_s: float = 3600.0
-    experiment_timeout_s: float = 3600.0
-    stop_grace_s: float = 5.0
-    compute_unit: Literal["auto", "gpu", "cpu"] = "auto"
+    model_config = SettingsConfigDict(env_prefix="GOALTENDER_", extra="ignore")
 
     @classmethod
     def settings_customise_sources(
@@ -51,6 +41,20 @@ class RunnerSettings(BaseSettings):
         if config := os.environ.get("GOALTENDER_CONFIG"):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
         return tuple(sources)
+
+
+class RunnerSettings(GoaltenderSettings):
+    home: Path = Field(default_factory=lambda: Path.home() / ".goaltender")
+    """State lives here: runner.db, runner.sock, workspaces/, cache/. Put it on the big disk."""
+    name: str = Field(default_factory=lambda: os.uname().nodename)
+    socket: Path | None = None  # default: <home>/runner.sock
+    default_agent: str = "sweep"
+    agents: dict[str, list[str]] = Field(default_factory=_default_agents)
+    """Agent name -> command. The runner adds GOALTENDER_SOCKET / _GOAL_ID / _WORKSPACE to its env."""
+    approval_timeout_s: float = 3600.0
+    experiment_timeout_s: float = 3600.0
+    stop_grace_s: float = 5.0
+    compute_unit: Literal["auto", "gpu", "cpu"] = "auto"
 
     @property
     def socket_path(self) -> Path:
