@@ -154,6 +154,8 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
     # `stop` ends it: the final report in the thread, the card shows stopped.
     await fake.user_replies(general, card.ts, "stop", user=ALICE)
     report = await fake.wait_for_message(general, thread_ts=card.ts, text="Final report", timeout=20)
+    # The campaign plot (one per milestone with results, and one with the report) is in the thread.
+    await fake.wait_for(lambda: any(m.files for m in fake.thread(general, card.ts)), timeout=15)
     assert "```" in blocks_text(report)  # the ledger table is in a code block
     await fake.wait_for(lambda: "stopped" in blocks_text(fake.message(general, card.ts)), 10)
 

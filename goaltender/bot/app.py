@@ -25,6 +25,7 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
+from goaltender import plots
 from goaltender.bot import render
 from goaltender.bot.config import BotSettings
 from goaltender.bot.links import RunnerPool, UnknownRunner
@@ -475,6 +476,8 @@ class GoaltenderBot:
 
     async def on_runner_event(self, runner: str, event: Event) -> None:
         """Render one runner event into outbox rows and store them with its seq (exactly once)."""
+        if event.seq <= await self.store.cursor(runner):
+            return  # a redelivery after a reconnect: already rendered (record_event rechecks atomically)
         writes: list[tuple[str, Any, dict[str, Any], str | None]] = []
         goal_id = event.goal_id
         thread = await self.store.thread(runner, goal_id) if goal_id is not None else None
@@ -534,6 +537,11 @@ class GoaltenderBot:
             post(render.state_changed(goal_id, data))
         elif isinstance(data, FinalReport):
             post(render.final_report(data, goal_id))
+        if isinstance(data, MilestoneReported | FinalReport) and (
+            plot := await self._plot(runner, goal_id, event.seq)
+        ):
+            # Plots are coalesced: one per milestone and one with the report, not one per metric.
+            writes.append((channel, "upload", {**plot, "thread_of": card}, f"{runner}:{event.seq}:plot"))
         if isinstance(data, CARD_EVENTS) and (status := await self._status(runner, goal_id)) is not None:
             writes.append(
                 (
@@ -544,6 +552,36 @@ class GoaltenderBot:
                 )
             )
         return writes
+
+    async def _plot(self, runner: str, goal_id: int, seq: int) -> dict[str, Any] | None:
+        """The goal's headline metric per experiment as a PNG (best marked), ready to upload."""
+        try:
+            summary = await self.pool[runner].call(p.Summary, p.SummaryReply, goal_id=goal_id)
+        except (RunnerUnavailable, p.ProtocolError, UnknownRunner):
+            return None
+        finished = [e for e in summary.ledger if e.status != "running"]
+        metric = summary.status.goal.metric
+        if not finished or metric is None:
+            return None
+        goal = summary.status.goal
+        path = self.settings.home / "plots" / f"{runner}-goal-{goal_id}-{seq}.png"
+        await asyncio.to_thread(
+            plots.plot_campaign,
+            finished,
+            metric,
+            path,
+            direction=goal.direction,
+            target=goal.target,
+            title=f"Goal #{goal_id}: {metric} per experiment",
+        )
+        best = summary.status.best
+        comment = f"best so far: #{best.index} {metric} {best.metric_value:.4g}" if best else ""
+        return {
+            "file": str(path),
+            "filename": path.name,
+            "title": f"Goal #{goal_id} — {metric}",
+            "initial_comment": comment,
+        }
 
     async def _on_outbox_failed(self, item: OutboxItem, error: str) -> None:
         key = item.dedupe_key or ""
