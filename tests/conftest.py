@@ -26,6 +26,13 @@ def _goaltender_on_path(monkeypatch):
     monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ.get("PATH", ""))
 
 
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    # slack_sdk and openai route even 127.0.0.1 through HTTP(S)_PROXY; tests talk to local fakes only.
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture
 def short_dir():
     # Unix socket paths are limited to ~108 bytes; pytest's tmp_path can be longer.

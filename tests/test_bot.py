@@ -23,13 +23,6 @@ from goaltender.runner import protocol as p
 from goaltender.storage.records import Approval, FinalReport, utcnow
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    # slack_sdk routes every request (127.0.0.1 too) through HTTP(S)_PROXY and ignores NO_PROXY.
-    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture
 async def fake():
     async with FakeSlack() as server:

@@ -26,6 +26,7 @@ from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 from goaltender.agents.briefing import list_skills
 from goaltender.agents.codex_agent import CodexSettings, report_text, says_done, write_codex_home
 from goaltender.runner import protocol as p
+from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested, MilestoneReported
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,17 +108,6 @@ async def approval_asked(runner, connect, goal_id: int) -> None:
 
 def workspace(runner, goal_id: int = 1) -> Path:
     return runner.settings.workspaces / f"goal-{goal_id}"
-
-
-def group_alive(pgid: int) -> list[int]:
-    alive = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return alive
 
 
 def processes_with(needle: str) -> list[psutil.Process]:
@@ -274,8 +264,8 @@ async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, conn
     assert summary.status.goal.state == "stopped"
     events = await events_until_report(client, goal_id, timeout=5)
     assert "Stopped during turn 1 of the Codex session" in events[-1].data.text
-    assert group_alive(agent_pid) == []
-    await wait_until(lambda: group_alive(server_pid) == [], timeout=5)
+    assert group_members(agent_pid) == []
+    await wait_until(lambda: group_members(server_pid) == [], timeout=5)
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
     assert processes_with("sleep 31") == []
     log = (ws / "codex.log").read_text()
@@ -303,7 +293,7 @@ async def test_runner_restart_resumes_the_codex_thread(start_runner, connect, fa
     thread_id = (ws / ".codex-thread").read_text().strip()
     old_server = int((ws / ".codex-app-server.pid").read_text())
     await first.close()  # SIGTERM to the agent: it interrupts the turn and ends its app-server
-    await wait_until(lambda: group_alive(old_server) == [], timeout=5)
+    await wait_until(lambda: group_members(old_server) == [], timeout=5)
     before = len(fake.requests)
 
     second = await start_runner(agents={"codex": AGENT})  # same home: recovers the goal, resumed=1
@@ -332,10 +322,10 @@ async def test_a_killed_agent_takes_its_app_server_along(start_runner, connect, 
     await asyncio.wait_for(approval_asked(runner, connect, goal_id), 20)
     server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
-    assert group_alive(server_pid)  # its own process group, so a SIGKILL of the agent's misses it
+    assert group_members(server_pid)  # its own process group, so a SIGKILL of the agent's misses it
     os.killpg(agent_pid, signal.SIGKILL)
     # PR_SET_PDEATHSIG and the end of its stdin take the app-server down without the agent.
-    await wait_until(lambda: group_alive(server_pid) == [], timeout=10)
+    await wait_until(lambda: group_members(server_pid) == [], timeout=10)
     events = await events_until_report(client, goal_id, timeout=10)
     assert "the agent exited with code -9" in events[-1].data.end_reason
 
@@ -352,7 +342,7 @@ async def test_endpoint_failure_fails_the_goal_with_the_reason(start_runner, con
     assert summary.status.goal.state == "failed"
     assert "the agent exited with code 1" in events[-1].data.end_reason
     server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
-    assert group_alive(server_pid) == []
+    assert group_members(server_pid) == []
 
 
 FAKE_APP_SERVER = textwrap.dedent(

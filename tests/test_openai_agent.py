@@ -28,6 +28,7 @@ from goaltender.agents.tools import (
     truncate_middle,
 )
 from goaltender.runner import protocol as p
+from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested
 
 AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
@@ -104,17 +105,6 @@ def answer_approvals(connect, runner, goal_id, decide):
                 )
 
     return asyncio.ensure_future(watch()), seen
-
-
-def group_members(pgid: int) -> list[int]:
-    alive = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return alive
 
 
 async def workspace_of(client, goal_id) -> Path:

@@ -11,12 +11,6 @@ from goaltender.bot.outbox import METADATA_EVENT, Outbox
 from goaltender.storage.bot_store import BotStore
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
-        monkeypatch.delenv(var, raising=False)
-
-
 @pytest.fixture
 async def slack():
     async with FakeSlack() as fake:

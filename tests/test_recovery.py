@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 from conftest import events_until_report, submit
+from toy_task import AGENT as TOY_AGENT
 
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
@@ -20,15 +21,7 @@ TESTS = Path(__file__).parent
 
 
 def start_runner_process(home: Path, socket: Path) -> subprocess.Popen:
-    agent = [
-        sys.executable,
-        "-m",
-        "goaltender.agents.sweep",
-        "--task",
-        "toy_task:TASK",
-        "--approve-above",
-        "100",
-    ]
+    agent = TOY_AGENT
     env = {
         **os.environ,
         "GOALTENDER_AGENTS": json.dumps({"toy": agent}),

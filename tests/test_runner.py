@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 from conftest import events_until_report, submit, write_agent
 
 from goaltender.runner import protocol as p
+from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested, ExperimentStarted
 
 
@@ -111,17 +111,6 @@ async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_
     assert row.wall_seconds < 10
     ws = Path((await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.workspace)
     assert (ws / "rc").read_text().strip() == "rc=1"
-
-
-def group_members(pgid: int) -> list[int]:
-    alive = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return alive
 
 
 async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, connect, tmp_path):

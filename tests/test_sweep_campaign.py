@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from conftest import events_until_report, submit
+from toy_task import AGENT as TOY_AGENT
 
 from goaltender.runner import protocol as p
 from goaltender.storage.records import ExperimentFinished
@@ -16,15 +16,7 @@ TESTS = str(Path(__file__).parent)
 
 async def test_steer_narrows_the_search(start_runner, connect, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    agent = [
-        sys.executable,
-        "-m",
-        "goaltender.agents.sweep",
-        "--task",
-        "toy_task:TASK",
-        "--approve-above",
-        "100",
-    ]
+    agent = TOY_AGENT
     runner = await start_runner(agents={"toy": agent})
     client = await connect(runner)
     goal_id = await submit(client, "toy sweep, max 5 experiments", agent="toy")

@@ -26,3 +26,7 @@ TASK = SweepTask(
     reasons={("x", 1): "bigger x scores higher so far"},
     aliases={"ex": "x"},
 )
+
+
+# The sweep agent driving this task (tests put this folder on PYTHONPATH for it).
+AGENT = [sys.executable, "-m", "goaltender.agents.sweep", "--task", "toy_task:TASK", "--approve-above", "100"]

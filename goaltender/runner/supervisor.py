@@ -195,15 +195,21 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    """Is any process still in the group (zombies aside)?"""
-    for proc in psutil.process_iter(["pid"]):
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes in a process group."""
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                return True
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
         except (ProcessLookupError, psutil.Error):
             continue
-    return False
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any process still in the group (zombies aside)?"""
+    return bool(group_members(pgid))
 
 
 def kill_leftover_group(pid: int | None, started_after: float | None = None) -> bool:
