@@ -166,7 +166,8 @@ def format_bar(fraction: float, width: int = BAR_WIDTH) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
-def _format_hours(hours: float) -> str:
+def format_hours(hours: float) -> str:
+    """Compute-hours, short: 0, 0.0042, 3.25, 12.5."""
     if hours == 0:
         return "0"
     if hours < 10:
@@ -184,7 +185,7 @@ def budget_summary(budget: Budget) -> str:
     if budget.max_experiments is not None:
         parts.append(f"≤{budget.max_experiments} experiments")
     if budget.compute_hours is not None:
-        parts.append(f"{_format_hours(budget.compute_hours)} compute-h")
+        parts.append(f"{format_hours(budget.compute_hours)} compute-h")
     if budget.experiment_timeout_s is not None:
         parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
     if budget.ask_to_continue:
@@ -414,7 +415,7 @@ class ConsoleThread:
         )
         # compute
         lines.append(
-            self._bar_line("compute-h", label_w, float(compute_hours_used), b.compute_hours, _format_hours)
+            self._bar_line("compute-h", label_w, float(compute_hours_used), b.compute_hours, format_hours)
         )
         # best
         metric = goal.metric or (best.metric_name if best else None) or "metric"
@@ -524,9 +525,9 @@ class ConsoleThread:
         if e.wall_seconds is not None:
             tail.append(format_duration(e.wall_seconds))
         if e.cpu_seconds is not None:
-            tail.append(f"{_format_hours(e.cpu_seconds / 3600)} cpu-h")
+            tail.append(f"{format_hours(e.cpu_seconds / 3600)} cpu-h")
         elif e.compute_hours is not None:
-            tail.append(f"{_format_hours(e.compute_hours)} compute-h")
+            tail.append(f"{format_hours(e.compute_hours)} compute-h")
 
         # Fit the params between the metric and the costs; the full list goes to the body if cut.
         body: list[str] = []

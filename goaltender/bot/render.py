@@ -18,6 +18,7 @@ from goaltender.console import (
     budget_summary,
     format_bar,
     format_duration,
+    format_hours,
     format_metric,
     format_params,
 )
@@ -183,14 +184,6 @@ def payload(text: str, blocks: list[dict], what: str = "message") -> Payload:
 # ---- the status card ----
 
 
-def _hours(hours: float) -> str:
-    if hours == 0:
-        return "0"
-    if hours < 10:
-        return f"{hours:.3f}".rstrip("0").rstrip(".") if hours >= 0.001 else f"{hours:.2g}"
-    return f"{hours:.1f}"
-
-
 def _bar(label: str, used: float, total: float | None, fmt, sep: str = " / ") -> str:
     if total is None or total <= 0:
         return f"`{label:<11}` {fmt(used)} _(no limit)_"
@@ -225,7 +218,7 @@ def status_card(status: GoalStatus, runner: str, now: datetime | None = None) ->
     bars = [
         _bar("time", used_s, total_s, format_duration),
         _bar("experiments", float(status.attempted), b.max_experiments, lambda v: str(int(v)), sep="/"),
-        _bar("compute-h", status.compute_hours_used, b.compute_hours, _hours),
+        _bar("compute-h", status.compute_hours_used, b.compute_hours, format_hours),
     ]
     best = status.best
     if best is not None and best.metric_value is not None:
@@ -285,9 +278,9 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
     if e.wall_seconds is not None:
         cost.append(format_duration(e.wall_seconds))
     if e.compute_hours is not None:
-        cost.append(f"{_hours(e.compute_hours)} compute-h")
+        cost.append(f"{format_hours(e.compute_hours)} compute-h")
     elif e.cpu_seconds is not None:
-        cost.append(f"{_hours(e.cpu_seconds / 3600)} cpu-h")
+        cost.append(f"{format_hours(e.cpu_seconds / 3600)} cpu-h")
     if cost:
         parts.append(" · ".join(cost))
     lines = ["  ".join(parts), escape(e.description[:1000])]
