@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from ssh_box import SSHBox
 
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
@@ -104,3 +105,19 @@ async def events_until_report(client: RunnerClient, goal_id: int, timeout: float
 async def submit(client: RunnerClient, text: str, **fields) -> int:
     reply = await client.call(p.SubmitGoal, p.GoalReply, text=text, **fields)
     return reply.status.goal.id
+
+
+@pytest.fixture
+async def ssh_box(tmp_path):
+    boxes: list[SSHBox] = []
+
+    async def start(sockets: set[str], **options) -> SSHBox:
+        keydir = tmp_path / f"keys{len(boxes)}"
+        keydir.mkdir()
+        box = await SSHBox(keydir, sockets, **options).start()
+        boxes.append(box)
+        return box
+
+    yield start
+    for box in boxes:
+        await box.stop()
