@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -10,8 +11,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from fake_slack import FakeSlack
 from ssh_box import SSHBox
 
+from goaltender.bot.app import GoaltenderBot
+from goaltender.bot.config import BotSettings
+from goaltender.bot.links import RunnerTarget
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
@@ -121,3 +126,58 @@ async def ssh_box(tmp_path):
     yield start
     for box in boxes:
         await box.stop()
+
+
+# ---- the Slack bot against the fake Slack (test_bot.py, test_bot_e2e.py) ----
+
+
+@pytest.fixture
+async def fake():
+    async with FakeSlack() as server:
+        yield server
+
+
+@pytest.fixture
+async def make_bot(fake, tmp_path):
+    """An in-process GoaltenderBot on the fake Slack, linked to one runner: a local socket (named
+    "box") or any RunnerTarget (e.g. an SSH box's `box.target(...)`)."""
+    bots: list[GoaltenderBot] = []
+
+    async def make(runner: Path | RunnerTarget, *, wait_runner: bool = True, **overrides) -> GoaltenderBot:
+        target = runner if isinstance(runner, RunnerTarget) else RunnerTarget(name="box", socket=runner)
+        settings = BotSettings(
+            **{
+                "home": tmp_path / "bot",
+                "runners": [target],
+                "slack_api_url": fake.api_url,
+                "slack_bot_token": fake.bot_token,
+                "slack_app_token": fake.app_token,
+                "outbox_interval_s": 0.05,
+                **overrides,
+            }
+        )
+        bot = await GoaltenderBot.open(settings)
+        bots.append(bot)
+        await bot.start()
+        await fake.wait_connected()
+        if wait_runner:
+            await asyncio.wait_for(bot.pool[target.name].wait_healthy(), 10)
+        return bot
+
+    yield make
+    for bot in bots:
+        await bot.close()
+
+
+async def until(predicate, timeout: float = 15.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (result := predicate()):
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {predicate}")
+        await asyncio.sleep(0.05)
+    return result
+
+
+def blocks_text(msg) -> str:
+    return msg.text + json.dumps(msg.blocks or [])

@@ -61,6 +61,9 @@ Everything the app did is recorded: `calls()`, `envelopes`, `acks`, `ephemerals(
 `warnings`. `wait_for(predicate)` awaits any condition on that state; on timeout the error
 includes `describe()` (recent calls, envelopes and channel transcripts).
 
+HTTP mode instead of Socket Mode: `fake.deliver_over_http(request_url, signing_secret)` POSTs every
+request, signed as Slack signs them; the 200 answer is the ack.
+
 Close the Socket Mode handler before stopping the fake, or its client keeps trying to reconnect.
 slack_sdk sends requests through HTTP(S)_PROXY even for 127.0.0.1 (it ignores NO_PROXY): unset them.
 """
@@ -71,6 +74,8 @@ import asyncio
 import base64
 import contextlib
 import copy
+import hashlib
+import hmac
 import inspect
 import itertools
 import json
@@ -83,7 +88,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
+import aiohttp
 from aiohttp import WSMsgType, web
 
 ALICE = "U0ALICE"
@@ -314,6 +321,7 @@ class Envelope:
     connection: int | None = None
     acked_at: float | None = None
     ack_payload: dict | None = None
+    http_status: int | None = None  # HTTP delivery: the app's answer
     timed_out: bool = False
     _acked: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -507,6 +515,8 @@ class FakeSlack:
         self.latency = 0.0  # seconds added before every Web API answer
         self.disconnect_grace = 2.0  # a draining connection is closed this long after the frame
         self.verification_token = "fake-verification-token"
+        self.request_url: str | None = None  # set by deliver_over_http(): HTTP mode instead of Socket Mode
+        self.signing_secret: str | None = None
 
         self.channels: dict[str, Channel] = {}
         self.users: dict[str, User] = {}
@@ -1417,7 +1427,58 @@ class FakeSlack:
                 return conn
         return None
 
+    def deliver_over_http(self, request_url: str, signing_secret: str) -> None:
+        """Deliver envelopes as Slack does to an app with Request URLs: an HTTP POST per request,
+        signed with the app's signing secret (X-Slack-Signature / X-Slack-Request-Timestamp); a 200
+        within `ack_timeout` is the ack, its JSON body the ack payload. Events API bodies are JSON,
+        slash commands a form, interactions a form with one `payload` field."""
+        self.request_url = request_url
+        self.signing_secret = signing_secret
+
+    def sign(self, body: bytes, timestamp: int | None = None, secret: str | None = None) -> dict[str, str]:
+        """The headers Slack signs a request with (the signature is v0=HMAC-SHA256 of v0:ts:body)."""
+        stamp = str(int(time.time()) if timestamp is None else timestamp)
+        key = (secret or self.signing_secret or "").encode()
+        digest = hmac.new(key, b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
+        return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
+
+    async def _post_envelope(self, env: Envelope) -> None:
+        if env.type == "events_api":
+            body, content_type = json.dumps(env.payload).encode(), "application/json"
+        elif env.type == "slash_commands":
+            body, content_type = urlencode(env.payload).encode(), "application/x-www-form-urlencoded"
+        else:
+            body = urlencode({"payload": json.dumps(env.payload)}).encode()
+            content_type = "application/x-www-form-urlencoded"
+        headers = {"Content-Type": content_type, **self.sign(body)}
+        if env.retry_attempt:
+            headers |= {"X-Slack-Retry-Num": str(env.retry_attempt), "X-Slack-Retry-Reason": env.retry_reason}
+        env.sent_at = time.monotonic()
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(self.request_url, data=body, headers=headers) as response,
+            ):
+                env.http_status = response.status
+                text = await response.text()
+        except aiohttp.ClientError as exc:
+            self.warnings.append(f"request URL unreachable: {exc}")
+            return
+        if env.http_status == 200 and not env.acked:
+            payload = json.loads(text) if text.strip().startswith("{") else None
+            env.acked_at = time.monotonic()
+            env.ack_payload = payload
+            env._acked.set()
+            if env.type == "slash_commands" and payload and not env.timed_out:
+                await self._show_response(env.payload["channel_id"], env.payload["user_id"], payload, "ack")
+        self._notify()
+
     async def _send_or_queue(self, env: Envelope) -> None:
+        if self.request_url is not None:
+            self._spawn(self._post_envelope(env))
+            if self.ack_timeout is not None:
+                self._spawn(self._watch_ack(env, self.ack_timeout))
+            return
         conn = self._live_connection()
         if conn is None:
             self._outbox.append(env)

@@ -11,49 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from conftest import write_agent
-from fake_slack import ALICE, BOB, FakeSlack
+from conftest import blocks_text, until, write_agent
+from fake_slack import ALICE, BOB
 
 from goaltender.bot import render
-from goaltender.bot.app import GoaltenderBot, normalise_reaction
-from goaltender.bot.config import BotSettings
-from goaltender.bot.links import RunnerTarget
+from goaltender.bot.app import normalise_reaction
 from goaltender.runner import protocol as p
 from goaltender.storage.records import Approval, FinalReport, utcnow
-
-
-@pytest.fixture
-async def fake():
-    async with FakeSlack() as server:
-        yield server
-
-
-@pytest.fixture
-async def make_bot(fake, tmp_path):
-    bots: list[GoaltenderBot] = []
-
-    async def make(socket: Path, *, wait_runner: bool = True, **overrides) -> GoaltenderBot:
-        settings = BotSettings(
-            home=tmp_path / "bot",
-            runners=[RunnerTarget(name="box", socket=socket)],
-            slack_api_url=fake.api_url,
-            slack_bot_token=fake.bot_token,
-            slack_app_token=fake.app_token,
-            outbox_interval_s=0.05,
-            **overrides,
-        )
-        bot = await GoaltenderBot.open(settings)
-        bots.append(bot)
-        await bot.start()
-        await fake.wait_connected()
-        if wait_runner:
-            await asyncio.wait_for(bot.pool["box"].wait_healthy(), 10)
-        return bot
-
-    yield make
-    for bot in bots:
-        await bot.close()
 
 
 def agent_script(out: Path) -> str:
@@ -69,20 +33,6 @@ for i in $(seq 1 150); do
 done
 sleep 60
 """
-
-
-async def until(predicate, timeout: float = 15.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (result := predicate()):
-        if loop.time() > deadline:
-            raise TimeoutError(f"timed out waiting for {predicate}")
-        await asyncio.sleep(0.05)
-    return result
-
-
-def blocks_text(msg) -> str:
-    return msg.text + json.dumps(msg.blocks or [])
 
 
 async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_runner, tmp_path):
@@ -204,10 +154,10 @@ async def test_empty_goal_gets_the_howto(fake, make_bot, short_dir):
     assert res.acked and "/goal" in res.ack_payload["text"]
     too_long = await fake.slash_command("/goal", "x" * 4001, fake.general, ALICE)
     assert "limit is 4000" in too_long.ack_payload["text"]
-    # No runner is reachable: the person is told, with their goal's words to send again.
-    down = await fake.slash_command("/goal", "train it, budget 1h", fake.general, ALICE)
-    eph = await down.wait_for_ephemeral()
-    assert "No runner is reachable" in eph.text and "train it, budget 1h" in eph.text
+    unknown = await fake.slash_command("/goal", "train it on runner gpu9", fake.general, ALICE)
+    eph = await unknown.wait_for_ephemeral()
+    assert "no runner called 'gpu9'" in eph.text and "configured: box" in eph.text
+    assert "train it on runner gpu9" in eph.text  # their words, to send again
     assert fake.messages(fake.general) == []
 
 

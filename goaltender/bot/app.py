@@ -19,26 +19,31 @@ import re
 import sys
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
+from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender import plots
-from goaltender.bot import render
+from goaltender.bot import digest, render
 from goaltender.bot.config import BotSettings
-from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox
+from goaltender.console import format_duration, format_metric
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import parse_goal_text
 from goaltender.runner.client import RunnerUnavailable
-from goaltender.storage.bot_store import BotStore, OutboxItem, Thread
+from goaltender.storage.bot_store import BotStore, OutboxItem, QueuedGoal, Thread
 from goaltender.storage.records import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetChanged,
     Event,
+    Experiment,
     ExperimentFinished,
     ExperimentStarted,
     FinalReport,
@@ -46,12 +51,14 @@ from goaltender.storage.records import (
     GoalStateChanged,
     MilestoneReported,
     SteerReceived,
+    utcnow,
 )
 
 log = logging.getLogger("goaltender.bot")
 
 MAX_GOAL_TEXT = 4000
 STATUS_TIMEOUT_S = 10.0
+CARD_IN_FLIGHT_POLLS = 100  # x 50 ms
 HOWTO = (
     "Start a goal with `/goal <what to achieve>`, e.g. "
     "`/goal train the star-count model to 95% accuracy, budget 2h, max 20 experiments`. "
@@ -73,6 +80,7 @@ CONTROL = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
 _BUDGET = re.compile(
     r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
 )
+_DIGEST = re.compile(r"^\s*(daily|weekdays|every|off|stop|none|now|show|status)\b", re.I)
 _USER_ID = re.compile(r"\b([UW][A-Z0-9]{5,})\b")
 
 Reply = Callable[[str], Awaitable[None]]
@@ -80,6 +88,14 @@ Reply = Callable[[str], Awaitable[None]]
 
 def card_key(runner: str, goal_id: int) -> str:
     return f"{runner}:{goal_id}:card"
+
+
+def _card(thread: Thread) -> str:
+    return card_key(thread.runner, thread.goal_id)
+
+
+def queue_key(queue_id: int) -> str:
+    return f"queue:{queue_id}"
 
 
 def approval_key(runner: str, goal_id: int, approval_id: int) -> str:
@@ -102,19 +118,28 @@ class GoaltenderBot:
         self.settings = settings
         self.store = store
         self.client = client
-        self.app = AsyncApp(client=client)
+        secret = settings.slack_signing_secret
+        # HTTP mode: Bolt verifies every request's signature (and age) with the signing secret.
+        self.app = AsyncApp(client=client, signing_secret=secret.get_secret_value() if secret else None)
         self.outbox = Outbox(store, client, per_channel_interval_s=settings.outbox_interval_s)
         self.outbox.on_failed = self._on_outbox_failed
         self.outbox.on_sent = self._on_outbox_sent
         self.pool = RunnerPool(
-            settings.runner_targets(), on_event=self.on_runner_event, load_cursor=store.cursor
+            settings.runner_targets(),
+            on_event=self.on_runner_event,
+            load_cursor=store.cursor,
+            on_change=self.on_link_change,
         )
-        # (channel, message ts) -> (runner, approval id, goal id); rebuilt from the outbox at start.
-        self.approvals: dict[tuple[str, str], tuple[str, int, int]] = {}
+        self.digests = digest.DigestScheduler(self.send_digest)
+        self._draining = asyncio.Lock()  # one pass over the queued goals at a time
         self._submitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._responders: dict[str, Reply] = {}  # card key -> the /goal response_url, for errors
         self._tasks: list[asyncio.Task] = []
+        self._closed = False
         self.handler: AsyncSocketModeHandler | None = None
+        self.http: web.AppRunner | None = None
+        self.http_port: int | None = None
+        """HTTP mode: the port the bot listens on (useful when configured as 0)."""
         self._register()
 
     @classmethod
@@ -131,19 +156,36 @@ class GoaltenderBot:
         return bot
 
     async def start(self) -> None:
-        """Start the outbox, the runner links and the Socket Mode connection."""
+        """Start the outbox, the runner links, the digest schedules and the Socket Mode connection."""
         self._tasks.append(asyncio.ensure_future(self.outbox.run()))
         self._tasks.append(asyncio.ensure_future(self.pool.run()))
-        if self.settings.slack_app_token is not None:
+        self.digests.start(await self.store.digests())
+        if self.settings.slack_mode == "http":
+            server = self.app.server(port=self.settings.http_port, host=self.settings.http_host)
+            self.http = web.AppRunner(server.web_app)
+            await self.http.setup()
+            site = web.TCPSite(self.http, self.settings.http_host, self.settings.http_port)
+            await site.start()
+            self.http_port = self.http.addresses[0][1]
+            log.info(
+                "listening for Slack on http://%s:%d/slack/events", self.settings.http_host, self.http_port
+            )
+        elif self.settings.slack_app_token is not None:
             self.handler = AsyncSocketModeHandler(
                 self.app, app_token=self.settings.slack_app_token.get_secret_value(), web_client=self.client
             )
             await self.handler.connect_async()
 
     async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self.handler is not None:
             with contextlib.suppress(Exception):
                 await self.handler.close_async()
+        if self.http is not None:
+            await self.http.cleanup()
+        self.digests.shutdown()
         self.pool.stop()
         for task in self._tasks:
             task.cancel()
@@ -161,7 +203,8 @@ class GoaltenderBot:
     # ---- bookkeeping ----
 
     async def _rebuild(self) -> None:
-        """Card roots and approval messages from the outbox rows already sent (after a restart)."""
+        """Card roots and approval messages from the outbox rows already sent: the bot may have
+        died between Slack's answer and recording where the message landed."""
         for key, channel, ts in await self.store.sent_posts("%:card", "%:approval:%"):
             await self._posted(key, channel, ts)
 
@@ -178,7 +221,7 @@ class GoaltenderBot:
         elif ":approval:" in key:
             head, approval_id = key.rsplit(":approval:", 1)
             runner, goal_id = head.rsplit(":", 1)
-            self.approvals[(channel, ts)] = (runner, int(approval_id), int(goal_id))
+            await self.store.add_approval_post(channel, ts, runner, int(goal_id), int(approval_id))
 
     async def _fresh(self, body: dict) -> bool:
         event_id = body.get("event_id")
@@ -222,9 +265,12 @@ class GoaltenderBot:
             async def reply(message: str) -> None:
                 await respond(text=message, response_type="ephemeral")
 
-            await self._guard(
-                self.intake(text, command["channel_id"], command["user_id"], reply, respond=reply)
-            )
+            channel, user = command["channel_id"], command["user_id"]
+            first, _, rest = text.partition(" ")
+            if first.lower() == "digest" and (not rest.strip() or _DIGEST.match(rest)):
+                await self._guard(self.digest_command(rest, channel, user, reply))
+                return
+            await self._guard(self.intake(text, channel, user, reply, respond=reply))
 
         @app.event("app_mention")
         async def app_mention(body, event, context):
@@ -263,7 +309,10 @@ class GoaltenderBot:
     async def intake(
         self, text: str, channel: str, user: str, reply: Reply, *, respond: Reply | None = None
     ) -> int | None:
-        """Submit a goal and open its thread; returns the goal id (None when refused)."""
+        """Submit a goal and open its thread; returns the goal id (None when refused or queued).
+
+        When no runner can take it (all down, or the one asked for is down), the goal is queued in
+        bot.db with a visible card, and submitted as soon as a runner is back."""
         text = text.strip()
         if not text:
             await reply(HOWTO)
@@ -284,40 +333,125 @@ class GoaltenderBot:
             await reply(f"{exc}. Your goal was not submitted: `{render.escape(text[:500])}`")
             return None
         except RunnerUnavailable as exc:
-            await reply(self._unreachable(str(exc), text))
+            await self._queue(text, channel, user, name, str(exc), reply, respond)
             return None
-        async with self._submitting[link.name]:
-            try:
-                submitted = await link.call(
-                    p.SubmitGoal, p.GoalReply, text=text, owner=user, agent=spec.agent
-                )
-            except p.ProtocolError as exc:
-                await reply(f"The runner {link.name} refused the goal: {exc.error.message}")
-                return None
-            except RunnerUnavailable as exc:
-                await reply(self._unreachable(str(exc), text))
-                return None
-            status = submitted.status
-            goal_id = status.goal.id
-            key = card_key(link.name, goal_id)
-            if respond is not None:
-                self._responders[key] = respond
-            # The card first: an event that finds the thread must also find its card.
-            await self.store.enqueue(channel, "post", render.status_card(status, link.name), key)
-            await self.store.add_thread(link.name, goal_id, channel, user)
-        self.outbox.notify()
+        try:
+            goal_id = await self._submit(link, text, channel, user, respond)
+        except p.ProtocolError as exc:
+            await reply(f"The runner {link.name} refused the goal: {exc.error.message}")
+            return None
+        except RunnerUnavailable as exc:
+            await self._queue(text, channel, user, name, str(exc), reply, respond)
+            return None
         await reply(
             f"Queued as goal #{goal_id} on {link.name}. Its thread is the status card in this channel: "
             "reply there to steer it (`stop`, `pause`, `resume`, `status`, `budget +2h`)."
         )
         return goal_id
 
-    @staticmethod
-    def _unreachable(why: str, text: str) -> str:
-        return (
-            f"No runner is reachable right now ({why}), so your goal was not submitted. "
-            f"Nothing is lost: run it again when the runner is back: `/goal {render.escape(text[:500])}`"
+    async def _submit(
+        self, link: RunnerLink, text: str, channel: str, user: str, respond: Reply | None = None
+    ) -> int:
+        """SubmitGoal, then queue the goal's status card; ProtocolError / RunnerUnavailable pass through."""
+        async with self._submitting[link.name]:
+            spec = parse_goal_text(text)
+            submitted = await link.call(p.SubmitGoal, p.GoalReply, text=text, owner=user, agent=spec.agent)
+            status = submitted.status
+            goal_id = status.goal.id
+            key = card_key(link.name, goal_id)
+            if respond is not None:
+                self._responders[key] = respond
+            # The thread and its card in one transaction: an event that finds the thread finds its
+            # card, and the card's ts (recorded when it is sent) always finds its thread.
+            card = render.status_card(status, link.name)
+            await self.store.add_thread(link.name, goal_id, channel, user, card=(card, key))
+            await self.store.set_status(link.name, goal_id, status.model_dump(mode="json"))
+        self.outbox.notify()
+        return goal_id
+
+    async def _queue(
+        self,
+        text: str,
+        channel: str,
+        user: str,
+        runner: str | None,
+        why: str,
+        reply: Reply,
+        respond: Reply | None,
+    ) -> None:
+        queue_id = await self.store.queue_goal(channel, user, text, runner)
+        key = queue_key(queue_id)
+        if respond is not None:
+            self._responders[key] = respond
+        await self._enqueue(channel, "post", render.queued_card(queue_id, text, user, runner, why), key)
+        where = f"runner {runner}" if runner else "a runner"
+        await reply(
+            f"No runner can take your goal right now ({why}). It is queued (q{queue_id}) with a card in "
+            f"this channel, and starts as soon as {where} is back. Nothing is lost."
         )
+
+    async def drain_queue(self) -> int:
+        """Submit the queued goals whose runner is up, oldest first; returns how many started."""
+        started = 0
+        async with self._draining:
+            for queued in await self.store.queued_goals():
+                link = await self._link_for(queued)
+                if link is None:
+                    continue
+                try:
+                    goal_id = await self._submit(link, queued.text, queued.channel, queued.owner)
+                except RunnerUnavailable:
+                    continue  # it went down again; the next link-up tries again
+                except p.ProtocolError as exc:
+                    await self._dequeue(queued, link.name, error=exc.error.message)
+                    continue
+                await self._dequeue(queued, link.name, goal_id=goal_id)
+                started += 1
+        return started
+
+    async def _link_for(self, queued: QueuedGoal) -> RunnerLink | None:
+        if queued.runner is None:
+            with contextlib.suppress(RunnerUnavailable):
+                return await self.pool.pick()
+            return None
+        link = self.pool.links.get(queued.runner)
+        if link is None:
+            await self._dequeue(queued, queued.runner, error="that runner is no longer configured")
+            return None
+        return link if link.healthy else None
+
+    async def _dequeue(
+        self, queued: QueuedGoal, runner: str, *, goal_id: int | None = None, error: str | None = None
+    ) -> None:
+        await self.store.dequeue_goal(queued.id, runner=runner, goal_id=goal_id, error=error)
+        if error is not None:
+            card = render.queued_refused(queued.id, queued.text, queued.owner, runner, error)
+        else:
+            assert goal_id is not None
+            card = render.queued_started(queued.id, queued.text, queued.owner, runner, goal_id)
+        await self._enqueue(queued.channel, "update", {**card, "ts_of": queue_key(queued.id)})
+
+    async def on_link_change(self, runner: str, up: bool) -> None:
+        """A runner came back: start its queued goals, refresh its cards. It went down: say so on
+        the cards of its active goals (from the last status seen; nothing is lost meanwhile)."""
+        if up:
+            await self.drain_queue()
+        why = self.pool[runner].last_error or "not connected"
+        for thread in await self.store.threads(runner=runner):
+            last = p.GoalStatus.model_validate(thread.status) if thread.status else None
+            if last is not None and not last.goal.active:
+                continue
+            if up:
+                status = await self._status(runner, thread.goal_id)
+                if status is None:
+                    continue
+                await self.store.set_status(runner, thread.goal_id, status.model_dump(mode="json"))
+                card = render.status_card(status, runner)
+            elif last is not None:
+                card = render.status_card(last, runner, runner_down=why)
+            else:
+                continue
+            await self._enqueue(thread.channel, "update", {**card, "ts_of": card_key(runner, thread.goal_id)})
 
     async def _on_message(self, event: dict, bot_user: str | None, *, mention: bool) -> None:
         subtype = event.get("subtype")
@@ -334,7 +468,7 @@ class GoaltenderBot:
         text = text.strip()
         thread_ts = event.get("thread_ts")
         if thread_ts and thread_ts != ts:
-            thread = await self.store.thread_at(channel, thread_ts)
+            thread = await self._thread_at(channel, thread_ts)
             if thread is None:
                 return  # not a goal thread
             if await self.store.first_sight(f"msg:{channel}:{ts}"):
@@ -353,8 +487,19 @@ class GoaltenderBot:
 
     # ---- thread replies ----
 
+    async def _thread_at(self, channel: str, root_ts: str) -> Thread | None:
+        """The goal thread rooted at (channel, ts). Slack shows a card to people before its API
+        answer reaches the bot, so a very quick reply may arrive while the card's ts is still
+        unrecorded: wait (briefly) for cards in flight in that channel."""
+        for _ in range(CARD_IN_FLIGHT_POLLS):
+            thread = await self.store.thread_at(channel, root_ts)
+            if thread is not None or not await self.store.cards_in_flight(channel):
+                return thread
+            await asyncio.sleep(0.05)
+        return await self.store.thread_at(channel, root_ts)
+
     async def _thread_post(self, thread: Thread, text: str, key: str | None = None) -> None:
-        await self._enqueue(thread.channel, "post", {**render.notice(text), "thread_ts": thread.root_ts}, key)
+        await self._enqueue(thread.channel, "post", {**render.notice(text), "thread_of": _card(thread)}, key)
 
     async def _on_reply(self, thread: Thread, ts: str, user: str, text: str) -> None:
         if not text:
@@ -380,7 +525,7 @@ class GoaltenderBot:
                     )
                 else:
                     payload = render.status_summary(status, thread.runner)
-                    await self._enqueue(thread.channel, "post", {**payload, "thread_ts": thread.root_ts}, key)
+                    await self._enqueue(thread.channel, "post", {**payload, "thread_of": _card(thread)}, key)
             elif _BUDGET.match(text):
                 await link.call(p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=user)
                 await self._enqueue(thread.channel, "reaction", {"timestamp": ts, "name": "ok_hand"}, key)
@@ -435,10 +580,10 @@ class GoaltenderBot:
         async def tell(text: str) -> None:
             await respond(text=text, response_type="ephemeral", replace_original=False)
 
-        found = self.approvals.get((channel, container.get("message_ts")))
+        found = await self.store.approval_at(channel, container.get("message_ts") or "")
         thread = None
         if found is not None:
-            runner, approval_id, goal_id = found
+            runner, goal_id, approval_id = found
             thread = await self.store.thread(runner, goal_id)
         elif container.get("thread_ts") and approval.isdigit():
             approval_id = int(approval)
@@ -461,16 +606,179 @@ class GoaltenderBot:
         else:
             return
         item = event.get("item") or {}
-        found = self.approvals.get((item.get("channel"), item.get("ts")))
+        found = await self.store.approval_at(item.get("channel") or "", item.get("ts") or "")
         if found is None:
             return
-        runner, approval_id, goal_id = found
+        runner, goal_id, approval_id = found
         thread = await self.store.thread(runner, goal_id)
         user = event.get("user") or ""
         if thread is None or not self.may_decide(user, thread):
             return  # reactions from people who may not decide are ignored
         if problem := await self._decide(runner, approval_id, approve, user):
             log.info("reaction by %s on approval #%s: %s", user, approval_id, problem)
+
+    # ---- digests ----
+
+    async def digest_command(self, words: str, channel: str, user: str, reply: Reply) -> None:
+        """`/goal digest ...`: show, set, turn off, or send now this channel's digest."""
+        try:
+            command = digest.parse_command(words)
+        except ValueError as exc:
+            await reply(str(exc))
+            return
+        current = await self.store.digest(channel)
+        if command.action == "show":
+            if current is None:
+                await reply(f"No digest is scheduled in this channel. {digest.HOWTO}")
+            else:
+                when = digest.describe(current, self.digests.next_run(channel))
+                await reply(f"This channel's digest: {when} (set by {render.user_ref(current.created_by)}).")
+        elif command.action == "off":
+            await self.store.set_digest(channel, None)
+            self.digests.cancel(channel)
+            if current is None:
+                await reply("No digest was scheduled in this channel.")
+            else:
+                await self._enqueue(
+                    channel,
+                    "post",
+                    render.notice(f"{render.user_ref(user)} turned this channel's digest off."),
+                )
+                await reply("Digest turned off.")
+        elif command.action == "now":
+            await self.send_digest(channel)
+            await reply("Digest on its way.")
+        else:
+            assert command.spec is not None
+            await self.store.set_digest(channel, command.spec, user)
+            scheduled = await self.store.digest(channel)
+            assert scheduled is not None
+            when = digest.describe(scheduled, self.digests.schedule(scheduled))
+            await self._enqueue(
+                channel, "post", render.notice(f"{render.user_ref(user)} scheduled a digest here: {when}.")
+            )
+            await reply(f"Digest scheduled: {when}.")
+
+    async def send_digest(self, channel: str) -> None:
+        """Queue one digest of the channel's goals: active ones, pending approvals (linked), the
+        ones finished since the last digest (the last day if none was sent), and one combined plot."""
+        schedule = await self.store.digest(channel)
+        now = utcnow()
+        since = (schedule.last_sent_at or schedule.created_at) if schedule else now - timedelta(days=1)
+        threads = await self.store.threads(channel=channel)
+        statuses: dict[str, dict[int, p.GoalStatus] | None] = {}
+        for runner in {t.runner for t in threads}:
+            try:
+                reply = await asyncio.wait_for(
+                    self.pool[runner].call(p.Status, p.StatusReply), STATUS_TIMEOUT_S
+                )
+                statuses[runner] = {s.goal.id: s for s in reply.goals}
+            except (RunnerUnavailable, p.ProtocolError, TimeoutError, UnknownRunner):
+                statuses[runner] = None  # down: fall back to the last status seen
+        active: list[str] = []
+        approvals: list[str] = []
+        finished: list[str] = []
+        series: dict[str, list[tuple[float | None, float]]] = {}
+        metrics: set[str] = set()
+        for thread in threads:
+            live = statuses[thread.runner]
+            status = (live or {}).get(thread.goal_id)
+            if status is None and thread.status:
+                status = p.GoalStatus.model_validate(thread.status)
+            if status is None:
+                continue
+            goal = status.goal
+            if not goal.active and not (goal.ended_at and goal.ended_at > since):
+                continue
+            link = await self._permalink(channel, thread.root_ts)
+            name = f"<{link}|Goal #{goal.id}>" if link else f"Goal #{goal.id}"
+            ledger = await self._ledger(thread.runner, goal.id) if live is not None else []
+            best = self._best_line(status, ledger, since)
+            if goal.active:
+                down = f" (runner *{thread.runner}* unreachable; last known)" if live is None else ""
+                last = (
+                    f" · last milestone: _{render.escape(thread.milestone[:200])}_"
+                    if thread.milestone
+                    else ""
+                )
+                active.append(
+                    f"• {name} on {render.escape(thread.runner)}: *{goal.state.replace('_', ' ')}*{down} — "
+                    f"{render.escape(goal.text[:120])}\n    {render.budget_line(status, now)} · {best}{last}"
+                )
+            else:
+                why = f" ({render.escape(goal.end_reason.splitlines()[0][:200])})" if goal.end_reason else ""
+                finished.append(f"• {name}: *{goal.state}*{why} — {best}")
+            for approval in status.pending_approvals:
+                where = await self.store.approval_ts(thread.runner, approval.id)
+                plink = await self._permalink(*where) if where else None
+                question = render.escape(approval.question[:200])
+                asked = format_duration((now - approval.requested_at).total_seconds())
+                label = f"<{plink}|#{approval.id}: {question}>" if plink else f"#{approval.id}: {question}"
+                approvals.append(f"• {label} (goal #{goal.id}, waiting {asked})")
+            if goal.metric and (points := _best_so_far(ledger, goal.direction)):
+                series[f"#{goal.id} {goal.text[:30]}"] = points
+                metrics.add(goal.metric)
+        title = f"Digest · {now:%a %d %b %H:%M} UTC"
+        footer = f"Since {since:%a %d %b %H:%M} UTC · `/goal digest` shows the schedule, `/goal digest off` stops it"
+        key = f"digest:{channel}:{now.isoformat()}"
+        writes: list[tuple[Any, dict[str, Any], str | None]] = [
+            ("post", render.digest(title, active, approvals, finished, footer), key)
+        ]
+        if series:
+            path = self.settings.home / "plots" / f"digest-{channel}-{now:%Y%m%dT%H%M%S}.png"
+            ylabel = metrics.pop() if len(metrics) == 1 else "headline metric"
+            await asyncio.to_thread(
+                plots.plot_curves, series, path, ylabel=ylabel, title="Best so far, per experiment, per goal"
+            )
+            upload = {
+                "file": str(path),
+                "filename": path.name,
+                "title": f"Campaigns in this channel — {ylabel}",
+            }
+            writes.append(("upload", upload, f"{key}:plot"))
+        if schedule is not None:
+            await self.store.digest_enqueued(channel, now, writes)
+        else:
+            for kind, payload, write_key in writes:
+                await self.store.enqueue(channel, kind, payload, write_key)
+        self.outbox.notify()
+
+    async def _permalink(self, channel: str, ts: str | None) -> str | None:
+        if not ts:
+            return None
+        try:
+            response = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
+        except (SlackApiError, OSError, TimeoutError) as exc:
+            log.info("no permalink for %s/%s: %s", channel, ts, exc)
+            return None
+        return response.get("permalink")
+
+    async def _ledger(self, runner: str, goal_id: int) -> list[Experiment]:
+        try:
+            summary = await self.pool[runner].call(p.Summary, p.SummaryReply, goal_id=goal_id)
+        except (RunnerUnavailable, p.ProtocolError, UnknownRunner):
+            return []
+        return summary.ledger
+
+    @staticmethod
+    def _best_line(status: p.GoalStatus, ledger: list[Experiment], since: datetime) -> str:
+        """`best acc 85.9% (up from 62.5% at the last digest)`: the best result and its trend."""
+        best = status.best
+        if best is None or best.metric_value is None:
+            return "no result yet"
+        metric = best.metric_name or status.goal.metric
+        text = f"best #{best.index} {render.escape(metric or 'metric')} *{format_metric(metric, best.metric_value)}*"
+        earlier = [e for e in ledger if e.ended_at and e.ended_at <= since and e.metric_value is not None]
+        if not ledger:
+            return text
+        if not earlier:
+            return text + " (new since the last digest)"
+        pick = max if status.goal.direction == "maximize" else min
+        before = pick(e.metric_value for e in earlier)
+        if before == best.metric_value:
+            return text + " (unchanged since the last digest)"
+        arrow = "↑" if best.metric_value > before else "↓"
+        return text + f" ({arrow} from {format_metric(metric, before)} at the last digest)"
 
     # ---- runner events -> Slack ----
 
@@ -542,7 +850,10 @@ class GoaltenderBot:
         ):
             # Plots are coalesced: one per milestone and one with the report, not one per metric.
             writes.append((channel, "upload", {**plot, "thread_of": card}, f"{runner}:{event.seq}:plot"))
+        if isinstance(data, MilestoneReported):
+            await self.store.set_milestone(runner, goal_id, data.title)
         if isinstance(data, CARD_EVENTS) and (status := await self._status(runner, goal_id)) is not None:
+            await self.store.set_status(runner, goal_id, status.model_dump(mode="json"))
             writes.append(
                 (
                     channel,
@@ -585,7 +896,19 @@ class GoaltenderBot:
 
     async def _on_outbox_failed(self, item: OutboxItem, error: str) -> None:
         key = item.dedupe_key or ""
-        if error != "not_in_channel" or not key.endswith(":card"):
+        if error != "not_in_channel":
+            return
+        if key.startswith("queue:"):
+            queued = await self.store.queued_goal(int(key.removeprefix("queue:")))
+            if queued is not None and queued.state == "queued":
+                await self.store.dequeue_goal(queued.id, error="the bot is not in the channel")
+            if (respond := self._responders.pop(key, None)) is not None:
+                await respond(
+                    "I'm not in this channel, so I can't keep your queued goal here (I dropped it). "
+                    "Invite me with `/invite @goaltender`, then run `/goal` again."
+                )
+            return
+        if not key.endswith(":card"):
             return
         runner, goal_id, _ = key.rsplit(":", 2)
         with contextlib.suppress(RunnerUnavailable, p.ProtocolError, UnknownRunner):
@@ -599,21 +922,43 @@ class GoaltenderBot:
             )
 
 
+def _best_so_far(ledger: list[Experiment], direction: str) -> list[tuple[float | None, float]]:
+    """(experiment index, best metric so far) for a goal's finished experiments."""
+    points: list[tuple[float | None, float]] = []
+    best: float | None = None
+    for e in sorted(ledger, key=lambda e: e.index):
+        if e.status == "running" or e.metric_value is None:
+            continue
+        if best is None or (e.metric_value > best if direction == "maximize" else e.metric_value < best):
+            best = e.metric_value
+        points.append((float(e.index), best))
+    return points
+
+
 # ---- entry point ----
 
 
 def missing_tokens_message(missing: list[str]) -> str:
-    return (
-        f"goaltender bot: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set.\n"
-        "Create the Slack app from manifest.yml (api.slack.com/apps -> Create New App -> From a manifest),\n"
-        "install it to your workspace, then put its two tokens in the environment:\n"
-        "  export SLACK_BOT_TOKEN=xoxb-...   # OAuth & Permissions -> Bot User OAuth Token\n"
-        "  export SLACK_APP_TOKEN=xapp-...   # Basic Information -> App-Level Tokens (scope connections:write)\n"
-    )
+    lines = [
+        f"goaltender bot: {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set.",
+        "Create the Slack app from manifest.yml (api.slack.com/apps -> Create New App -> From a manifest),",
+        "install it to your workspace, then put its tokens in the environment:",
+        "  export SLACK_BOT_TOKEN=xoxb-...   # OAuth & Permissions -> Bot User OAuth Token",
+    ]
+    if "SLACK_SIGNING_SECRET" in missing:
+        lines.append(
+            "  export SLACK_SIGNING_SECRET=...   # Basic Information -> App Credentials -> Signing Secret"
+        )
+    else:
+        lines.append(
+            "  export SLACK_APP_TOKEN=xapp-...   # Basic Information -> App-Level Tokens (scope connections:write)"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    """`goaltender bot`: run the Slack bot (Socket Mode) until interrupted."""
+    """`goaltender bot`: run the Slack bot (Socket Mode, or HTTP with GOALTENDER_SLACK_MODE=http)
+    until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = BotSettings()
     if missing := settings.missing_tokens():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import (
@@ -20,6 +21,7 @@ from goaltender.bot.links import RunnerTarget
 from goaltender.runner.config import GoaltenderSettings
 
 TOKEN_VARIABLES = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")
+HTTP_VARIABLES = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")
 
 
 def _default_home() -> Path:
@@ -49,6 +51,15 @@ class BotSettings(GoaltenderSettings):
     slack_app_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("SLACK_APP_TOKEN", "slack_app_token")
     )
+    slack_mode: Literal["socket", "http"] = "socket"
+    """How Slack reaches the bot: Socket Mode (no public URL needed), or HTTP request URLs."""
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(default=3000, ge=0, le=65535)
+    """HTTP mode: where to listen; Slack posts events, commands and clicks to /slack/events."""
+    slack_signing_secret: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("SLACK_SIGNING_SECRET", "slack_signing_secret")
+    )
+    """HTTP mode: every request's signature is verified with it (Basic Information -> Signing Secret)."""
 
     @property
     def db_path(self) -> Path:
@@ -61,9 +72,13 @@ class BotSettings(GoaltenderSettings):
         return [RunnerTarget(name="local", socket=Path(socket) if socket else self.home / "runner.sock")]
 
     def missing_tokens(self) -> list[str]:
-        """The names of the token variables that are unset (or empty)."""
+        """The names of the token variables this mode needs that are unset (or empty)."""
         missing = []
-        for name, value in zip(TOKEN_VARIABLES, (self.slack_bot_token, self.slack_app_token), strict=True):
+        if self.slack_mode == "http":
+            needed = zip(HTTP_VARIABLES, (self.slack_bot_token, self.slack_signing_secret), strict=True)
+        else:
+            needed = zip(TOKEN_VARIABLES, (self.slack_bot_token, self.slack_app_token), strict=True)
+        for name, value in needed:
             if value is None or not value.get_secret_value().strip():
                 missing.append(name)
         return missing

@@ -49,6 +49,7 @@ log = logging.getLogger("goaltender.bot.links")
 R = TypeVar("R", bound=p.Reply)
 EventCallback = Callable[[str, Event], Awaitable[None]]
 CursorLoader = Callable[[str], Awaitable[int]]
+ChangeCallback = Callable[[str, bool], Awaitable[None]]  # (runner name, up)
 
 CLOSE_TIMEOUT_S = 5.0  # a graceful SSH close that takes longer is aborted (a black-holed path never drains)
 STDERR_TAIL = 4096  # bytes of a remote `attach` command's stderr kept for error messages
@@ -420,6 +421,8 @@ class RunnerLink:
     (runner_name, event.seq)), and `load_cursor(runner_name)` returns the highest seq stored, which
     is where every (re)subscription resumes. After the callback returns, the link acknowledges the
     seq to the runner (acks are coalesced: one in flight, always the newest seq).
+    `on_change(runner_name, up)`, if given, hears when the link comes up or goes down (once per
+    change; the first failure to connect counts as going down).
     """
 
     def __init__(
@@ -428,6 +431,7 @@ class RunnerLink:
         *,
         on_event: EventCallback,
         load_cursor: CursorLoader,
+        on_change: ChangeCallback | None = None,
         client_name: str = "goaltender-bot",
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
@@ -439,6 +443,9 @@ class RunnerLink:
         self.backoff_cap = backoff_cap
         self._on_event = on_event
         self._load_cursor = load_cursor
+        self._on_change = on_change
+        self._reported: bool | None = None  # the last state told to on_change
+        self._change_tasks: set[asyncio.Task] = set()
         self._client: RunnerClient | None = None
         self._up = asyncio.Event()
         self._stop = asyncio.Event()
@@ -497,6 +504,7 @@ class RunnerLink:
             self._note_error(exc)
             if exc is not None and not isinstance(exc, LINK_ERRORS):
                 log.error("runner %s: link failed", self.name, exc_info=exc)
+            self._changed(False)
             delay = min(self.backoff_cap, self.backoff_base * 2**self._failures) * random.uniform(0.5, 1.0)
             self._failures += 1
             log.warning("runner %s: link down (%s); retrying in %.1fs", self.name, self.last_error, delay)
@@ -524,6 +532,7 @@ class RunnerLink:
             self.connects += 1
             self._failures = 0  # the backoff starts over after every successful subscribe
             self._up.set()
+            self._changed(True)
             log.info("runner %s: subscribed since seq %d (head %d)", self.name, since, self.head)
             ack_due = asyncio.Event()
             acker = asyncio.ensure_future(self._ack_loop(client, ack_due))
@@ -546,6 +555,19 @@ class RunnerLink:
             if acker is not None:
                 acker.cancel()
             await client.close()
+
+    def _changed(self, up: bool) -> None:
+        if self._on_change is None or self._reported == up:
+            return
+        self._reported = up
+        task = asyncio.ensure_future(self._on_change(self.name, up))
+        self._change_tasks.add(task)
+        task.add_done_callback(self._change_done)
+
+    def _change_done(self, task: asyncio.Task) -> None:
+        self._change_tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("runner %s: the link-change callback failed", self.name, exc_info=exc)
 
     def _note_error(self, exc: BaseException | None) -> None:
         error = _reason(exc) if exc is not None else "the session ended"
@@ -577,6 +599,7 @@ class RunnerPool:
         *,
         on_event: EventCallback,
         load_cursor: CursorLoader,
+        on_change: ChangeCallback | None = None,
         client_name: str = "goaltender-bot",
         load_ttl: float = 5.0,
         status_timeout: float = 10.0,
@@ -591,6 +614,7 @@ class RunnerPool:
                 target,
                 on_event=on_event,
                 load_cursor=load_cursor,
+                on_change=on_change,
                 client_name=client_name,
                 backoff_base=backoff_base,
                 backoff_cap=backoff_cap,

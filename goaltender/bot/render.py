@@ -198,8 +198,44 @@ def _metric_text(e: Experiment) -> str:
     return f"{escape(name)} *{format_metric(name, e.metric_value)}*{how}"
 
 
-def status_card(status: GoalStatus, runner: str, now: datetime | None = None) -> Payload:
-    """The goal's root message: state, budget bars, best result, runner, agent, pending approvals."""
+def time_used(status: GoalStatus, now: datetime) -> tuple[float, float | None]:
+    """(seconds used, seconds allowed or None) of a goal's time budget."""
+    goal, b = status.goal, status.goal.budget
+    start = goal.accepted_at or goal.created_at
+    used_s = max(0.0, ((goal.ended_at or now) - start).total_seconds())
+    total_s = b.wall_seconds
+    if total_s is None and b.deadline is not None:
+        total_s = (b.deadline - start).total_seconds()
+    return used_s, total_s
+
+
+def budget_line(status: GoalStatus, now: datetime) -> str:
+    """`time 1h02m/5h00m · 4/20 experiments · 0.52/8 compute-h`, for one-line summaries."""
+    b = status.goal.budget
+    used_s, total_s = time_used(status, now)
+
+    def of(used: str, total: str | None) -> str:
+        return f"{used}/{total}" if total is not None else used
+
+    return " · ".join(
+        [
+            "time " + of(format_duration(used_s), format_duration(total_s) if total_s else None),
+            of(str(status.attempted), str(b.max_experiments) if b.max_experiments else None) + " experiments",
+            of(
+                format_hours(status.compute_hours_used),
+                format_hours(b.compute_hours) if b.compute_hours else None,
+            )
+            + " compute-h",
+        ]
+    )
+
+
+def status_card(
+    status: GoalStatus, runner: str, now: datetime | None = None, *, runner_down: str | None = None
+) -> Payload:
+    """The goal's root message: state, budget bars, best result, runner, agent, pending approvals.
+
+    `runner_down` (why the runner is unreachable) adds a warning: the card shows the last status seen."""
     now = now or utcnow()
     goal = status.goal
     b = goal.budget
@@ -209,12 +245,7 @@ def status_card(status: GoalStatus, runner: str, now: datetime | None = None) ->
     text_lines = escape(goal.text)
     if len(text_lines) > 1500:
         text_lines = text_lines[:1500] + " …"
-    start = goal.accepted_at or goal.created_at
-    end = goal.ended_at or now
-    used_s = max(0.0, (end - start).total_seconds())
-    total_s = b.wall_seconds
-    if total_s is None and b.deadline is not None:
-        total_s = (b.deadline - start).total_seconds()
+    used_s, total_s = time_used(status, now)
     bars = [
         _bar("time", used_s, total_s, format_duration),
         _bar("experiments", float(status.attempted), b.max_experiments, lambda v: str(int(v)), sep="/"),
@@ -233,6 +264,14 @@ def status_card(status: GoalStatus, runner: str, now: datetime | None = None) ->
         )
     best_text += f" ({', '.join(extras)})"
     blocks = [section(f"{head}\n>{text_lines}"), section("\n".join(bars) + "\n" + best_text)]
+    if runner_down is not None:
+        blocks.append(
+            section(
+                f":warning: *runner {escape(runner)} is unreachable* ({escape(runner_down[:300])}). "
+                "This card shows its last known state; nothing is lost, and the thread catches up "
+                "when the runner is back."
+            )
+        )
     if status.running is not None:
         r = status.running
         params = f" `{escape(format_params(r.params, 300))}`" if r.params else ""
@@ -253,6 +292,55 @@ def status_card(status: GoalStatus, runner: str, now: datetime | None = None) ->
     blocks.append(context(" · ".join(facts)))
     fallback = f"Goal #{goal.id} ({state}): {goal.text[:200]}"
     return payload(fallback, blocks)
+
+
+def queued_card(queue_id: int, text: str, owner: str, runner: str | None, why: str) -> Payload:
+    """The root message of a goal waiting for a runner (no runner could take it when asked)."""
+    where = f"runner *{escape(runner)}*" if runner else "a runner"
+    body = escape(text)
+    if len(body) > 1500:
+        body = body[:1500] + " …"
+    blocks = [
+        section(f":hourglass: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{body}"),
+        context(f"Waiting for {where}: {escape(why[:300])}. It is submitted as soon as one is back."),
+    ]
+    return payload(f"Queued goal (waiting for {runner or 'a runner'}): {text[:200]}", blocks)
+
+
+def queued_started(queue_id: int, text: str, owner: str, runner: str, goal_id: int) -> Payload:
+    blocks = [
+        section(
+            f":arrow_forward: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{escape(text[:1500])}"
+        ),
+        context(f"Started as *goal #{goal_id}* on runner *{escape(runner)}*: follow its card below."),
+    ]
+    return payload(f"Queued goal started as goal #{goal_id} on {runner}", blocks)
+
+
+def queued_refused(queue_id: int, text: str, owner: str, runner: str, why: str) -> Payload:
+    blocks = [
+        section(f":x: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{escape(text[:1500])}"),
+        context(f"Runner *{escape(runner)}* refused it: {escape(why[:500])}. Fix it and run `/goal` again."),
+    ]
+    return payload(f"Queued goal refused by {runner}: {why[:200]}", blocks)
+
+
+# ---- digests ----
+
+
+def digest(title: str, active: list[str], approvals: list[str], finished: list[str], footer: str) -> Payload:
+    """A channel digest: active goals, pending approvals (linked), goals finished since the last one."""
+    blocks = [section(f"{EMOJI['report']} *{escape(title)}*")]
+    for heading, lines, empty in (
+        ("Active goals", active, "none"),
+        ("Waiting for approval", approvals, "nothing"),
+        ("Finished since the last digest", finished, "none"),
+    ):
+        body = "\n".join(lines) if lines else f"_{empty}_"
+        blocks.extend(sections(f"*{heading}*\n{body}"))
+    blocks.append(context(footer))
+    counts = f"{len(active)} active, {len(approvals)} waiting for approval, {len(finished)} finished"
+    return payload(f"{title}: {counts}", blocks, "digest")
 
 
 # ---- thread messages ----

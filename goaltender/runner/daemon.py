@@ -80,6 +80,7 @@ class Runner:
         self._goal_locks: dict[int, asyncio.Lock] = {}
         self._ending: set[int] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._connections: set[_Connection] = set()
         self._server: asyncio.base_events.Server | None = None
         self.gpus = _count_gpus() if settings.compute_unit != "cpu" else 0
         self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or self.gpus) else "cpu"
@@ -118,6 +119,8 @@ class Runner:
         """Shut down: stop serving, leave goals as they are (a restart resumes them)."""
         if self._server is not None:
             self._server.close()
+        for conn in list(self._connections):  # clients see the runner go, as when its process exits
+            conn.close()
         for task in [*self._tasks, *self._deadline_timers.values(), *self._agent_watchers.values()]:
             task.cancel()
         for proc in self._agents.values():
@@ -190,6 +193,7 @@ class Runner:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Connection(reader, writer)
+        self._connections.add(conn)
         subscription: asyncio.Task | None = None
         try:
             while True:
@@ -227,6 +231,7 @@ class Runner:
             if subscription is not None:
                 subscription.cancel()
             conn.close()
+            self._connections.discard(conn)
 
     def _hello(self, hello: p.Hello, conn: _Connection) -> p.Reply:
         if hello.version != p.PROTOCOL_VERSION:

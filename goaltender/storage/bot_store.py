@@ -52,6 +52,40 @@ MIGRATIONS = [
         received_at TEXT NOT NULL
     );
     """,
+    # v2: approval prompts by message (reactions and clicks find their approval after a restart),
+    # goals queued while no runner could take them, digest schedules, and each goal's last status
+    # (its card can say "runner down" without asking the runner).
+    """
+    CREATE TABLE approval_posts (
+        channel TEXT NOT NULL,
+        ts TEXT NOT NULL,
+        runner TEXT NOT NULL,
+        goal_id INTEGER NOT NULL,
+        approval_id INTEGER NOT NULL,
+        PRIMARY KEY (channel, ts)
+    );
+    CREATE TABLE queued_goals (
+        id INTEGER PRIMARY KEY,
+        channel TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        text TEXT NOT NULL,
+        runner TEXT,
+        state TEXT NOT NULL DEFAULT 'queued',
+        goal_runner TEXT,
+        goal_id INTEGER,
+        error TEXT,
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE digests (
+        channel TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        created_by TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        last_sent_at TEXT
+    );
+    ALTER TABLE threads ADD COLUMN status TEXT;
+    ALTER TABLE threads ADD COLUMN milestone TEXT;
+    """,
 ]
 
 OutboxKind = Literal["post", "update", "ephemeral", "reaction", "upload"]
@@ -78,6 +112,35 @@ class Thread(BaseModel):
     root_ts: str | None
     owner: str
     created_at: datetime
+    status: dict[str, Any] | None = None
+    """The goal's last GoalStatus seen (JSON), for its card while the runner is unreachable."""
+    milestone: str | None = None
+    """The title of the goal's latest milestone (for digests)."""
+
+
+class QueuedGoal(BaseModel):
+    """A goal asked for while no runner could take it; submitted when one comes back."""
+
+    id: int
+    channel: str
+    owner: str
+    text: str
+    runner: str | None
+    state: Literal["queued", "submitted", "failed"]
+    goal_runner: str | None
+    goal_id: int | None
+    error: str | None
+    created_at: datetime
+
+
+class Digest(BaseModel):
+    """A channel's digest schedule, e.g. `daily 09:00 Europe/Berlin` or `every 4h`."""
+
+    channel: str
+    spec: str
+    created_by: str
+    created_at: datetime
+    last_sent_at: datetime | None
 
 
 class BotStore:
@@ -122,14 +185,29 @@ class BotStore:
 
     # ---- goal threads ----
 
-    async def add_thread(self, runner: str, goal_id: int, channel: str, owner: str) -> Thread:
+    async def add_thread(
+        self,
+        runner: str,
+        goal_id: int,
+        channel: str,
+        owner: str,
+        *,
+        card: tuple[dict[str, Any], str] | None = None,
+    ) -> Thread:
+        """Record a goal's thread; `card` (payload, dedupe key) queues its root post in the same
+        transaction."""
         async with self.db.write() as tx:
             await tx.run(
                 "INSERT OR IGNORE INTO threads (runner, goal_id, channel, owner, created_at) VALUES (?, ?, ?, ?, ?)",
                 (runner, goal_id, channel, owner, utcnow().isoformat()),
             )
+            if card is not None:
+                await tx.run(
+                    "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, 'post', ?, ?, ?)",
+                    (channel, json.dumps(card[0]), card[1], utcnow().isoformat()),
+                )
             row = await tx.row("SELECT * FROM threads WHERE runner = ? AND goal_id = ?", (runner, goal_id))
-        return Thread(**dict(row))
+        return _thread(row)
 
     async def set_root(self, runner: str, goal_id: int, root_ts: str) -> None:
         async with self.db.write() as tx:
@@ -141,13 +219,140 @@ class BotStore:
         row = await self.db.fetchone(
             "SELECT * FROM threads WHERE runner = ? AND goal_id = ?", (runner, goal_id)
         )
-        return Thread(**dict(row)) if row else None
+        return _thread(row) if row else None
 
     async def thread_at(self, channel: str, root_ts: str) -> Thread | None:
+        """The goal thread rooted at (channel, ts): by its recorded root, or else by its card's
+        sent outbox row (the root is recorded just after the row is marked sent)."""
         row = await self.db.fetchone(
             "SELECT * FROM threads WHERE channel = ? AND root_ts = ?", (channel, root_ts)
         )
-        return Thread(**dict(row)) if row else None
+        if row is None:
+            row = await self.db.fetchone(
+                "SELECT t.* FROM outbox o JOIN threads t "
+                "ON o.dedupe_key = t.runner || ':' || t.goal_id || ':card' AND o.channel = t.channel "
+                "WHERE o.channel = ? AND o.state = 'sent' AND json_extract(o.result, '$.ts') = ?",
+                (channel, root_ts),
+            )
+        return _thread(row) if row else None
+
+    async def threads(self, runner: str | None = None, channel: str | None = None) -> list[Thread]:
+        rows = await self.db.fetchall(
+            "SELECT * FROM threads WHERE (?1 IS NULL OR runner = ?1) AND (?2 IS NULL OR channel = ?2) "
+            "ORDER BY created_at, goal_id",
+            (runner, channel),
+        )
+        return [_thread(row) for row in rows]
+
+    async def set_status(self, runner: str, goal_id: int, status: dict[str, Any]) -> None:
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE threads SET status = ? WHERE runner = ? AND goal_id = ?",
+                (json.dumps(status), runner, goal_id),
+            )
+
+    async def set_milestone(self, runner: str, goal_id: int, title: str) -> None:
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE threads SET milestone = ? WHERE runner = ? AND goal_id = ?", (title, runner, goal_id)
+            )
+
+    # ---- approval prompts ----
+
+    async def add_approval_post(
+        self, channel: str, ts: str, runner: str, goal_id: int, approval_id: int
+    ) -> None:
+        async with self.db.write() as tx:
+            await tx.run(
+                "INSERT OR IGNORE INTO approval_posts (channel, ts, runner, goal_id, approval_id) VALUES (?, ?, ?, ?, ?)",
+                (channel, ts, runner, goal_id, approval_id),
+            )
+
+    async def approval_at(self, channel: str, ts: str) -> tuple[str, int, int] | None:
+        """(runner, goal id, approval id) of the approval prompt posted at (channel, ts)."""
+        row = await self.db.fetchone(
+            "SELECT runner, goal_id, approval_id FROM approval_posts WHERE channel = ? AND ts = ?",
+            (channel, ts),
+        )
+        return (row[0], int(row[1]), int(row[2])) if row else None
+
+    async def approval_ts(self, runner: str, approval_id: int) -> tuple[str, str] | None:
+        """(channel, ts) of an approval's prompt, if it was posted."""
+        row = await self.db.fetchone(
+            "SELECT channel, ts FROM approval_posts WHERE runner = ? AND approval_id = ?",
+            (runner, approval_id),
+        )
+        return (row[0], row[1]) if row else None
+
+    # ---- goals waiting for a runner ----
+
+    async def queue_goal(self, channel: str, owner: str, text: str, runner: str | None) -> int:
+        async with self.db.write() as tx:
+            return await tx.insert(
+                "INSERT INTO queued_goals (channel, owner, text, runner, created_at) VALUES (?, ?, ?, ?, ?)",
+                (channel, owner, text, runner, utcnow().isoformat()),
+            )
+
+    async def queued_goals(self, state: str = "queued") -> list[QueuedGoal]:
+        rows = await self.db.fetchall("SELECT * FROM queued_goals WHERE state = ? ORDER BY id", (state,))
+        return [QueuedGoal(**dict(row)) for row in rows]
+
+    async def queued_goal(self, queue_id: int) -> QueuedGoal | None:
+        row = await self.db.fetchone("SELECT * FROM queued_goals WHERE id = ?", (queue_id,))
+        return QueuedGoal(**dict(row)) if row else None
+
+    async def dequeue_goal(
+        self,
+        queue_id: int,
+        *,
+        runner: str | None = None,
+        goal_id: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Mark a queued goal submitted (as runner's goal_id) or failed (with the runner's error)."""
+        state = "failed" if error else "submitted"
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE queued_goals SET state = ?, goal_runner = ?, goal_id = ?, error = ? WHERE id = ?",
+                (state, runner, goal_id, error, queue_id),
+            )
+
+    # ---- digest schedules ----
+
+    async def set_digest(self, channel: str, spec: str | None, by: str = "unknown") -> None:
+        """Schedule a channel's digest (None turns it off). A new schedule counts from now."""
+        async with self.db.write() as tx:
+            if spec is None:
+                await tx.run("DELETE FROM digests WHERE channel = ?", (channel,))
+                return
+            now = utcnow().isoformat()
+            await tx.run(
+                "INSERT INTO digests (channel, spec, created_by, created_at, last_sent_at) VALUES (?, ?, ?, ?, NULL) "
+                "ON CONFLICT (channel) DO UPDATE SET spec = excluded.spec, created_by = excluded.created_by, "
+                "created_at = excluded.created_at",
+                (channel, spec, by, now),
+            )
+
+    async def digests(self) -> list[Digest]:
+        return [
+            Digest(**dict(row)) for row in await self.db.fetchall("SELECT * FROM digests ORDER BY channel")
+        ]
+
+    async def digest(self, channel: str) -> Digest | None:
+        row = await self.db.fetchone("SELECT * FROM digests WHERE channel = ?", (channel,))
+        return Digest(**dict(row)) if row else None
+
+    async def digest_enqueued(
+        self, channel: str, at: datetime, writes: list[tuple[OutboxKind, dict[str, Any], str | None]]
+    ) -> None:
+        """Queue a digest's writes and mark it sent as of `at`, atomically (a crash sends it once)."""
+        async with self.db.write() as tx:
+            for kind, payload, key in writes:
+                await tx.run(
+                    "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (channel, kind, json.dumps(payload), key, utcnow().isoformat()),
+                )
+            await tx.run("UPDATE digests SET last_sent_at = ? WHERE channel = ?", (at.isoformat(), channel))
 
     # ---- the outbox ----
 
@@ -213,6 +418,15 @@ class BotStore:
         )
         return [(row[0], row[1], (json.loads(row[2]) if row[2] else {}).get("ts")) for row in rows]
 
+    async def cards_in_flight(self, channel: str) -> bool:
+        """Whether a goal card in this channel was sent (or is being sent) but not yet recorded."""
+        row = await self.db.fetchone(
+            "SELECT 1 FROM outbox WHERE channel = ? AND kind = 'post' AND state = 'pending' "
+            "AND attempts > 0 AND dedupe_key LIKE '%:card' LIMIT 1",
+            (channel,),
+        )
+        return row is not None
+
     async def pending_count(self) -> int:
         row = await self.db.fetchone("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])
@@ -227,6 +441,12 @@ class BotStore:
                 (event_id, utcnow().isoformat()),
             )
         return changed == 1
+
+
+def _thread(row) -> Thread:
+    data = dict(row)
+    data["status"] = json.loads(data["status"]) if data.get("status") else None
+    return Thread(**data)
 
 
 def _outbox(row) -> OutboxItem:
