@@ -327,8 +327,10 @@ def curves_figure(
     *,
     ylabel: str,
     title: str,
+    xlabel: str | None = None,
 ) -> Figure:
-    """One line per label; x is the step, or the point's index when the step is None."""
+    """One line per label; x is the step, or the point's index when the step is None.
+    An `xlabel` names a whole-number x (e.g. "experiment"), ticked at integers."""
     fig = _new_figure()
     ax = fig.add_subplot(1, 1, 1)
     _style_axes(ax)
@@ -337,7 +339,7 @@ def curves_figure(
 
     all_values = [float(v) for pts in series.values() for _, v in pts if math.isfinite(v)]
     any_step = any(step is not None for pts in series.values() for step, _ in pts)
-    ax.set_xlabel("step" if any_step else "point")
+    ax.set_xlabel(xlabel or ("step" if any_step else "point"))
     percent = _use_percent(ylabel, all_values) and is_percent_metric(ylabel)
     if percent:
         ax.yaxis.set_major_formatter(_percent_formatter(all_values))
@@ -370,7 +372,7 @@ def curves_figure(
             marker="o" if len(pts) <= 30 else None,
             markersize=3.5,
         )
-    if not any_step:
+    if xlabel or not any_step:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(
         loc="best",
@@ -388,6 +390,7 @@ def plot_curves(
     *,
     ylabel: str,
     title: str,
+    xlabel: str | None = None,
 ) -> Path:
     """Render :func:`curves_figure` to a PNG at ``path`` (atomically) and return the path."""
-    return save_figure(curves_figure(series, ylabel=ylabel, title=title), path)
+    return save_figure(curves_figure(series, ylabel=ylabel, title=title, xlabel=xlabel), path)

@@ -261,6 +261,9 @@ class GoaltenderBot:
                 )
                 return
             await ack()
+            trigger = command.get("trigger_id")
+            if trigger and not await self.store.first_sight(f"command:{trigger}"):
+                return  # the same invocation delivered again (same trigger_id): acted on once
 
             async def reply(message: str) -> None:
                 await respond(text=message, response_type="ephemeral")
@@ -716,7 +719,8 @@ class GoaltenderBot:
                 label = f"<{plink}|#{approval.id}: {question}>" if plink else f"#{approval.id}: {question}"
                 approvals.append(f"• {label} (goal #{goal.id}, waiting {asked})")
             if goal.metric and (points := _best_so_far(ledger, goal.direction)):
-                series[f"#{goal.id} {goal.text[:30]}"] = points
+                label = goal.text if len(goal.text) <= 32 else goal.text[:31].rsplit(" ", 1)[0] + "…"
+                series[f"#{goal.id} {label}"] = points
                 metrics.add(goal.metric)
         title = f"Digest · {now:%a %d %b %H:%M} UTC"
         footer = f"Since {since:%a %d %b %H:%M} UTC · `/goal digest` shows the schedule, `/goal digest off` stops it"
@@ -728,7 +732,12 @@ class GoaltenderBot:
             path = self.settings.home / "plots" / f"digest-{channel}-{now:%Y%m%dT%H%M%S}.png"
             ylabel = metrics.pop() if len(metrics) == 1 else "headline metric"
             await asyncio.to_thread(
-                plots.plot_curves, series, path, ylabel=ylabel, title="Best so far, per experiment, per goal"
+                plots.plot_curves,
+                series,
+                path,
+                ylabel=ylabel,
+                xlabel="experiment",
+                title="Best result so far, per goal",
             )
             upload = {
                 "file": str(path),
@@ -859,7 +868,9 @@ class GoaltenderBot:
                     channel,
                     "update",
                     {**render.status_card(status, runner), "ts_of": card},
-                    f"{runner}:{event.seq}:card",
+                    # Not "<runner>:<seq>:card": that is goal <seq>'s card post (card_key), which
+                    # INSERT OR IGNORE would then drop, sending that goal's thread into this one.
+                    f"{runner}:{event.seq}:card-update",
                 )
             )
         return writes

@@ -82,7 +82,9 @@ class Outbox:
         return sent
 
     async def _deliver(self, item: OutboxItem) -> bool:
-        if item.attempts >= self.max_attempts:
+        # A 429 is not a failure: Slack said when to come back, so a rate-limited write is never
+        # given up (each one also counts twice in `attempts`: marked before the call, and after).
+        if item.attempts >= self.max_attempts and item.error != "ratelimited":
             await self._fail(item, f"gave up after {item.attempts} attempts: {item.error}")
             return False
         try:
