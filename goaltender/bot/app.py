@@ -327,9 +327,7 @@ class GoaltenderBot:
         if not spec.text:
             await reply(f"I could not read a goal in that. {HOWTO}")
             return None
-        name = spec.runner if spec.runner in self.pool.links else None
-        if name is None and spec.runner and re.search(r"\bon\s+runner\s+", text, re.I):
-            name = spec.runner
+        name = self._runner_named(text, spec.runner)
         try:
             link = await self.pool.pick(name)
         except UnknownRunner as exc:
@@ -351,6 +349,17 @@ class GoaltenderBot:
             "reply there to steer it (`stop`, `pause`, `resume`, `status`, `budget +2h`)."
         )
         return goal_id
+
+    def _runner_named(self, text: str, parsed: str | None) -> str | None:
+        """The runner a goal asks for: `on runner X` (any X: unknown ones get an answer), or
+        `on X` anywhere in the text for a configured runner X."""
+        if parsed in self.pool.links:
+            return parsed
+        if parsed and re.search(r"\bon\s+runner\s+", text, re.I):
+            return parsed
+        names = "|".join(re.escape(name) for name in self.pool.links)
+        match = re.search(rf"\bon\s+({names})(?![\w.-])", text, re.I)
+        return next((n for n in self.pool.links if match and n.lower() == match.group(1).lower()), None)
 
     async def _submit(
         self, link: RunnerLink, text: str, channel: str, user: str, respond: Reply | None = None
@@ -879,8 +888,10 @@ class GoaltenderBot:
         """The goal's headline metric per experiment as a PNG (best marked), ready to upload."""
         try:
             summary = await self.pool[runner].call(p.Summary, p.SummaryReply, goal_id=goal_id)
-        except (RunnerUnavailable, p.ProtocolError, UnknownRunner):
+        except (p.ProtocolError, UnknownRunner):
             return None
+        # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
+        # comes again after the reconnect (recording it now would lose its plot for good).
         finished = [e for e in summary.ledger if e.status != "running"]
         metric = summary.status.goal.metric
         if not finished or metric is None:

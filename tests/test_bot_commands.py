@@ -1,0 +1,97 @@
+"""Choosing a runner (`on <runner>`, else the least loaded), goal channels, and the thread commands
+pause, resume and `budget +2h`, through the real bot, two real runners and the fake Slack."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import blocks_text, write_agent
+from fake_slack import ALICE, BOB
+
+from goaltender.bot.links import RunnerTarget
+from goaltender.runner import protocol as p
+
+GOALS = "C0GOALS"
+
+
+async def goal_state(bot, runner: str, goal_id: int) -> p.GoalStatus:
+    reply = await bot.pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id)
+    return reply.goals[0]
+
+
+async def eventually(check, timeout: float = 15.0):
+    async with asyncio.timeout(timeout):
+        while not (result := await check()):
+            await asyncio.sleep(0.1)
+    return result
+
+
+async def test_runner_choice_goal_channels_and_thread_commands(
+    fake, make_bot, start_runner, tmp_path, short_dir
+):
+    agent = write_agent(tmp_path, "sleepy.sh", "sleep 120\n")
+    alpha = await start_runner(
+        name="alpha",
+        home=tmp_path / "alpha",
+        socket=short_dir / "a.sock",
+        agents={"sleepy": agent},
+        default_agent="sleepy",
+    )
+    beta = await start_runner(
+        name="beta",
+        home=tmp_path / "beta",
+        socket=short_dir / "b.sock",
+        agents={"sleepy": agent},
+        default_agent="sleepy",
+    )
+    fake.add_channel(GOALS, "goals")
+    bot = await make_bot(
+        RunnerTarget(name="alpha", socket=alpha.settings.socket_path),
+        goal_channels=[GOALS],
+        runners=[
+            RunnerTarget(name="alpha", socket=alpha.settings.socket_path),
+            RunnerTarget(name="beta", socket=beta.settings.socket_path),
+        ],
+    )
+    await asyncio.wait_for(bot.pool["beta"].wait_healthy(), 10)
+    general = fake.general
+
+    # `on beta` sends it there; the card says so.
+    res = await fake.slash_command("/goal", "tune the lr on beta, budget 1h", general, ALICE)
+    assert "goal #1 on beta" in (await res.wait_for_ephemeral(timeout=10)).text.lower()
+    card = await fake.wait_for_message(general, text="Goal #1")
+    assert "runner *beta*" in blocks_text(card)
+
+    # In a goal channel any new top-level message is a goal: it goes to the least-loaded runner.
+    plain = await fake.user_posts(GOALS, "try a bigger batch", user=BOB)
+    second = await fake.wait_for_message(GOALS, text="Goal #1", timeout=10)
+    assert "runner *alpha*" in blocks_text(second) and "try a bigger batch" in blocks_text(second)
+    assert "goal #1 on alpha" in (await fake.wait_for(lambda: fake.ephemerals(BOB)))[0].text.lower()
+    assert (await goal_state(bot, "alpha", 1)).goal.owner == BOB
+    # Elsewhere a plain message is just a message.
+    await fake.user_posts(general, "lunch?", user=BOB)
+    await asyncio.sleep(0.5)
+    assert [m for m in fake.messages(general) if m.bot_id and "Goal #" in m.text] == [card]
+    assert plain.reactions == {}
+
+    # pause / resume / budget +2h in the thread reach beta's goal #1, each acknowledged with 👌.
+    paused = await fake.user_replies(general, card.ts, "pause", user=ALICE)
+    await fake.wait_for(lambda: fake.message(general, paused.ts).reacted("ok_hand", fake.bot_user_id), 10)
+    await eventually(lambda: _state_is(bot, "beta", 1, "paused"))
+    await fake.wait_for(lambda: "paused" in blocks_text(fake.message(general, card.ts)), 10)
+    resumed = await fake.user_replies(general, card.ts, "resume", user=ALICE)
+    await fake.wait_for(lambda: fake.message(general, resumed.ts).reacted("ok_hand", fake.bot_user_id), 10)
+    await eventually(lambda: _state_is(bot, "beta", 1, "running"))
+
+    before = (await goal_state(bot, "beta", 1)).goal.budget.wall_seconds
+    await fake.user_replies(general, card.ts, "budget +2h", user=ALICE)
+    changed = await fake.wait_for_message(general, thread_ts=card.ts, text="Budget changed", timeout=10)
+    after = (await goal_state(bot, "beta", 1)).goal.budget.wall_seconds
+    assert before == 3600 and after == 3600 + 7200
+    assert "3h00m" in blocks_text(changed)
+    # Alpha's goal was never touched by beta's thread.
+    assert (await goal_state(bot, "alpha", 1)).goal.state == "running"
+
+
+async def _state_is(bot, runner: str, goal_id: int, state: str) -> bool:
+    return (await goal_state(bot, runner, goal_id)).goal.state == state
