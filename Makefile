@@ -31,6 +31,7 @@ test: $(STAMP) $(CODEX)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
+	$(BIN)/python benchmarks/bench_bot.py
 
 clean:
 	rm -rf $(VENV) .codex-cli goaltender-demo

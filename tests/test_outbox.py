@@ -61,7 +61,7 @@ async def test_a_post_slack_took_before_a_crash_is_not_posted_again(slack, tmp_p
     store = await BotStore.open(tmp_path / "bot.db")
     item_id = await store.enqueue(slack.general, "post", {"text": "milestone"}, "gpu1:7:0")
     # The bot sent it, Slack stored it, and the bot died before writing that down.
-    await store.mark_retry(item_id, 0, "")
+    await store.mark_attempt(item_id)
     slack.add_message(
         slack.general,
         "milestone",

@@ -223,6 +223,17 @@ class GoaltenderBot:
             runner, goal_id = head.rsplit(":", 1)
             await self.store.add_approval_post(channel, ts, runner, int(goal_id), int(approval_id))
 
+    async def _approval_at(self, channel: str, ts: str) -> tuple[str, int, int] | None:
+        """(runner, goal id, approval id) of the prompt at (channel, ts). A prompt is recorded just
+        after its outbox row is marked sent; a reaction in between finds it through that row."""
+        if (found := await self.store.approval_at(channel, ts)) is not None:
+            return found
+        key = await self.store.sent_key_at(channel, ts)
+        if key is None or ":approval:" not in key:
+            return None
+        await self._posted(key, channel, ts)
+        return await self.store.approval_at(channel, ts)
+
     async def _fresh(self, body: dict) -> bool:
         event_id = body.get("event_id")
         return True if not event_id else await self.store.first_sight(event_id)
@@ -592,7 +603,7 @@ class GoaltenderBot:
         async def tell(text: str) -> None:
             await respond(text=text, response_type="ephemeral", replace_original=False)
 
-        found = await self.store.approval_at(channel, container.get("message_ts") or "")
+        found = await self._approval_at(channel, container.get("message_ts") or "")
         thread = None
         if found is not None:
             runner, goal_id, approval_id = found
@@ -618,7 +629,7 @@ class GoaltenderBot:
         else:
             return
         item = event.get("item") or {}
-        found = await self.store.approval_at(item.get("channel") or "", item.get("ts") or "")
+        found = await self._approval_at(item.get("channel") or "", item.get("ts") or "")
         if found is None:
             return
         runner, goal_id, approval_id = found

@@ -83,7 +83,7 @@ class Outbox:
 
     async def _deliver(self, item: OutboxItem) -> bool:
         # A 429 is not a failure: Slack said when to come back, so a rate-limited write is never
-        # given up (each one also counts twice in `attempts`: marked before the call, and after).
+        # given up; other errors are, after max_attempts tries.
         if item.attempts >= self.max_attempts and item.error != "ratelimited":
             await self._fail(item, f"gave up after {item.attempts} attempts: {item.error}")
             return False
@@ -91,7 +91,7 @@ class Outbox:
             if item.attempts and item.kind == "post" and (found := await self._already_posted(item)):
                 await self._sent(item, found)  # the crash came after Slack took it
                 return False
-            await self.store.mark_retry(item.id, 0, item.error or "")  # attempted, before the call
+            await self.store.mark_attempt(item.id)
             self._last_write[item.channel] = time.monotonic()
             result = await self._call(item)
         except SlackApiError as exc:

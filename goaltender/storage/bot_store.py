@@ -387,17 +387,23 @@ class BotStore:
                 (json.dumps(result), item_id),
             )
 
+    async def mark_attempt(self, item_id: int) -> None:
+        """Count one attempt, before the call: after a crash, an attempted post is looked up in
+        Slack before it is sent again."""
+        async with self.db.write() as tx:
+            await tx.run("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
+
     async def mark_retry(self, item_id: int, not_before: float, error: str) -> None:
+        """The attempt failed for now: try again from `not_before` (epoch seconds)."""
         async with self.db.write() as tx:
             await tx.run(
-                "UPDATE outbox SET attempts = attempts + 1, not_before = ?, error = ? WHERE id = ?",
-                (not_before, error, item_id),
+                "UPDATE outbox SET not_before = ?, error = ? WHERE id = ?", (not_before, error, item_id)
             )
 
     async def mark_failed(self, item_id: int, error: str) -> None:
         async with self.db.write() as tx:
             await tx.run(
-                "UPDATE outbox SET state = 'failed', attempts = attempts + 1, error = ? WHERE id = ?",
+                "UPDATE outbox SET state = 'failed', error = ? WHERE id = ?",
                 (error, item_id),
             )
 
@@ -417,6 +423,15 @@ class BotStore:
             key_patterns,
         )
         return [(row[0], row[1], (json.loads(row[2]) if row[2] else {}).get("ts")) for row in rows]
+
+    async def sent_key_at(self, channel: str, ts: str) -> str | None:
+        """The dedupe key of the post sent as (channel, ts), if the bot sent one."""
+        row = await self.db.fetchone(
+            "SELECT dedupe_key FROM outbox WHERE channel = ? AND kind = 'post' AND state = 'sent' "
+            "AND json_extract(result, '$.ts') = ?",
+            (channel, ts),
+        )
+        return row[0] if row else None
 
     async def cards_in_flight(self, channel: str) -> bool:
         """Whether a goal card in this channel was sent (or is being sent) but not yet recorded."""
