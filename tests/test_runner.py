@@ -295,3 +295,24 @@ async def test_the_runner_measures_the_headline_with_the_eval_command(start_runn
     assert broken.status == "crash" and broken.note == "eval: exit code 2" and not broken.verified
     report = events[-1].data.text
     assert "| 1 | keep | 0.99 (reported) |" in report and "| 2 | discard | 0.61 |" in report
+
+
+async def test_many_live_agents_do_not_starve_experiments(start_runner, connect, tmp_path):
+    """Waiting for a child holds no thread: more live agents than the default executor has threads
+    (min(32, cores + 4)) still leave room for a new goal's experiment to finish."""
+    idle = write_agent(tmp_path, "idle.sh", "sleep 120\n")
+    quick = write_agent(
+        tmp_path,
+        "quick.sh",
+        """goaltender experiment -d only --metric acc -- python -c 'print("acc: 0.5")'
+goaltender report "done"
+""",
+    )
+    runner = await start_runner(agents={"idle": idle, "quick": quick}, default_agent="idle")
+    client = await connect(runner)
+    for i in range(min(32, (os.cpu_count() or 1) + 4) + 1):
+        await submit(client, f"idle {i}", agent="idle")
+    goal_id = await submit(client, "one quick experiment", agent="quick")
+    events = await events_until_report(client, goal_id, timeout=90)
+    finished = [e.data for e in events if e.data.kind == "experiment_finished"]
+    assert [f.experiment.metric_value for f in finished] == [0.5]

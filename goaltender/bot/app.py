@@ -689,25 +689,28 @@ class GoaltenderBot:
         now = utcnow()
         since = (schedule.last_sent_at or schedule.created_at) if schedule else now - timedelta(days=1)
         threads = await self.store.threads(channel=channel)
-        statuses: dict[str, dict[int, p.GoalStatus] | None] = {}
+        active_now: dict[str, dict[int, p.GoalStatus] | None] = {}  # None: the runner is down
         for runner in {t.runner for t in threads}:
             try:
                 reply = await asyncio.wait_for(
-                    self.pool[runner].call(p.Status, p.StatusReply), STATUS_TIMEOUT_S
+                    self.pool[runner].call(p.Status, p.StatusReply, active_only=True), STATUS_TIMEOUT_S
                 )
-                statuses[runner] = {s.goal.id: s for s in reply.goals}
+                active_now[runner] = {s.goal.id: s for s in reply.goals}
             except (RunnerUnavailable, p.ProtocolError, TimeoutError, UnknownRunner):
-                statuses[runner] = None  # down: fall back to the last status seen
+                active_now[runner] = None
         active: list[str] = []
         approvals: list[str] = []
         finished: list[str] = []
         series: dict[str, list[tuple[float | None, float]]] = {}
         metrics: set[str] = set()
         for thread in threads:
-            live = statuses[thread.runner]
+            live = active_now[thread.runner]
+            last = p.GoalStatus.model_validate(thread.status) if thread.status else None
             status = (live or {}).get(thread.goal_id)
-            if status is None and thread.status:
-                status = p.GoalStatus.model_validate(thread.status)
+            if status is None and live is not None and _may_have_ended_since(last, since):
+                status = await self._status(thread.runner, thread.goal_id)  # ended: how, and when?
+            if status is None and live is None:
+                status = last  # the runner is down: the last status seen
             if status is None:
                 continue
             goal = status.goal
@@ -953,6 +956,13 @@ class GoaltenderBot:
                 f"I'm not in this channel, so I can't open goal #{goal_id}'s thread here (I stopped it). "
                 "Invite me with `/invite @goaltender`, then run `/goal` again."
             )
+
+
+def _may_have_ended_since(last: p.GoalStatus | None, since: datetime) -> bool:
+    """Whether a goal that is no longer active may have ended after `since` (worth asking about)."""
+    if last is None or last.goal.active:
+        return True
+    return last.goal.ended_at is None or last.goal.ended_at > since
 
 
 def _best_so_far(ledger: list[Experiment], direction: str) -> list[tuple[float | None, float]]:

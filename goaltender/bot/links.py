@@ -649,8 +649,10 @@ class RunnerPool:
         cached = self._loads.get(link.name)
         if cached is not None and time.monotonic() - cached[0] < self.load_ttl:
             return cached[1]
-        reply = await asyncio.wait_for(link.call(p.Status, p.StatusReply), self.status_timeout)
-        load = sum(1 for status in reply.goals if status.goal.active)
+        reply = await asyncio.wait_for(
+            link.call(p.Status, p.StatusReply, active_only=True), self.status_timeout
+        )
+        load = len(reply.goals)
         self._loads[link.name] = (time.monotonic(), load)
         return load
 

@@ -125,6 +125,7 @@ class Runner:
             task.cancel()
         for proc in self._agents.values():
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
+            proc.poll()  # reap it (its watcher was cancelled), so no zombie is left behind
         for experiment_id, task in list(self._experiments.items()):
             self._cancel_notes[experiment_id] = "interrupted: the runner shut down"
             task.cancel()
@@ -358,7 +359,8 @@ class Runner:
         if req.goal_id is not None:
             await self._goal(req.goal_id)
             return p.StatusReply(goals=[await self._status(req.goal_id)])
-        return p.StatusReply(goals=[await self._status(g.id) for g in await self.store.list_goals()])
+        goals = await self.store.list_goals(active_only=req.active_only)
+        return p.StatusReply(goals=[await self._status(g.id) for g in goals])
 
     async def _on_summary(self, req: p.Summary) -> p.Reply:
         goal = await self._goal(req.goal_id)

@@ -103,6 +103,7 @@ class Decide(Request):
 class Status(Request):
     type: Literal["status"] = "status"
     goal_id: int | None = None  # None: every goal
+    active_only: bool = False  # only goals not yet finished, stopped or failed (cheap on a long history)
 
 
 class Summary(Request):

@@ -115,8 +115,25 @@ def spawn(command: list[str], *, cwd: Path, env: dict[str, str], log_path: Path)
 
 
 async def wait_process(proc: subprocess.Popen) -> tuple[int, object]:
-    """Reap `proc` with wait4 (in a thread, so the loop keeps serving); returns (status, rusage)."""
-    _, status, rusage = await asyncio.to_thread(os.wait4, proc.pid, 0)
+    """Reap `proc` with wait4 once it has exited; returns (status, rusage).
+
+    A pidfd becomes readable when the process exits, so waiting holds no thread: a thread per live
+    agent or experiment would exhaust the default executor (min(32, cores + 4) threads) and stall
+    every other wait behind it. Without pidfd (non-Linux, kernel < 5.3) a thread waits instead."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        _, status, rusage = await asyncio.to_thread(os.wait4, proc.pid, 0)
+    else:
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        _, status, rusage = os.wait4(proc.pid, 0)  # noqa: ASYNC222 -- it has exited: returns at once
     proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it has been reaped
     return status, rusage
 
