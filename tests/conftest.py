@@ -47,6 +47,18 @@ def short_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+async def closing(done, what: str, timeout: float = 60.0) -> None:
+    """Await a teardown; a hang becomes a failure that shows where every task is stuck."""
+    task = asyncio.ensure_future(done)
+    finished, _ = await asyncio.wait({task}, timeout=timeout)
+    if finished:
+        return task.result()
+    for each in asyncio.all_tasks():
+        each.print_stack(file=sys.stderr)
+    task.cancel()
+    raise AssertionError(f"closing the {what} hung for {timeout}s (task stacks on stderr)")
+
+
 def write_agent(directory: Path, name: str, script: str) -> list[str]:
     """A shell-script agent; returns its command."""
     path = directory / name
@@ -75,7 +87,7 @@ async def start_runner(tmp_path, short_dir):
 
     yield start
     for runner in runners:
-        await runner.close()
+        await closing(runner.close(), "runner")
 
 
 @pytest.fixture
@@ -125,7 +137,7 @@ async def ssh_box(tmp_path):
 
     yield start
     for box in boxes:
-        await box.stop()
+        await closing(box.stop(), "ssh box")
 
 
 # ---- the Slack bot against the fake Slack (test_bot.py, test_bot_e2e.py) ----
@@ -166,7 +178,7 @@ async def make_bot(fake, tmp_path):
 
     yield make
     for bot in bots:
-        await bot.close()
+        await closing(bot.close(), "bot")
 
 
 async def until(predicate, timeout: float = 15.0):

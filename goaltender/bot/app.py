@@ -90,6 +90,12 @@ def card_key(runner: str, goal_id: int) -> str:
     return f"{runner}:{goal_id}:card"
 
 
+def replacing(key: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """An edit of the message posted under `key` that replaces it whole: the outbox sends only
+    the newest of such edits still waiting (a card changes often; Slack allows ~1 write/s)."""
+    return {**payload, "ts_of": key, "replaces": True}
+
+
 def _card(thread: Thread) -> str:
     return card_key(thread.runner, thread.goal_id)
 
@@ -452,7 +458,7 @@ class GoaltenderBot:
         else:
             assert goal_id is not None
             card = render.queued_started(queued.id, queued.text, queued.owner, runner, goal_id)
-        await self._enqueue(queued.channel, "update", {**card, "ts_of": queue_key(queued.id)})
+        await self._enqueue(queued.channel, "update", replacing(queue_key(queued.id), card))
 
     async def on_link_change(self, runner: str, up: bool) -> None:
         """A runner came back: start its queued goals, refresh its cards. It went down: say so on
@@ -474,7 +480,7 @@ class GoaltenderBot:
                 card = render.status_card(last, runner, runner_down=why)
             else:
                 continue
-            await self._enqueue(thread.channel, "update", {**card, "ts_of": card_key(runner, thread.goal_id)})
+            await self._enqueue(thread.channel, "update", replacing(card_key(runner, thread.goal_id), card))
 
     async def _on_message(self, event: dict, bot_user: str | None, *, mention: bool) -> None:
         subtype = event.get("subtype")
@@ -890,7 +896,7 @@ class GoaltenderBot:
                 (
                     channel,
                     "update",
-                    {**render.status_card(status, runner), "ts_of": card},
+                    replacing(card, render.status_card(status, runner)),
                     # Not "<runner>:<seq>:card": that is goal <seq>'s card post (card_key), which
                     # INSERT OR IGNORE would then drop, sending that goal's thread into this one.
                     f"{runner}:{event.seq}:card-update",

@@ -509,7 +509,8 @@ class RunnerLink:
             self._failures += 1
             log.warning("runner %s: link down (%s); retrying in %.1fs", self.name, self.last_error, delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
+                async with asyncio.timeout(delay):  # (not wait_for: see Outbox.run)
+                    await self._stop.wait()
 
     async def _session(self) -> None:
         client = await open_client(self.target, self.client_name)

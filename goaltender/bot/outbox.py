@@ -25,6 +25,7 @@ from goaltender.storage.bot_store import BotStore, OutboxItem
 
 log = logging.getLogger("goaltender.bot.outbox")
 
+POLL_S = 0.2  # the longest the outbox sleeps without being notified
 METADATA_EVENT = "goaltender_write"  # Slack message metadata event_type carrying the outbox key
 PERMANENT = {
     "invalid_blocks",
@@ -55,6 +56,7 @@ class Outbox:
         self.max_attempts = max_attempts
         self._last_write: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._next_pass = POLL_S
         self.on_failed = None  # optional async callback(item, error) — e.g. tell the goal's owner
         self.on_sent = None  # optional async callback(item, result) — e.g. learn where a card landed
 
@@ -64,21 +66,29 @@ class Outbox:
 
     async def run(self) -> None:
         while True:
+            self._wake.clear()  # before the pass: a notify() during it makes the next pass immediate
             await self.drain_once()
-            self._wake.clear()
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands as
+            # its timeout fires, and close() would wait for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.2)
+                async with asyncio.timeout(self._next_pass):
+                    await self._wake.wait()
 
     async def drain_once(self) -> int:
-        """Send what may be sent now; returns how many writes went out."""
+        """Send what may be sent now; returns how many writes went out. Sets when the next pass is
+        worth making: when the soonest channel may write again (items waiting for a Retry-After or
+        a backoff are looked at every POLL_S)."""
         sent = 0
+        self._next_pass = POLL_S
         now = time.time()
         for item in await self.store.next_pending(now):
             wait = self._last_write.get(item.channel, 0) + self.interval - time.monotonic()
             if wait > 0:
-                continue  # this channel wrote less than a second ago; its turn comes next pass
+                self._next_pass = min(self._next_pass, wait)  # this channel wrote too recently
+                continue
             if await self._deliver(item):
                 sent += 1
+                self._next_pass = min(self._next_pass, self.interval)  # its channel may have more
         return sent
 
     async def _deliver(self, item: OutboxItem) -> bool:
@@ -139,6 +149,7 @@ class Outbox:
 
     async def _call(self, item: OutboxItem) -> dict[str, Any]:
         payload = dict(item.payload)
+        payload.pop("replaces", None)
         await self._resolve(payload, "thread_of", "thread_ts")
         await self._resolve(payload, "ts_of", "ts")
         if item.kind == "post":

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from goaltender.storage.db import Database
+from goaltender.storage.db import Database, Tx
 from goaltender.storage.records import utcnow
 
 MIGRATIONS = [
@@ -172,10 +172,7 @@ class BotStore:
             if row is not None and row[0] >= seq:
                 return False
             for channel, kind, payload, key in writes:
-                await tx.run(
-                    "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, ?, ?, ?, ?)",
-                    (channel, kind, json.dumps(payload), key, utcnow().isoformat()),
-                )
+                await _queue_write(tx, channel, kind, payload, key)
             await tx.run(
                 "INSERT INTO cursors (runner, last_seq) VALUES (?, ?) "
                 "ON CONFLICT (runner) DO UPDATE SET last_seq = excluded.last_seq",
@@ -202,10 +199,7 @@ class BotStore:
                 (runner, goal_id, channel, owner, utcnow().isoformat()),
             )
             if card is not None:
-                await tx.run(
-                    "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, 'post', ?, ?, ?)",
-                    (channel, json.dumps(card[0]), card[1], utcnow().isoformat()),
-                )
+                await _queue_write(tx, channel, "post", card[0], card[1])
             row = await tx.row("SELECT * FROM threads WHERE runner = ? AND goal_id = ?", (runner, goal_id))
         return _thread(row)
 
@@ -348,10 +342,7 @@ class BotStore:
         """Queue a digest's writes and mark it sent as of `at`, atomically (a crash sends it once)."""
         async with self.db.write() as tx:
             for kind, payload, key in writes:
-                await tx.run(
-                    "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, ?, ?, ?, ?)",
-                    (channel, kind, json.dumps(payload), key, utcnow().isoformat()),
-                )
+                await _queue_write(tx, channel, kind, payload, key)
             await tx.run("UPDATE digests SET last_sent_at = ? WHERE channel = ?", (at.isoformat(), channel))
 
     # ---- the outbox ----
@@ -361,14 +352,7 @@ class BotStore:
     ) -> int | None:
         """Queue one Slack write; returns its id, or None when the dedupe key was queued before."""
         async with self.db.write() as tx:
-            changed = await tx.run(
-                "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, ?, ?, ?, ?)",
-                (channel, kind, json.dumps(payload), dedupe_key, utcnow().isoformat()),
-            )
-            if not changed:
-                return None
-            row = await tx.row("SELECT last_insert_rowid()")
-        return int(row[0])
+            return await _queue_write(tx, channel, kind, payload, dedupe_key)
 
     async def next_pending(self, now: float) -> list[OutboxItem]:
         """The oldest pending item of each channel that may be tried now (per-channel order kept)."""
@@ -456,6 +440,28 @@ class BotStore:
                 (event_id, utcnow().isoformat()),
             )
         return changed == 1
+
+
+async def _queue_write(
+    tx: Tx, channel: str, kind: OutboxKind, payload: dict[str, Any], key: str | None
+) -> int | None:
+    """Insert one outbox row (None when its key was queued before). An edit of a message that
+    replaces it whole (`"replaces": True`, e.g. a status card) supersedes the same message's edits
+    still waiting: only the newest is sent."""
+    if kind == "update" and payload.get("replaces") and (target := payload.get("ts_of")):
+        await tx.run(
+            "DELETE FROM outbox WHERE state = 'pending' AND attempts = 0 AND kind = 'update' "
+            "AND channel = ? AND json_extract(payload, '$.ts_of') = ?",
+            (channel, target),
+        )
+    changed = await tx.run(
+        "INSERT OR IGNORE INTO outbox (channel, kind, payload, dedupe_key, created_at) VALUES (?, ?, ?, ?, ?)",
+        (channel, kind, json.dumps(payload), key, utcnow().isoformat()),
+    )
+    if not changed:
+        return None
+    row = await tx.row("SELECT last_insert_rowid()")
+    return int(row[0])
 
 
 def _thread(row) -> Thread:
