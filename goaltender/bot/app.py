@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
@@ -151,7 +152,8 @@ class GoaltenderBot:
     @classmethod
     async def open(cls, settings: BotSettings) -> GoaltenderBot:
         token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
-        kwargs: dict[str, Any] = {"token": token}
+        # One HTTP session for every Web API call: connections (and TLS) are reused, not one per call.
+        kwargs: dict[str, Any] = {"token": token, "session": aiohttp.ClientSession()}
         if settings.slack_api_url:
             kwargs["base_url"] = settings.slack_api_url
         client = AsyncWebClient(**kwargs)
@@ -198,6 +200,8 @@ class GoaltenderBot:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.store.close()
+        if self.client.session is not None:
+            await self.client.session.close()
 
     async def run_forever(self) -> None:
         await self.start()
