@@ -26,9 +26,9 @@ experiments are real subprocesses. So every figure includes the other parts' sha
 3. Slack writes per campaign: one star-count sweep campaign (the goal and runner settings of
    `goaltender demo`) submitted with `/goal`; every approval prompt is answered by the owner's
    ✅ reaction. Counted: runner events of the goal (its event log) and the Slack calls the fake
-   received, by kind. The counts do not depend on the outbox interval (nothing is coalesced in
-   the outbox), so it runs at --campaign-interval (0.05 s) to keep the run short. Metrics events
-   never cause a write, and their number follows how long the runs took (a run's log is read
+   received, by kind. Runs at the default outbox interval (1 s per channel): waiting status-card
+   edits are coalesced (only the newest is sent), so the count depends on the interval. Metrics
+   events never cause a write, and their number follows how long the runs took (a run's log is read
    every 0.5 s), so the ratios are also given without them.
 
     python benchmarks/bench_bot.py [--acks 200] [--milestones 20] [--fast-milestones 100] [--no-campaign]
@@ -473,7 +473,7 @@ if __name__ == "__main__":
     parser.add_argument("--fast-pace", type=float, default=0.1, help="seconds between them")
     parser.add_argument("--campaign", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
-        "--campaign-interval", type=float, default=0.05, help="the campaign's outbox interval"
+        "--campaign-interval", type=float, default=1.0, help="the campaign's outbox interval"
     )
     parser.add_argument("--campaign-timeout", type=float, default=200.0)
     asyncio.run(main(parser.parse_args()))
