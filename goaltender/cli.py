@@ -130,11 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     command(
         "bot",
         cmd_bot,
-        "run the Slack bot (Socket Mode): /goal, goal threads, approvals, steering",
+        "run the Slack bot: /goal, goal threads, approvals, steering, digests",
         """\
         Run the Slack bot. It needs SLACK_BOT_TOKEN (xoxb-…) and SLACK_APP_TOKEN (xapp-…) from an
         app created from manifest.yml, and reaches the runners listed in its config (default: the
-        local runner socket).""",
+        local runner socket). With GOALTENDER_SLACK_MODE=http it serves /slack/events on
+        GOALTENDER_HTTP_PORT instead of Socket Mode and needs SLACK_SIGNING_SECRET, not the app
+        token.""",
     )
 
     # -- people --

@@ -1465,12 +1465,7 @@ class FakeSlack:
             self.warnings.append(f"request URL unreachable: {exc}")
             return
         if env.http_status == 200 and not env.acked:
-            payload = json.loads(text) if text.strip().startswith("{") else None
-            env.acked_at = time.monotonic()
-            env.ack_payload = payload
-            env._acked.set()
-            if env.type == "slash_commands" and payload and not env.timed_out:
-                await self._show_response(env.payload["channel_id"], env.payload["user_id"], payload, "ack")
+            await self._ack(env, json.loads(text) if text.strip().startswith("{") else None)
         self._notify()
 
     async def _send_or_queue(self, env: Envelope) -> None:
@@ -1581,12 +1576,17 @@ class FakeSlack:
         if env is None:
             self.warnings.append(f"ack for unknown envelope {envelope_id}")
         elif not env.acked:
-            env.acked_at = time.monotonic()
-            env.ack_payload = payload
-            env._acked.set()
-            if env.type == "slash_commands" and payload and not env.timed_out:
-                await self._show_response(env.payload["channel_id"], env.payload["user_id"], payload, "ack")
+            await self._ack(env, payload)
         self._notify()
+
+    async def _ack(self, env: Envelope, payload: dict | None) -> None:
+        """The app acked an envelope (Socket Mode frame or HTTP 200); a slash command's ack text
+        shows to its user."""
+        env.acked_at = time.monotonic()
+        env.ack_payload = payload
+        env._acked.set()
+        if env.type == "slash_commands" and payload and not env.timed_out:
+            await self._show_response(env.payload["channel_id"], env.payload["user_id"], payload, "ack")
 
     async def _show_response(self, channel: str, user: str, body: dict, source: str) -> None:
         """A slash-command style response: ephemeral by default, in_channel posts as the app."""

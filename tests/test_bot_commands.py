@@ -30,20 +30,16 @@ async def test_runner_choice_goal_channels_and_thread_commands(
     fake, make_bot, start_runner, tmp_path, short_dir
 ):
     agent = write_agent(tmp_path, "sleepy.sh", "sleep 120\n")
-    alpha = await start_runner(
-        name="alpha",
-        home=tmp_path / "alpha",
-        socket=short_dir / "a.sock",
-        agents={"sleepy": agent},
-        default_agent="sleepy",
-    )
-    beta = await start_runner(
-        name="beta",
-        home=tmp_path / "beta",
-        socket=short_dir / "b.sock",
-        agents={"sleepy": agent},
-        default_agent="sleepy",
-    )
+    alpha, beta = [
+        await start_runner(
+            name=name,
+            home=tmp_path / name,
+            socket=short_dir / f"{name}.sock",
+            agents={"sleepy": agent},
+            default_agent="sleepy",
+        )
+        for name in ("alpha", "beta")
+    ]
     fake.add_channel(GOALS, "goals")
     bot = await make_bot(
         RunnerTarget(name="alpha", socket=alpha.settings.socket_path),
