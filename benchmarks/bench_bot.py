@@ -472,8 +472,6 @@ if __name__ == "__main__":
     parser.add_argument("--fast-milestones", type=int, default=100, help="milestones at interval 0 (0: skip)")
     parser.add_argument("--fast-pace", type=float, default=0.1, help="seconds between them")
     parser.add_argument("--campaign", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument(
-        "--campaign-interval", type=float, default=1.0, help="the campaign's outbox interval"
-    )
+    parser.add_argument("--campaign-interval", type=float, default=1.0, help="the campaign's outbox interval")
     parser.add_argument("--campaign-timeout", type=float, default=200.0)
     asyncio.run(main(parser.parse_args()))
