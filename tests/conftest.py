@@ -47,6 +47,17 @@ def short_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+async def eventually(predicate, timeout: float = 20.0, interval: float = 0.05):
+    """Await until `await predicate()` is truthy; return it (a hang becomes a TimeoutError)."""
+
+    async def poll():
+        while not (result := await predicate()):
+            await asyncio.sleep(interval)
+        return result
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
 async def closing(done, what: str, timeout: float = 60.0) -> None:
     """Await a teardown; a hang becomes a failure that shows where every task is stuck."""
     task = asyncio.ensure_future(done)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import blocks_text, write_agent
+from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.bot.links import RunnerTarget
@@ -17,13 +17,6 @@ GOALS = "C0GOALS"
 async def goal_state(bot, runner: str, goal_id: int) -> p.GoalStatus:
     reply = await bot.pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id)
     return reply.goals[0]
-
-
-async def eventually(check, timeout: float = 15.0):
-    async with asyncio.timeout(timeout):
-        while not (result := await check()):
-            await asyncio.sleep(0.1)
-    return result
 
 
 async def test_runner_choice_goal_channels_and_thread_commands(

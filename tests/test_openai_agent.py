@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import events_until_report, submit
+from conftest import events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.openai_agent import AgentConfig, ConfigError, OpenAIAgent, _groups
@@ -51,17 +51,8 @@ async def fake(monkeypatch):
     await server.close()
 
 
-async def wait_for(predicate, timeout=20.0, interval=0.05):
-    async def poll():
-        while not (result := await predicate()):
-            await asyncio.sleep(interval)
-        return result
-
-    return await asyncio.wait_for(poll(), timeout)
-
-
 async def file_appears(path: Path, timeout=20.0):
-    return await wait_for(lambda: asyncio.sleep(0, path.exists()), timeout)
+    return await eventually(lambda: asyncio.sleep(0, path.exists()), timeout)
 
 
 def tool_results(body: dict) -> list[str]:

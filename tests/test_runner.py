@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, submit, write_agent
+from conftest import events_until_report, eventually, submit, write_agent
 
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
@@ -18,15 +18,6 @@ from goaltender.storage.records import ApprovalRequested, ExperimentStarted
 
 def kinds(events):
     return [e.data.kind for e in events]
-
-
-async def wait_for(predicate, timeout=20.0, interval=0.05):
-    async def poll():
-        while not (result := await predicate()):
-            await asyncio.sleep(interval)
-        return result
-
-    return await asyncio.wait_for(poll(), timeout)
 
 
 AGENT = """
@@ -128,8 +119,8 @@ async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, con
         status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
         return status.running if status.running and status.running.pid else None
 
-    experiment = await wait_for(running_experiment)
-    await wait_for(lambda: asyncio.sleep(0, len(group_members(experiment.pid)) >= 3))
+    experiment = await eventually(running_experiment)
+    await eventually(lambda: asyncio.sleep(0, len(group_members(experiment.pid)) >= 3))
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
     assert group_members(agent_pid)
 

@@ -59,7 +59,7 @@ log = logging.getLogger("goaltender.bot")
 
 MAX_GOAL_TEXT = 4000
 STATUS_TIMEOUT_S = 10.0
-CARD_IN_FLIGHT_POLLS = 100  # x 50 ms
+POST_IN_FLIGHT_POLLS = 100  # x 50 ms
 HOWTO = (
     "Start a goal with `/goal <what to achieve>`, e.g. "
     "`/goal train the star-count model to 95% accuracy, budget 2h, max 20 experiments`. "
@@ -89,6 +89,18 @@ Reply = Callable[[str], Awaitable[None]]
 
 def card_key(runner: str, goal_id: int) -> str:
     return f"{runner}:{goal_id}:card"
+
+
+def parse_key(key: str) -> tuple[str, int, int | None] | None:
+    """A card key -> (runner, goal id, None); an approval prompt's -> (runner, goal id, approval id)."""
+    if key.endswith(":card"):
+        runner, goal_id, _ = key.rsplit(":", 2)
+        return runner, int(goal_id), None
+    if ":approval:" in key:
+        head, approval_id = key.rsplit(":approval:", 1)
+        runner, goal_id = head.rsplit(":", 1)
+        return runner, int(goal_id), int(approval_id)
+    return None
 
 
 def replacing(key: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +142,6 @@ class GoaltenderBot:
         self.app = AsyncApp(client=client, signing_secret=secret.get_secret_value() if secret else None)
         self.outbox = Outbox(store, client, per_channel_interval_s=settings.outbox_interval_s)
         self.outbox.on_failed = self._on_outbox_failed
-        self.outbox.on_sent = self._on_outbox_sent
         self.pool = RunnerPool(
             settings.runner_targets(),
             on_event=self.on_runner_event,
@@ -159,9 +170,7 @@ class GoaltenderBot:
         client = AsyncWebClient(**kwargs)
         settings.db_path.parent.mkdir(parents=True, exist_ok=True)
         store = await BotStore.open(settings.db_path)
-        bot = cls(settings, store, client)
-        await bot._rebuild()
-        return bot
+        return cls(settings, store, client)
 
     async def start(self) -> None:
         """Start the outbox, the runner links, the digest schedules and the Socket Mode connection."""
@@ -212,37 +221,37 @@ class GoaltenderBot:
 
     # ---- bookkeeping ----
 
-    async def _rebuild(self) -> None:
-        """Card roots and approval messages from the outbox rows already sent: the bot may have
-        died between Slack's answer and recording where the message landed."""
-        for key, channel, ts in await self.store.sent_posts("%:card", "%:approval:%"):
-            await self._posted(key, channel, ts)
+    async def _posted_at(self, channel: str, ts: str) -> tuple[str, int, int | None] | None:
+        """(runner, goal id, approval id or None) of the goal card or approval prompt the bot
+        posted at (channel, ts), from its outbox row. Slack shows a post to people before its API
+        answer reaches the bot, so a very quick reply or reaction may name a post still in
+        flight: then wait (briefly) for the cards and prompts in flight in that channel."""
+        for _ in range(POST_IN_FLIGHT_POLLS):
+            key = await self.store.sent_key_at(channel, ts)
+            if key is not None:
+                return parse_key(key)
+            if not await self.store.posts_in_flight(channel):
+                return None
+            await asyncio.sleep(0.05)
+        return None
 
-    async def _on_outbox_sent(self, item: OutboxItem, result: dict[str, Any]) -> None:
-        if item.kind == "post" and item.dedupe_key:
-            await self._posted(item.dedupe_key, item.channel, result.get("ts"))
-
-    async def _posted(self, key: str, channel: str, ts: str | None) -> None:
-        if not ts:
-            return
-        if key.endswith(":card"):
-            runner, goal_id, _ = key.rsplit(":", 2)
-            await self.store.set_root(runner, int(goal_id), ts)
-        elif ":approval:" in key:
-            head, approval_id = key.rsplit(":approval:", 1)
-            runner, goal_id = head.rsplit(":", 1)
-            await self.store.add_approval_post(channel, ts, runner, int(goal_id), int(approval_id))
+    async def _thread_at(self, channel: str, root_ts: str) -> Thread | None:
+        """The goal thread whose card is at (channel, ts)."""
+        found = await self._posted_at(channel, root_ts)
+        if found is None or found[2] is not None:
+            return None
+        return await self.store.thread(found[0], found[1])
 
     async def _approval_at(self, channel: str, ts: str) -> tuple[str, int, int] | None:
-        """(runner, goal id, approval id) of the prompt at (channel, ts). A prompt is recorded just
-        after its outbox row is marked sent; a reaction in between finds it through that row."""
-        if (found := await self.store.approval_at(channel, ts)) is not None:
-            return found
-        key = await self.store.sent_key_at(channel, ts)
-        if key is None or ":approval:" not in key:
+        """(runner, goal id, approval id) of the approval prompt at (channel, ts)."""
+        found = await self._posted_at(channel, ts)
+        if found is None or found[2] is None:
             return None
-        await self._posted(key, channel, ts)
-        return await self.store.approval_at(channel, ts)
+        return found[0], found[1], found[2]
+
+    async def _sent_ts(self, key: str) -> str | None:
+        item = await self.store.outbox_by_key(key)
+        return item.result.get("ts") if item is not None and item.state == "sent" and item.result else None
 
     async def _fresh(self, body: dict) -> bool:
         event_id = body.get("event_id")
@@ -520,17 +529,6 @@ class GoaltenderBot:
 
     # ---- thread replies ----
 
-    async def _thread_at(self, channel: str, root_ts: str) -> Thread | None:
-        """The goal thread rooted at (channel, ts). Slack shows a card to people before its API
-        answer reaches the bot, so a very quick reply may arrive while the card's ts is still
-        unrecorded: wait (briefly) for cards in flight in that channel."""
-        for _ in range(CARD_IN_FLIGHT_POLLS):
-            thread = await self.store.thread_at(channel, root_ts)
-            if thread is not None or not await self.store.cards_in_flight(channel):
-                return thread
-            await asyncio.sleep(0.05)
-        return await self.store.thread_at(channel, root_ts)
-
     async def _thread_post(self, thread: Thread, text: str, key: str | None = None) -> None:
         await self._enqueue(thread.channel, "post", {**render.notice(text), "thread_of": _card(thread)}, key)
 
@@ -620,7 +618,7 @@ class GoaltenderBot:
             thread = await self.store.thread(runner, goal_id)
         elif container.get("thread_ts") and approval.isdigit():
             approval_id = int(approval)
-            thread = await self.store.thread_at(channel, container["thread_ts"])
+            thread = await self._thread_at(channel, container["thread_ts"])
         if thread is None:
             await tell("I can't find the goal this approval belongs to.")
             return
@@ -726,7 +724,7 @@ class GoaltenderBot:
             goal = status.goal
             if not goal.active and not (goal.ended_at and goal.ended_at > since):
                 continue
-            link = await self._permalink(channel, thread.root_ts)
+            link = await self._permalink(channel, await self._sent_ts(_card(thread)))
             name = f"<{link}|Goal #{goal.id}>" if link else f"Goal #{goal.id}"
             ledger = await self._ledger(thread.runner, goal.id) if live is not None else []
             best = self._best_line(status, ledger, since)
@@ -745,8 +743,8 @@ class GoaltenderBot:
                 why = f" ({render.escape(goal.end_reason.splitlines()[0][:200])})" if goal.end_reason else ""
                 finished.append(f"• {name}: *{goal.state}*{why} — {best}")
             for approval in status.pending_approvals:
-                where = await self.store.approval_ts(thread.runner, approval.id)
-                plink = await self._permalink(*where) if where else None
+                prompt = await self._sent_ts(approval_key(thread.runner, goal.id, approval.id))
+                plink = await self._permalink(channel, prompt)
                 question = render.escape(approval.question[:200])
                 asked = format_duration((now - approval.requested_at).total_seconds())
                 label = f"<{plink}|#{approval.id}: {question}>" if plink else f"#{approval.id}: {question}"

@@ -58,7 +58,6 @@ class Outbox:
         self._wake = asyncio.Event()
         self._next_pass = POLL_S
         self.on_failed = None  # optional async callback(item, error) — e.g. tell the goal's owner
-        self.on_sent = None  # optional async callback(item, result) — e.g. learn where a card landed
 
     def notify(self) -> None:
         """Something was queued: look now rather than at the next poll."""
@@ -99,7 +98,7 @@ class Outbox:
             return False
         try:
             if item.attempts and item.kind == "post" and (found := await self._already_posted(item)):
-                await self._sent(item, found)  # the crash came after Slack took it
+                await self.store.mark_sent(item.id, found)  # the crash came after Slack took it
                 return False
             await self.store.mark_attempt(item.id)
             self._last_write[item.channel] = time.monotonic()
@@ -122,13 +121,8 @@ class Outbox:
                 item.id, time.time() + self._backoff(item), str(exc) or type(exc).__name__
             )
             return False
-        await self._sent(item, result)
-        return True
-
-    async def _sent(self, item: OutboxItem, result: dict[str, Any]) -> None:
         await self.store.mark_sent(item.id, result)
-        if self.on_sent is not None:
-            await self.on_sent(item, result)
+        return True
 
     async def _fail(self, item: OutboxItem, error: str) -> None:
         log.warning("slack write %s (%s to %s) failed: %s", item.id, item.kind, item.channel, error)

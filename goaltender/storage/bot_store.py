@@ -52,18 +52,13 @@ MIGRATIONS = [
         received_at TEXT NOT NULL
     );
     """,
-    # v2: approval prompts by message (reactions and clicks find their approval after a restart),
-    # goals queued while no runner could take them, digest schedules, and each goal's last status
-    # (its card can say "runner down" without asking the runner).
+    # v2: each sent post's ts in its outbox row (how a reply, reaction or click finds its goal
+    # thread or approval prompt; threads.root_ts of v1 is no longer read), goals queued while no
+    # runner could take them, digest schedules, and each goal's last status (its card can say
+    # "runner down" without asking the runner).
     """
-    CREATE TABLE approval_posts (
-        channel TEXT NOT NULL,
-        ts TEXT NOT NULL,
-        runner TEXT NOT NULL,
-        goal_id INTEGER NOT NULL,
-        approval_id INTEGER NOT NULL,
-        PRIMARY KEY (channel, ts)
-    );
+    ALTER TABLE outbox ADD COLUMN ts TEXT;
+    CREATE INDEX outbox_by_ts ON outbox (channel, ts);
     CREATE TABLE queued_goals (
         id INTEGER PRIMARY KEY,
         channel TEXT NOT NULL,
@@ -109,7 +104,6 @@ class Thread(BaseModel):
     runner: str
     goal_id: int
     channel: str
-    root_ts: str | None
     owner: str
     created_at: datetime
     status: dict[str, Any] | None = None
@@ -203,31 +197,10 @@ class BotStore:
             row = await tx.row("SELECT * FROM threads WHERE runner = ? AND goal_id = ?", (runner, goal_id))
         return _thread(row)
 
-    async def set_root(self, runner: str, goal_id: int, root_ts: str) -> None:
-        async with self.db.write() as tx:
-            await tx.run(
-                "UPDATE threads SET root_ts = ? WHERE runner = ? AND goal_id = ?", (root_ts, runner, goal_id)
-            )
-
     async def thread(self, runner: str, goal_id: int) -> Thread | None:
         row = await self.db.fetchone(
             "SELECT * FROM threads WHERE runner = ? AND goal_id = ?", (runner, goal_id)
         )
-        return _thread(row) if row else None
-
-    async def thread_at(self, channel: str, root_ts: str) -> Thread | None:
-        """The goal thread rooted at (channel, ts): by its recorded root, or else by its card's
-        sent outbox row (the root is recorded just after the row is marked sent)."""
-        row = await self.db.fetchone(
-            "SELECT * FROM threads WHERE channel = ? AND root_ts = ?", (channel, root_ts)
-        )
-        if row is None:
-            row = await self.db.fetchone(
-                "SELECT t.* FROM outbox o JOIN threads t "
-                "ON o.dedupe_key = t.runner || ':' || t.goal_id || ':card' AND o.channel = t.channel "
-                "WHERE o.channel = ? AND o.state = 'sent' AND json_extract(o.result, '$.ts') = ?",
-                (channel, root_ts),
-            )
         return _thread(row) if row else None
 
     async def threads(self, runner: str | None = None, channel: str | None = None) -> list[Thread]:
@@ -250,33 +223,6 @@ class BotStore:
             await tx.run(
                 "UPDATE threads SET milestone = ? WHERE runner = ? AND goal_id = ?", (title, runner, goal_id)
             )
-
-    # ---- approval prompts ----
-
-    async def add_approval_post(
-        self, channel: str, ts: str, runner: str, goal_id: int, approval_id: int
-    ) -> None:
-        async with self.db.write() as tx:
-            await tx.run(
-                "INSERT OR IGNORE INTO approval_posts (channel, ts, runner, goal_id, approval_id) VALUES (?, ?, ?, ?, ?)",
-                (channel, ts, runner, goal_id, approval_id),
-            )
-
-    async def approval_at(self, channel: str, ts: str) -> tuple[str, int, int] | None:
-        """(runner, goal id, approval id) of the approval prompt posted at (channel, ts)."""
-        row = await self.db.fetchone(
-            "SELECT runner, goal_id, approval_id FROM approval_posts WHERE channel = ? AND ts = ?",
-            (channel, ts),
-        )
-        return (row[0], int(row[1]), int(row[2])) if row else None
-
-    async def approval_ts(self, runner: str, approval_id: int) -> tuple[str, str] | None:
-        """(channel, ts) of an approval's prompt, if it was posted."""
-        row = await self.db.fetchone(
-            "SELECT channel, ts FROM approval_posts WHERE runner = ? AND approval_id = ?",
-            (runner, approval_id),
-        )
-        return (row[0], row[1]) if row else None
 
     # ---- goals waiting for a runner ----
 
@@ -366,9 +312,11 @@ class BotStore:
 
     async def mark_sent(self, item_id: int, result: dict[str, Any]) -> None:
         async with self.db.write() as tx:
+            # A post's ts is kept in its own column: replies, reactions and clicks name it.
             await tx.run(
-                "UPDATE outbox SET state = 'sent', result = ?, error = NULL WHERE id = ?",
-                (json.dumps(result), item_id),
+                "UPDATE outbox SET state = 'sent', result = ?, error = NULL, "
+                "ts = CASE WHEN kind = 'post' THEN ? END WHERE id = ?",
+                (json.dumps(result), result.get("ts"), item_id),
             )
 
     async def mark_attempt(self, item_id: int) -> None:
@@ -399,29 +347,18 @@ class BotStore:
         row = await self.db.fetchone("SELECT * FROM outbox WHERE dedupe_key = ?", (dedupe_key,))
         return _outbox(row) if row else None
 
-    async def sent_posts(self, *key_patterns: str) -> list[tuple[str, str, str | None]]:
-        """(dedupe key, channel, ts) of sent posts whose key matches a LIKE pattern ('%:card')."""
-        where = " OR ".join("dedupe_key LIKE ?" for _ in key_patterns) or "1"
-        rows = await self.db.fetchall(
-            f"SELECT dedupe_key, channel, result FROM outbox WHERE state = 'sent' AND kind = 'post' AND ({where})",
-            key_patterns,
-        )
-        return [(row[0], row[1], (json.loads(row[2]) if row[2] else {}).get("ts")) for row in rows]
-
     async def sent_key_at(self, channel: str, ts: str) -> str | None:
         """The dedupe key of the post sent as (channel, ts), if the bot sent one."""
         row = await self.db.fetchone(
-            "SELECT dedupe_key FROM outbox WHERE channel = ? AND kind = 'post' AND state = 'sent' "
-            "AND json_extract(result, '$.ts') = ?",
-            (channel, ts),
+            "SELECT dedupe_key FROM outbox WHERE channel = ? AND ts = ?", (channel, ts)
         )
         return row[0] if row else None
 
-    async def cards_in_flight(self, channel: str) -> bool:
-        """Whether a goal card in this channel was sent (or is being sent) but not yet recorded."""
+    async def posts_in_flight(self, channel: str) -> bool:
+        """Whether a keyed post in this channel is being sent: tried, with no answer recorded yet."""
         row = await self.db.fetchone(
             "SELECT 1 FROM outbox WHERE channel = ? AND kind = 'post' AND state = 'pending' "
-            "AND attempts > 0 AND dedupe_key LIKE '%:card' LIMIT 1",
+            "AND attempts > 0 AND dedupe_key IS NOT NULL LIMIT 1",
             (channel,),
         )
         return row is not None
