@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CODEX_VERSION := 0.171.0
 CODEX := .codex-cli/node_modules/.bin/codex
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install clean check-wheel
 
 install: $(STAMP)
 
@@ -29,9 +29,20 @@ test: $(STAMP) $(CODEX)
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
 
+# A user's install: the wheel (not editable) into a fresh venv, run from outside the checkout.
+check-wheel:
+	rm -rf .venv-wheel && $(PYTHON) -m venv .venv-wheel
+	.venv-wheel/bin/python -m pip install --quiet .
+	rm -rf build
+	cd /tmp && $(CURDIR)/.venv-wheel/bin/python -c "from goaltender.agents.briefing import SKILLS_DIR; \
+		import goaltender; assert '.venv-wheel' in goaltender.__file__, goaltender.__file__; \
+		assert (SKILLS_DIR / 'autoresearch' / 'SKILL.md').is_file(), SKILLS_DIR"
+	d=$$(mktemp -d) && cd $$d && $(CURDIR)/.venv-wheel/bin/goaltender demo --yes --dir $$d/demo \
+		"train the star-count model to 90% exact accuracy, max 2 experiments" </dev/null && rm -rf $$d
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_bot.py
 
 clean:
-	rm -rf $(VENV) .codex-cli goaltender-demo
+	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build

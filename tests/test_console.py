@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from goaltender.console import (
+from goaltender.display.terminal import (
     ConsoleThread,
     format_bar,
     format_duration,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from goaltender.plots import campaign_figure, curves_figure, plot_campaign, plot_curves
+from goaltender.display.plots import campaign_figure, curves_figure, plot_campaign, plot_curves
 from goaltender.storage.records import Experiment
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

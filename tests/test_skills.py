@@ -20,7 +20,7 @@ import yaml
 
 from goaltender.cli import build_parser
 
-SKILLS_DIR = Path(__file__).resolve().parents[1] / "goaltender" / "skills"
+SKILLS_DIR = Path(__file__).resolve().parents[1] / "skills"
 EXPECTED_SKILLS = {
     "autoresearch",
     "session-memory",

@@ -34,7 +34,7 @@ from goaltender.environments.star_count.generate import (
 from goaltender.environments.star_count.prompt import SYSTEM_PROMPT, format_answer, user_prompt
 from goaltender.environments.star_count.verify import parse_answer, score, verify
 
-PKG_DIR = Path(__file__).resolve().parents[1] / "goaltender" / "environments" / "star_count"
+PKG_DIR = Path(__file__).resolve().parents[1] / "environments" / "star_count"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = {"red": 3, "green": 0, "blue": 1}
 

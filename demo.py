@@ -13,8 +13,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from goaltender import plots
-from goaltender.console import ConsoleThread
+from goaltender.display import plots
+from goaltender.display.terminal import ConsoleThread
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings

@@ -29,12 +29,12 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from goaltender import plots
 from goaltender.bot import digest, render
 from goaltender.bot.config import BotSettings
 from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox
-from goaltender.console import format_duration, format_metric
+from goaltender.display import plots
+from goaltender.display.terminal import format_duration, format_metric
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import parse_goal_text
 from goaltender.runner.client import RunnerUnavailable

@@ -12,7 +12,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from goaltender.console import (
+from goaltender.display.terminal import (
     EMOJI,
     STATE_EMOJI,
     budget_summary,

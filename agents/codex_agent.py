@@ -44,7 +44,7 @@ from goaltender.agents.codex_rpc import METHOD_NOT_FOUND, AppServer, AppServerGo
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 THREAD_FILE = ".codex-thread"  # the Codex thread id, for thread/resume after a restart
 PID_FILE = ".codex-app-server.pid"
 LOG_FILE = "codex.log"  # everything Codex said and ran, for humans
