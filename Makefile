@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CODEX_VERSION := 0.171.0
 CODEX := .codex-cli/node_modules/.bin/codex
 
-.PHONY: demo test bench install clean check-wheel
+.PHONY: demo test bench install clean check-wheel typecheck
 
 install: $(STAMP)
 
@@ -28,6 +28,13 @@ test: $(STAMP) $(CODEX)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest
+
+# mypy names modules after folders, and the repository root is the goaltender package: check it
+# through a link of that name (kept inside .venv).
+typecheck: $(STAMP)
+	mkdir -p $(VENV)/typecheck && ln -sfn $(CURDIR) $(VENV)/typecheck/goaltender
+	cd $(VENV)/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
+		--cache-dir $(CURDIR)/.mypy_cache -p goaltender
 
 # A user's install: the wheel (not editable) into a fresh venv, run from outside the checkout.
 check-wheel:
