@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import shutil
@@ -48,14 +49,24 @@ def short_dir():
 
 
 async def eventually(predicate, timeout: float = 20.0, interval: float = 0.05):
-    """Await until `await predicate()` is truthy; return it (a hang becomes a TimeoutError)."""
+    """Poll `predicate()` (plain or async) until it is truthy and return that value.
 
-    async def poll():
-        while not (result := await predicate()):
-            await asyncio.sleep(interval)
-        return result
+    The one way tests wait for something to happen: on a signal (a row stored, an event recorded,
+    a post made), never after a fixed sleep. A hang becomes a TimeoutError naming the predicate."""
 
-    return await asyncio.wait_for(poll(), timeout)
+    async def check():
+        result = predicate()
+        return await result if inspect.isawaitable(result) else result
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not (result := await check()):
+        if loop.time() > deadline:
+            raise TimeoutError(
+                f"timed out after {timeout}s waiting for {getattr(predicate, '__qualname__', predicate)}"
+            )
+        await asyncio.sleep(interval)
+    return result
 
 
 async def closing(done, what: str, timeout: float = 60.0) -> None:
@@ -190,16 +201,6 @@ async def make_bot(fake, tmp_path):
     yield make
     for bot in bots:
         await closing(bot.close(), "bot")
-
-
-async def until(predicate, timeout: float = 15.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (result := predicate()):
-        if loop.time() > deadline:
-            raise TimeoutError(f"timed out waiting for {predicate}")
-        await asyncio.sleep(0.05)
-    return result
 
 
 def blocks_text(msg) -> str:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import blocks_text, until, write_agent
+from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.bot import render
@@ -74,7 +74,7 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
 
     # The owner's 👍 (with a skin tone) approves; the prompt shows who decided.
     await fake.user_reacts(general, prompt.ts, "+1::skin-tone-3", user=ALICE)
-    await until(lambda: (out / "ask.rc").exists() and (out / "ask.rc").read_text().strip())
+    await eventually(lambda: (out / "ask.rc").exists() and (out / "ask.rc").read_text().strip())
     assert (out / "ask.rc").read_text().strip() == "0"
     await fake.wait_for(lambda: "Approved" in blocks_text(prompt) and not prompt.action_ids(), 10)
     assert "<@U0ALICE>" in blocks_text(prompt)
@@ -87,7 +87,9 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
 
     # Any other reply steers: it reaches the agent's inbox and gets 👀.
     steer = await fake.user_replies(general, card.ts, "focus on lr", user=ALICE)
-    await until(lambda: (out / "inbox.txt").exists() and "focus on lr" in (out / "inbox.txt").read_text())
+    await eventually(
+        lambda: (out / "inbox.txt").exists() and "focus on lr" in (out / "inbox.txt").read_text()
+    )
     await fake.wait_for(lambda: fake.message(general, steer.ts).reacted("eyes", fake.bot_user_id), 10)
 
     # `status` answers in the thread.

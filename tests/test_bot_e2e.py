@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import blocks_text, until
+from conftest import blocks_text, eventually
 from fake_slack import ALICE, BOB, FakeSlack
 
 from goaltender.bot import render
@@ -330,23 +330,23 @@ async def test_ssh_drops_mid_campaign_lose_and_repeat_nothing(fake, make_bot, st
     # 1. Killed while the first experiment runs.
     await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentStarted))
     box.drop()
-    await until(lambda: link.connects == 2 and link.healthy, 30)
+    await eventually(lambda: link.connects == 2 and link.healthy, 30)
 
     # 2. Killed while the bot fetches the ledger for the plot of the first result's milestone.
     armed.set()  # (the agent read its one ledger summary when it started, long before)
     await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentFinished))
-    await until(lambda: link.connects == 3 and link.healthy and not armed.is_set(), 60)
+    await eventually(lambda: link.connects == 3 and link.healthy and not armed.is_set(), 60)
 
     # 3. sshd gone while the second run finishes and its milestones are logged; then back.
     await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentStarted) and d.experiment.index == 2)
     await box.stop()
-    await until(lambda: not link.healthy, 30)
+    await eventually(lambda: not link.healthy, 30)
     await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentFinished) and d.experiment.index == 2)
     await box.start()
     # 4. Killed again the moment the link has resubscribed, while the backlog streams in.
     await asyncio.wait_for(link.wait_healthy(), 60)
     box.drop()
-    await until(lambda: link.connects == 5 and link.healthy, 30)
+    await eventually(lambda: link.connects == 5 and link.healthy, 30)
 
     events = await wait_for_whole_thread(fake, runner, general, card.ts, 1)
     async with asyncio.timeout(60):
@@ -379,7 +379,7 @@ class BotProcess:
 
     async def wait_linked(self) -> None:
         """Until this process's link to the runner has subscribed (it logs that)."""
-        await until(lambda: "subscribed since seq" in self.log.read_text(), 60)
+        await eventually(lambda: "subscribed since seq" in self.log.read_text(), 60)
 
     def kill(self) -> None:
         assert self.proc is not None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import events_until_report, submit
+from conftest import events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.briefing import list_skills
@@ -119,15 +119,6 @@ def processes_with(needle: str) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
-
-
-async def wait_until(predicate, timeout: float = 20.0):
-    async def poll():
-        while not (result := predicate()):
-            await asyncio.sleep(0.1)
-        return result
-
-    return await asyncio.wait_for(poll(), timeout)
 
 
 # ---- tests ----
@@ -252,7 +243,7 @@ async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, conn
     client = await connect(runner)
     goal_id = await submit(client, "a long one, max 3 experiments", agent="codex")
     await asyncio.wait_for(decide(await connect(runner, "ana"), goal_id, [(True, None)]), 20)
-    await wait_until(lambda: processes_with("sleep 31"))
+    await eventually(lambda: processes_with("sleep 31"))
     ws = workspace(runner)
     server_pid = int((ws / ".codex-app-server.pid").read_text())
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
@@ -265,7 +256,7 @@ async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, conn
     events = await events_until_report(client, goal_id, timeout=5)
     assert "Stopped during turn 1 of the Codex session" in events[-1].data.text
     assert group_members(agent_pid) == []
-    await wait_until(lambda: group_members(server_pid) == [], timeout=5)
+    await eventually(lambda: group_members(server_pid) == [], timeout=5)
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
     assert processes_with("sleep 31") == []
     log = (ws / "codex.log").read_text()
@@ -293,7 +284,7 @@ async def test_runner_restart_resumes_the_codex_thread(start_runner, connect, fa
     thread_id = (ws / ".codex-thread").read_text().strip()
     old_server = int((ws / ".codex-app-server.pid").read_text())
     await first.close()  # SIGTERM to the agent: it interrupts the turn and ends its app-server
-    await wait_until(lambda: group_members(old_server) == [], timeout=5)
+    await eventually(lambda: group_members(old_server) == [], timeout=5)
     before = len(fake.requests)
 
     second = await start_runner(agents={"codex": AGENT})  # same home: recovers the goal, resumed=1
@@ -325,7 +316,7 @@ async def test_a_killed_agent_takes_its_app_server_along(start_runner, connect, 
     assert group_members(server_pid)  # its own process group, so a SIGKILL of the agent's misses it
     os.killpg(agent_pid, signal.SIGKILL)
     # PR_SET_PDEATHSIG and the end of its stdin take the app-server down without the agent.
-    await wait_until(lambda: group_members(server_pid) == [], timeout=10)
+    await eventually(lambda: group_members(server_pid) == [], timeout=10)
     events = await events_until_report(client, goal_id, timeout=10)
     assert "the agent exited with code -9" in events[-1].data.end_reason
 
