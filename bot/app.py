@@ -34,7 +34,7 @@ from goaltender.bot.config import BotSettings
 from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox
 from goaltender.display import plots
-from goaltender.display.terminal import format_duration, format_metric
+from goaltender.display.facts import budget_line, format_duration, format_metric
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import parse_goal_text
 from goaltender.runner.client import RunnerUnavailable
@@ -737,7 +737,7 @@ class GoaltenderBot:
                 )
                 active.append(
                     f"• {name} on {render.escape(thread.runner)}: *{goal.state.replace('_', ' ')}*{down} — "
-                    f"{render.escape(goal.text[:120])}\n    {render.budget_line(status, now)} · {best}{last}"
+                    f"{render.escape(goal.text[:120])}\n    {budget_line(status.goal, attempted=status.attempted, compute_hours_used=status.compute_hours_used, now=now)} · {best}{last}"
                 )
             else:
                 why = f" ({render.escape(goal.end_reason.splitlines()[0][:200])})" if goal.end_reason else ""

@@ -3,7 +3,8 @@
 Every function returns a payload for chat.postMessage / chat.update: ``{"text": fallback,
 "blocks": [...]}``, within Slack's limits: section text <= 3,000 characters (longer text is split
 over several sections), at most 50 blocks, and about 11,000 characters of block text in all (a
-longer report is cut, with a note saying so). Wording follows the terminal thread (console.py).
+longer report is cut, with a note saying so). The facts shown (emoji, numbers, costs, budgets)
+come from ``display.facts``, as the terminal's do; this module only lays them out as Block Kit.
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ import re
 from datetime import datetime
 from typing import Any
 
-from goaltender.display.terminal import (
+from goaltender.display.facts import (
     EMOJI,
     STATE_EMOJI,
+    BudgetBar,
+    approval_verdict,
+    budget_bars,
     budget_summary,
+    crash_text,
+    experiment_cost,
     format_bar,
-    format_duration,
-    format_hours,
     format_metric,
     format_params,
+    objective,
+    reported_mark,
+    state_label,
 )
 from goaltender.runner.protocol import GoalStatus
 from goaltender.storage.records import (
@@ -184,50 +191,17 @@ def payload(text: str, blocks: list[dict], what: str = "message") -> Payload:
 # ---- the status card ----
 
 
-def _bar(label: str, used: float, total: float | None, fmt, sep: str = " / ") -> str:
-    if total is None or total <= 0:
-        return f"`{label:<11}` {fmt(used)} _(no limit)_"
-    frac = used / total
-    over = " *over budget*" if frac > 1.0 + 1e-9 else ""
-    return f"`{label:<11} {format_bar(frac)}` {fmt(used)}{sep}{fmt(total)}{over}"
+def _bar(bar: BudgetBar) -> str:
+    if bar.fraction is None:
+        return f"`{bar.label:<11}` {bar.used} _(no limit)_"
+    over = " *over budget*" if bar.over else ""
+    return f"`{bar.label:<11} {format_bar(bar.fraction)}` {bar.used}{bar.sep}{bar.total}{over}"
 
 
 def _metric_text(e: Experiment) -> str:
     name = e.metric_name or "metric"
-    how = "" if e.verified else " _(reported)_"
+    how = f" _({reported_mark(e)})_" if reported_mark(e) else ""
     return f"{escape(name)} *{format_metric(name, e.metric_value)}*{how}"
-
-
-def time_used(status: GoalStatus, now: datetime) -> tuple[float, float | None]:
-    """(seconds used, seconds allowed or None) of a goal's time budget."""
-    goal, b = status.goal, status.goal.budget
-    start = goal.accepted_at or goal.created_at
-    used_s = max(0.0, ((goal.ended_at or now) - start).total_seconds())
-    total_s = b.wall_seconds
-    if total_s is None and b.deadline is not None:
-        total_s = (b.deadline - start).total_seconds()
-    return used_s, total_s
-
-
-def budget_line(status: GoalStatus, now: datetime) -> str:
-    """`time 1h02m/5h00m · 4/20 experiments · 0.52/8 compute-h`, for one-line summaries."""
-    b = status.goal.budget
-    used_s, total_s = time_used(status, now)
-
-    def of(used: str, total: str | None) -> str:
-        return f"{used}/{total}" if total is not None else used
-
-    return " · ".join(
-        [
-            "time " + of(format_duration(used_s), format_duration(total_s) if total_s else None),
-            of(str(status.attempted), str(b.max_experiments) if b.max_experiments else None) + " experiments",
-            of(
-                format_hours(status.compute_hours_used),
-                format_hours(b.compute_hours) if b.compute_hours else None,
-            )
-            + " compute-h",
-        ]
-    )
 
 
 def status_card(
@@ -238,31 +212,24 @@ def status_card(
     `runner_down` (why the runner is unreachable) adds a warning: the card shows the last status seen."""
     now = now or utcnow()
     goal = status.goal
-    b = goal.budget
-    state = goal.state.replace("_", " ")
+    state = state_label(goal.state)
     emoji = STATE_EMOJI.get(goal.state, EMOJI["goal_accepted"])
     head = f"{emoji} *Goal #{goal.id}* · *{state}* · owner {user_ref(goal.owner)}"
     text_lines = escape(goal.text)
     if len(text_lines) > 1500:
         text_lines = text_lines[:1500] + " …"
-    used_s, total_s = time_used(status, now)
     bars = [
-        _bar("time", used_s, total_s, format_duration),
-        _bar("experiments", float(status.attempted), b.max_experiments, lambda v: str(int(v)), sep="/"),
-        _bar("compute-h", status.compute_hours_used, b.compute_hours, format_hours),
+        _bar(bar)
+        for bar in budget_bars(
+            goal, attempted=status.attempted, compute_hours_used=status.compute_hours_used, now=now
+        )
     ]
     best = status.best
     if best is not None and best.metric_value is not None:
         best_text = f"*best* #{best.index} {_metric_text(best)}"
     else:
         best_text = "*best* none yet"
-    arrow = "↑" if goal.direction == "maximize" else "↓"
-    extras = [f"{arrow} {goal.direction}"]
-    if goal.target is not None:
-        extras.append(
-            f"target {format_metric(goal.metric or (best.metric_name if best else None), goal.target)}"
-        )
-    best_text += f" ({', '.join(extras)})"
+    best_text += f" ({objective(goal, goal.metric or (best.metric_name if best else None))})"
     blocks = [section(f"{head}\n>{text_lines}"), section("\n".join(bars) + "\n" + best_text)]
     if runner_down is not None:
         blocks.append(
@@ -361,15 +328,8 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
     if e.metric_value is not None:
         parts.append(_metric_text(e) + (" :trophy: *best*" if data.new_best else ""))
     elif e.status == "crash":
-        parts.append(f"exit {e.exit_code}" if e.exit_code is not None else "no metric")
-    cost = []
-    if e.wall_seconds is not None:
-        cost.append(format_duration(e.wall_seconds))
-    if e.compute_hours is not None:
-        cost.append(f"{format_hours(e.compute_hours)} compute-h")
-    elif e.cpu_seconds is not None:
-        cost.append(f"{format_hours(e.cpu_seconds / 3600)} cpu-h")
-    if cost:
+        parts.append(crash_text(e))
+    if cost := experiment_cost(e):
         parts.append(" · ".join(cost))
     lines = ["  ".join(parts), escape(e.description[:1000])]
     if e.params:
@@ -420,15 +380,10 @@ def approval_prompt(approval: Approval, runner: str) -> Payload:
 
 def approval_decided(approval: Approval) -> Payload:
     """What the approval prompt becomes once decided: the question, who decided, their comment."""
-    who = user_ref(approval.decided_by)
-    if approval.state == "approved":
-        verdict = f"{EMOJI['approved']} *Approved* by {who}"
-    elif approval.state == "rejected":
-        verdict = f"{EMOJI['rejected']} *Rejected* by {who}"
-    elif approval.state == "expired":
-        verdict = f"{EMOJI['expired']} *Expired* without an answer (treated as rejected)"
-    else:
-        verdict = f"{EMOJI['pending']} still pending"
+    emoji, word = approval_verdict(approval)
+    verdict = f"{emoji} *{word}*"
+    if approval.state in ("approved", "rejected"):
+        verdict += f" by {user_ref(approval.decided_by)}"
     blocks = sections(f"~Approval needed:~ {escape(approval.question)}\n{verdict}")
     if approval.comment:
         blocks += sections(f"> {escape(approval.comment)}")
@@ -467,7 +422,7 @@ def state_changed(goal_id: int, data: GoalStateChanged) -> Payload | None:
         or data.state == "failed"
         or (data.state == "running" and data.reason.startswith("resumed"))
     ):
-        state = data.state.replace("_", " ")
+        state = state_label(data.state)
         emoji = STATE_EMOJI.get(data.state, EMOJI["goal_state"])
         reason = f" ({escape(data.reason)})" if data.reason else ""
         return payload(

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from goaltender.display.terminal import format_metric, is_percent_metric
+from goaltender.display.facts import format_metric, is_percent_metric
 from goaltender.storage.records import Experiment
 
 __all__ = [

@@ -2,27 +2,43 @@
 
 ``ConsoleThread.render(event)`` is pure (event in, text out); ``show(event)`` prints it. Each
 message is a header line -- time, speaker, an emoji per kind, a one-line summary -- followed by
-an indented body. ``render_card`` draws the root status card with text budget bars.
-``format_duration`` and ``format_metric`` are shared with other surfaces.
+an indented body. ``render_card`` draws the root status card with text budget bars. The facts
+shown (emoji, numbers, costs, budgets) come from ``display.facts``, as Slack's do; this module
+only lays them out and colours them.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, TextIO
+from typing import TextIO
 
-from goaltender.runner.report import format_params as _runner_format_params
+from goaltender.display.facts import (
+    EMOJI,
+    STATE_EMOJI,
+    BudgetBar,
+    approval_verdict,
+    budget_bars,
+    budget_summary,
+    clean,
+    clock,
+    crash_text,
+    experiment_cost,
+    format_bar,
+    format_metric,
+    format_params,
+    objective,
+    reported_mark,
+    state_label,
+)
 from goaltender.storage.records import (
     Approval,
     ApprovalDecided,
     ApprovalRequested,
-    Budget,
     BudgetChanged,
     Event,
     Experiment,
@@ -37,50 +53,13 @@ from goaltender.storage.records import (
     SteerReceived,
 )
 
-__all__ = [
-    "ConsoleThread",
-    "format_bar",
-    "format_duration",
-    "format_metric",
-    "format_params",
-    "is_percent_metric",
-]
+__all__ = ["ConsoleThread"]
 
 WIDTH = 100
 INDENT = "    "
 SPEAKER = "goaltender"
-BAR_WIDTH = 10
-
-EMOJI = {
-    "goal_accepted": "🎯",
-    "goal_state": "▶️",
-    "experiment_started": "🧪",
-    "keep": "✅",
-    "discard": "➖",
-    "crash": "💥",
-    "running": "🧪",
-    "milestone": "🏁",
-    "approval_requested": "🙋",
-    "approved": "👍",
-    "rejected": "👎",
-    "expired": "⌛",
-    "pending": "🙋",
-    "steer": "💬",
-    "budget_changed": "📐",
-    "report": "📋",
-}
-STATE_EMOJI = {
-    "running": "▶️",
-    "paused": "⏸️",
-    "waiting_for_approval": "⏳",
-    "finished": "🏆",
-    "stopped": "⏹️",
-    "failed": "❌",
-}
 
 DEFAULT_APPROVAL_HINT = "Answer at the prompt: y = approve, n = reject; anything after it is your comment."
-
-# ---- shared formatting helpers ----
 
 _ANSI = {
     "bold": "1",
@@ -92,10 +71,6 @@ _ANSI = {
     "magenta": "35",
     "cyan": "36",
 }
-# Control characters other than newline and tab (this includes ESC, so user text can't inject colour).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -103,107 +78,10 @@ def _visible_len(text: str) -> int:
     return len(_ANSI_RE.sub("", text))
 
 
-def _clean(text: str) -> str:
-    return _CONTROL.sub("", text.replace("\r\n", "\n"))
-
-
-def is_percent_metric(name: str | None) -> bool:
-    """Whether a metric is an accuracy-like fraction that reads best as a percentage."""
-    if not name:
-        return False
-    lowered = name.lower()
-    if "accuracy" in lowered:
-        return True
-    return "acc" in re.split(r"[^a-z0-9]+", lowered)
-
-
-def format_duration(seconds: float | None) -> str:
-    """14.2s, 1m32s, 2h05m, 3d04h. None or NaN -> "—"."""
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "—"
-    if math.isinf(seconds):
-        return "∞"
-    if seconds < 0:
-        return "-" + format_duration(-seconds)
-    if round(seconds, 1) < 60:
-        return f"{seconds:.1f}s"
-    total = round(seconds)
-    if total < 3600:
-        m, s = divmod(total, 60)
-        return f"{m}m{s:02d}s"
-    total_min = round(seconds / 60)
-    if total_min < 24 * 60:
-        h, m = divmod(total_min, 60)
-        return f"{h}h{m:02d}m"
-    total_h = round(seconds / 3600)
-    d, h = divmod(total_h, 24)
-    return f"{d}d{h:02d}h"
-
-
-def format_metric(name: str | None, value: float | None) -> str:
-    """Accuracy-like metrics as a percentage (87.5%), anything else with 4 significant digits."""
-    if value is None:
-        return "—"
-    value = float(value)
-    if not math.isfinite(value):
-        return str(value)
-    if is_percent_metric(name):
-        # A value above 1 is taken to be a percentage already.
-        return f"{value * 100:.1f}%" if -1.0 <= value <= 1.0 else f"{value:.1f}%"
-    return f"{value:.4g}"
-
-
-def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
-    """``train_size=2048 hidden=64 lr=0.001``, cut whole with " …" when longer than ``max_len``."""
-    return _clean(_runner_format_params(params, max_len)).replace("\n", " ")
-
-
-def format_bar(fraction: float, width: int = BAR_WIDTH) -> str:
-    """``[###-------]``: the number of ``#`` is ``floor(fraction * width)``, clamped to the bar."""
-    if not math.isfinite(fraction):
-        fraction = 1.0
-    filled = min(width, max(0, int(fraction * width + 1e-9)))
-    return "[" + "#" * filled + "-" * (width - filled) + "]"
-
-
-def format_hours(hours: float) -> str:
-    """Compute-hours, short: 0, 0.0042, 3.25, 12.5."""
-    if hours == 0:
-        return "0"
-    if hours < 10:
-        return f"{hours:.3f}".rstrip("0").rstrip(".") if hours >= 0.001 else f"{hours:.2g}"
-    return f"{hours:.1f}"
-
-
-def budget_summary(budget: Budget) -> str:
-    """`3m00s wall · deadline 18:24:17 · ≤10 experiments · 1m30s per experiment`."""
-    parts: list[str] = []
-    if budget.wall_seconds is not None:
-        parts.append(f"{format_duration(budget.wall_seconds)} wall")
-    if budget.deadline is not None:
-        parts.append(f"deadline {_clock(budget.deadline)}")
-    if budget.max_experiments is not None:
-        parts.append(f"≤{budget.max_experiments} experiments")
-    if budget.compute_hours is not None:
-        parts.append(f"{format_hours(budget.compute_hours)} compute-h")
-    if budget.experiment_timeout_s is not None:
-        parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
-    if budget.ask_to_continue:
-        parts.append("asks before going past baseline + 3")
-    return " · ".join(parts) if parts else "no limits"
-
-
-def _clock(ts: datetime) -> str:
-    try:
-        return ts.astimezone().strftime("%H:%M:%S")
-    except (ValueError, OSError):
-        return ts.strftime("%H:%M:%S")
-
-
 def _wrap(text: str, indent: str = INDENT, width: int = WIDTH) -> list[str]:
     """Wrap each line of ``text`` to ``width``, keeping blank lines and list-style hanging indents."""
     out: list[str] = []
-    for raw in _clean(text).split("\n"):
+    for raw in clean(text).split("\n"):
         line = raw.rstrip()
         if not line.strip():
             out.append("")
@@ -286,7 +164,7 @@ class ConsoleThread:
     # -- message assembly --
 
     def _header(self, ts: datetime, emoji: str, summary: str) -> str:
-        time_part = self._c(_clock(ts), "dim")
+        time_part = self._c(clock(ts), "dim")
         return f"{time_part}  {self._c(self.speaker, 'bold')}  {emoji} {summary}"
 
     def _prefix_len(self) -> int:
@@ -295,7 +173,7 @@ class ConsoleThread:
 
     def _fit(self, lead: str, title: str, *styles: str) -> tuple[str, list[str]]:
         """``lead`` + ``title`` as the header summary; what doesn't fit continues in the body."""
-        title = " ".join(_clean(title).split())
+        title = " ".join(clean(title).split())
         room = self.width - self._prefix_len() - _visible_len(lead)
         if len(title) <= room:
             return lead + self._c(title, *styles), []
@@ -338,10 +216,10 @@ class ConsoleThread:
             return self._render_approval_decided(ts, data.approval)
         if isinstance(data, SteerReceived):
             msg = data.message
-            summary = f"Steer from {self._c(_clean(msg.author), 'bold')}"
+            summary = f"Steer from {self._c(clean(msg.author), 'bold')}"
             return self._message(ts, EMOJI["steer"], summary, self._body(msg.text))
         if isinstance(data, BudgetChanged):
-            summary = f"Budget changed: {_clean(data.reason)}" if data.reason else "Budget changed"
+            summary = f"Budget changed: {clean(data.reason)}" if data.reason else "Budget changed"
             return self._message(
                 ts, EMOJI["budget_changed"], summary, self._body(f"now: {budget_summary(data.budget)}")
             )
@@ -389,9 +267,9 @@ class ConsoleThread:
     ) -> str:
         """The root status card: state, budget bars, best result, agent."""
         b = goal.budget
-        state = self._c(goal.state.replace("_", " "), "bold", self._state_style(goal.state))
+        state = self._c(state_label(goal.state), "bold", self._state_style(goal.state))
         emoji = STATE_EMOJI.get(goal.state, EMOJI["goal_accepted"])
-        title = f"{emoji} Goal #{goal.id}  [{state}]  agent: {goal.agent}  owner: {_clean(goal.owner)}"
+        title = f"{emoji} Goal #{goal.id}  [{state}]  agent: {goal.agent}  owner: {clean(goal.owner)}"
         lines = [self._c("─" * min(self.width, 60), "dim"), title]
         text_lines = _wrap(goal.text, indent=INDENT, width=self.width)
         if len(text_lines) > 3:
@@ -399,25 +277,8 @@ class ConsoleThread:
         lines.extend(text_lines)
 
         label_w = 12
-        # time
-        start = goal.accepted_at or goal.created_at
-        end = goal.ended_at if goal.ended_at is not None else now
-        used_s = max(0.0, (end - start).total_seconds())
-        total_s = b.wall_seconds
-        if total_s is None and b.deadline is not None:
-            total_s = (b.deadline - start).total_seconds()
-        lines.append(self._bar_line("time", label_w, used_s, total_s, format_duration))
-        # experiments
-        lines.append(
-            self._bar_line(
-                "experiments", label_w, float(attempted), b.max_experiments, lambda v: str(int(v)), sep="/"
-            )
-        )
-        # compute
-        lines.append(
-            self._bar_line("compute-h", label_w, float(compute_hours_used), b.compute_hours, format_hours)
-        )
-        # best
+        for bar in budget_bars(goal, attempted=attempted, compute_hours_used=compute_hours_used, now=now):
+            lines.append(self._bar_line(bar, label_w))
         metric = goal.metric or (best.metric_name if best else None) or "metric"
         if best is not None and best.metric_value is not None:
             best_text = (
@@ -426,12 +287,7 @@ class ConsoleThread:
             )
         else:
             best_text = "none yet"
-        extras = []
-        arrow = "↑" if goal.direction == "maximize" else "↓"
-        extras.append(f"{arrow} {goal.direction}")
-        if goal.target is not None:
-            extras.append(f"target {format_metric(metric, goal.target)}")
-        lines.append(f"{INDENT}{'best':<{label_w}} {best_text}  ({', '.join(extras)})")
+        lines.append(f"{INDENT}{'best':<{label_w}} {best_text}  ({objective(goal, metric)})")
         if goal.end_reason:
             lines.extend(_wrap(f"ended: {goal.end_reason}", indent=INDENT, width=self.width))
         elif goal.state == "running" and b.ask_to_continue:
@@ -441,41 +297,27 @@ class ConsoleThread:
 
     # -- per-kind renderers --
 
-    def _bar_line(
-        self,
-        label: str,
-        label_w: int,
-        used: float,
-        total: float | None,
-        fmt,
-        sep: str = " / ",
-    ) -> str:
-        head = f"{INDENT}{label:<{label_w}} "
-        if total is None or total <= 0:
-            return f"{head}{fmt(used)} {self._c('(no limit)', 'dim')}"
-        frac = used / total
-        bar = format_bar(frac)
-        style = "green" if frac < 0.75 else "yellow" if frac < 1.0 else "red"
-        over = f" {self._c('over budget', 'red', 'bold')}" if frac > 1.0 + 1e-9 else ""
-        return f"{head}{self._c(bar, style)} {fmt(used)}{sep}{fmt(total)}{over}"
+    def _bar_line(self, bar: BudgetBar, label_w: int) -> str:
+        head = f"{INDENT}{bar.label:<{label_w}} "
+        if bar.fraction is None:
+            return f"{head}{bar.used} {self._c('(no limit)', 'dim')}"
+        style = "green" if bar.fraction < 0.75 else "yellow" if bar.fraction < 1.0 else "red"
+        over = f" {self._c('over budget', 'red', 'bold')}" if bar.over else ""
+        return f"{head}{self._c(format_bar(bar.fraction), style)} {bar.used}{bar.sep}{bar.total}{over}"
 
     def _render_accepted(self, ts: datetime, data: GoalAccepted) -> str:
         g = data.goal
         summary = self._c(f"Goal #{g.id} accepted", "bold")
         body = self._body(g.text)
-        facts = [f"owner: {_clean(g.owner)}", f"agent: {g.agent}"]
+        facts = [f"owner: {clean(g.owner)}", f"agent: {g.agent}"]
         if g.metric:
-            arrow = "↑" if g.direction == "maximize" else "↓"
-            metric = f"metric: {g.metric} {arrow} {g.direction}"
-            if g.target is not None:
-                metric += f", target {format_metric(g.metric, g.target)}"
-            facts.append(metric)
+            facts.append(f"metric: {g.metric} {objective(g)}")
         body += self._body(" · ".join(facts), "dim")
         body += self._body(f"budget: {budget_summary(g.budget)}", "dim")
         return self._message(ts, EMOJI["goal_accepted"], summary, body)
 
     def _render_state(self, ts: datetime, data: GoalStateChanged) -> str:
-        state = data.state.replace("_", " ")
+        state = state_label(data.state)
         summary = f"Goal is now {self._c(state, 'bold', self._state_style(data.state))}"
         return self._message(
             ts, STATE_EMOJI.get(data.state, EMOJI["goal_state"]), summary, self._body(data.reason)
@@ -494,7 +336,7 @@ class ConsoleThread:
                 body += self._body(f"params: {params}")
         body += self._body(e.description)
         if e.command:
-            cmd = " ".join(_clean(c) for c in e.command)
+            cmd = " ".join(clean(c) for c in e.command)
             limit = self.width - len(INDENT) - 2
             if len(cmd) > limit:
                 cmd = cmd[: limit - 1] + "…"
@@ -511,23 +353,15 @@ class ConsoleThread:
             name = e.metric_name or "metric"
             value = format_metric(name, e.metric_value)
             best = " (best)" if new_best else ""
-            # A number the runner did not measure itself says so wherever it is shown.
-            how = "" if e.verified else " reported"
+            how = f" {reported_mark(e)}" if reported_mark(e) else ""
             parts_plain.append(f"{name} {value}{how}{best}")
             parts.append(
                 f"{name} {self._c(value, 'bold')}{self._c(how, 'dim')}{self._c(best, 'yellow', 'bold')}"
             )
         elif e.status == "crash":
-            crash = f"exit {e.exit_code}" if e.exit_code is not None else "no metric"
-            parts_plain.append(crash)
-            parts.append(self._c(crash, "red"))
-        tail: list[str] = []
-        if e.wall_seconds is not None:
-            tail.append(format_duration(e.wall_seconds))
-        if e.cpu_seconds is not None:
-            tail.append(f"{format_hours(e.cpu_seconds / 3600)} cpu-h")
-        elif e.compute_hours is not None:
-            tail.append(f"{format_hours(e.compute_hours)} compute-h")
+            parts_plain.append(crash_text(e))
+            parts.append(self._c(crash_text(e), "red"))
+        tail = experiment_cost(e)
 
         # Fit the params between the metric and the costs; the full list goes to the body if cut.
         body: list[str] = []
@@ -555,30 +389,26 @@ class ConsoleThread:
         lead = self._c("Approval needed", "bold", "yellow") + ": "
         summary, body = self._fit(lead, a.question, "bold")
         body += self._body(a.detail)
-        body += self._body(f"approval #{a.id} · {a.kind} · expires {_clock(a.expires_at)}", "dim")
+        body += self._body(f"approval #{a.id} · {a.kind} · expires {clock(a.expires_at)}", "dim")
         body += self._body(self.approval_hint.replace("{id}", str(a.id)), "cyan")
         return self._message(ts, EMOJI["approval_requested"], summary, body)
 
     def _render_approval_decided(self, ts: datetime, a: Approval) -> str:
-        emoji = EMOJI.get(a.state, EMOJI["approval_requested"])
-        who = _clean(a.decided_by) if a.decided_by else None
-        if a.state == "approved":
-            summary = f"{self._c('Approved', 'bold', 'green')} by {self._c(who or 'someone', 'bold')}"
-        elif a.state == "rejected":
-            summary = f"{self._c('Rejected', 'bold', 'red')} by {self._c(who or 'someone', 'bold')}"
-        elif a.state == "expired":
-            summary = self._c("Expired without an answer (treated as rejected)", "bold", "yellow")
-        else:
-            summary = "Approval still pending"
+        emoji, verdict = approval_verdict(a)
+        who = self._c(clean(a.decided_by) if a.decided_by else "someone", "bold")
+        style = {"approved": "green", "rejected": "red", "expired": "yellow"}.get(a.state)
+        summary = self._c(verdict, "bold", style) if style else verdict
+        if a.state in ("approved", "rejected"):
+            summary += f" by {who}"
         summary += f"  (approval #{a.id})"
         body: list[str] = []
         if a.comment:
-            body += self._body(f"“{_clean(a.comment)}”")
+            body += self._body(f"“{clean(a.comment)}”")
         body += self._body(f"re: {a.question}", "dim")
         return self._message(ts, emoji, summary, body)
 
     def _render_report(self, ts: datetime, data: FinalReport) -> str:
-        summary = f"{self._c('Final report', 'bold')} — {_clean(data.end_reason)}"
+        summary = f"{self._c('Final report', 'bold')} — {clean(data.end_reason)}"
         lines = [self._header(ts, EMOJI["report"], summary)]
         if data.best is not None and data.best.metric_value is not None:
             b = data.best
@@ -588,5 +418,5 @@ class ConsoleThread:
             )
         lines.append("")
         # The report's markdown as is (its ledger table must keep its columns aligned).
-        lines.append(_clean(data.text).rstrip("\n"))
+        lines.append(clean(data.text).rstrip("\n"))
         return "\n".join(lines)

@@ -5,13 +5,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from goaltender.display.terminal import (
-    ConsoleThread,
-    format_bar,
-    format_duration,
-    format_metric,
-    format_params,
-)
+from goaltender.display.facts import format_bar, format_duration, format_metric, format_params
+from goaltender.display.terminal import ConsoleThread
 from goaltender.storage.records import (
     Approval,
     ApprovalDecided,
@@ -231,10 +226,9 @@ def test_experiment_keep_row() -> None:
     assert "✅" in first
     assert "#3 keep" in first
     assert "exact_accuracy 87.5% (best)" in first
-    assert "train_size=2048" in first  # as many params as fit; all of them below when cut
-    assert "train_size=2048 hidden=64" in text
+    assert "train_size=2048 hidden=64" in text  # in the header when they fit, else below it
     assert "14.2s" in first
-    assert "0.004 cpu-h" in first
+    assert "0.004 compute-h" in first  # what the budget charges, as in Slack
     assert "bigger training set" in text
     assert len(first) <= 100
 
@@ -401,3 +395,30 @@ def test_card_prints() -> None:
 def test_reported_metric_is_marked():
     text = render(ExperimentFinished(experiment=experiment(verified=False)))
     assert "exact_accuracy 87.5% reported" in text
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        experiment(compute_hours=0.25, cpu_seconds=3.0),  # a GPU run: GPU-hours differ from CPU time
+        experiment(compute_hours=None, cpu_seconds=36.0),
+        experiment(status="crash", value=None, exit_code=137),
+        experiment(verified=False),
+    ],
+)
+def test_terminal_and_slack_show_the_same_facts(row: Experiment) -> None:
+    """One set of facts, two renderers: a ledger row's metric, costs and crash reason agree."""
+    from goaltender.bot import render as slack
+    from goaltender.display.facts import crash_text, experiment_cost, reported_mark
+
+    data = ExperimentFinished(experiment=row, new_best=False)
+    terminal = render(data).splitlines()[0]
+    posted = slack.experiment_finished(data)["blocks"][0]["text"]["text"]
+    for fact in experiment_cost(row):
+        assert fact in terminal and fact in posted
+    if row.status == "crash":
+        assert crash_text(row) in terminal and crash_text(row) in posted
+    else:
+        value = format_metric(row.metric_name, row.metric_value)
+        assert value in terminal and value in posted
+        assert (reported_mark(row) in terminal) and (reported_mark(row) in posted)

@@ -1,0 +1,258 @@
+"""What a goal's records say, in words and numbers, once for every surface.
+
+The terminal thread (``display.terminal``) and the Slack thread (``bot.render``) show the same
+facts about the same records; they differ only in markup (ANSI colour against mrkdwn). So the
+facts -- which emoji a kind of message gets, how a metric, a duration or a cost reads, which
+costs an experiment shows, how full each budget is -- are decided here, and the renderers only
+style them. Everything here is pure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from goaltender.runner.report import format_params as _report_params
+from goaltender.storage.records import Approval, Budget, Experiment, Goal
+
+EMOJI = {
+    "goal_accepted": "🎯",
+    "goal_state": "▶️",
+    "experiment_started": "🧪",
+    "keep": "✅",
+    "discard": "➖",
+    "crash": "💥",
+    "running": "🧪",
+    "milestone": "🏁",
+    "approval_requested": "🙋",
+    "approved": "👍",
+    "rejected": "👎",
+    "expired": "⌛",
+    "pending": "🙋",
+    "steer": "💬",
+    "budget_changed": "📐",
+    "report": "📋",
+}
+STATE_EMOJI = {
+    "running": "▶️",
+    "paused": "⏸️",
+    "waiting_for_approval": "⏳",
+    "finished": "🏆",
+    "stopped": "⏹️",
+    "failed": "❌",
+}
+BAR_WIDTH = 10
+
+# Control characters other than newline and tab (ESC among them, so user text can't inject colour).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean(text: str) -> str:
+    """User or agent text made safe to print: CRLF to LF, control characters removed."""
+    return _CONTROL.sub("", text.replace("\r\n", "\n"))
+
+
+def is_percent_metric(name: str | None) -> bool:
+    """Whether a metric is an accuracy-like fraction that reads best as a percentage."""
+    if not name:
+        return False
+    lowered = name.lower()
+    if "accuracy" in lowered:
+        return True
+    return "acc" in re.split(r"[^a-z0-9]+", lowered)
+
+
+def format_duration(seconds: float | None) -> str:
+    """14.2s, 1m32s, 2h05m, 3d04h. None or NaN -> "—"."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "—"
+    if math.isinf(seconds):
+        return "∞"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f}s"
+    total = round(seconds)
+    if total < 3600:
+        m, s = divmod(total, 60)
+        return f"{m}m{s:02d}s"
+    total_min = round(seconds / 60)
+    if total_min < 24 * 60:
+        h, m = divmod(total_min, 60)
+        return f"{h}h{m:02d}m"
+    total_h = round(seconds / 3600)
+    d, h = divmod(total_h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def format_metric(name: str | None, value: float | None) -> str:
+    """Accuracy-like metrics as a percentage (87.5%), anything else with 4 significant digits."""
+    if value is None:
+        return "—"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    if is_percent_metric(name):
+        # A value above 1 is taken to be a percentage already.
+        return f"{value * 100:.1f}%" if -1.0 <= value <= 1.0 else f"{value:.1f}%"
+    return f"{value:.4g}"
+
+
+def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
+    """``train_size=2048 hidden=64 lr=0.001`` on one line, cut whole with " …" past ``max_len``."""
+    return clean(_report_params(params, max_len)).replace("\n", " ")
+
+
+def format_bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """``[###-------]``: the number of ``#`` is ``floor(fraction * width)``, clamped to the bar."""
+    if not math.isfinite(fraction):
+        fraction = 1.0
+    filled = min(width, max(0, int(fraction * width + 1e-9)))
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def format_hours(hours: float) -> str:
+    """Compute-hours, short: 0, 0.0042, 3.25, 12.5."""
+    if hours == 0:
+        return "0"
+    if hours < 10:
+        return f"{hours:.3f}".rstrip("0").rstrip(".") if hours >= 0.001 else f"{hours:.2g}"
+    return f"{hours:.1f}"
+
+
+def clock(ts: datetime) -> str:
+    """A timestamp as local wall-clock time, HH:MM:SS."""
+    try:
+        return ts.astimezone().strftime("%H:%M:%S")
+    except (ValueError, OSError):
+        return ts.strftime("%H:%M:%S")
+
+
+def state_label(state: str) -> str:
+    """``waiting_for_approval`` -> ``waiting for approval``."""
+    return state.replace("_", " ")
+
+
+def budget_summary(budget: Budget) -> str:
+    """`3m00s wall · deadline 18:24:17 · ≤10 experiments · 1m30s per experiment`."""
+    parts: list[str] = []
+    if budget.wall_seconds is not None:
+        parts.append(f"{format_duration(budget.wall_seconds)} wall")
+    if budget.deadline is not None:
+        parts.append(f"deadline {clock(budget.deadline)}")
+    if budget.max_experiments is not None:
+        parts.append(f"≤{budget.max_experiments} experiments")
+    if budget.compute_hours is not None:
+        parts.append(f"{format_hours(budget.compute_hours)} compute-h")
+    if budget.experiment_timeout_s is not None:
+        parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
+    if budget.ask_to_continue:
+        parts.append("asks before going past baseline + 3")
+    return " · ".join(parts) if parts else "no limits"
+
+
+def objective(goal: Goal, metric: str | None = None) -> str:
+    """`↑ maximize, target 95.0%`: which way the goal's metric should move, and how far."""
+    parts = [f"{'↑' if goal.direction == 'maximize' else '↓'} {goal.direction}"]
+    if goal.target is not None:
+        parts.append(f"target {format_metric(metric or goal.metric, goal.target)}")
+    return ", ".join(parts)
+
+
+# ---- budgets used ----
+
+
+def time_used(goal: Goal, now: datetime) -> tuple[float, float | None]:
+    """(seconds used, seconds allowed or None) of a goal's time budget."""
+    start = goal.accepted_at or goal.created_at
+    used_s = max(0.0, ((goal.ended_at or now) - start).total_seconds())
+    total_s = goal.budget.wall_seconds
+    if total_s is None and goal.budget.deadline is not None:
+        total_s = (goal.budget.deadline - start).total_seconds()
+    return used_s, total_s
+
+
+@dataclass(frozen=True)
+class BudgetBar:
+    """One budget on the status card: `time [###-------] 1m02s / 5m00s`."""
+
+    label: str
+    used: str
+    total: str | None  # None: no limit
+    fraction: float | None  # used / total; None without a limit
+    sep: str = " / "
+
+    @property
+    def over(self) -> bool:
+        return self.fraction is not None and self.fraction > 1.0 + 1e-9
+
+
+def _bar(
+    label: str, used: float, total: float | None, fmt: Callable[[float], str], sep: str = " / "
+) -> BudgetBar:
+    if total is None or total <= 0:
+        return BudgetBar(label, fmt(used), None, None, sep)
+    return BudgetBar(label, fmt(used), fmt(total), used / total, sep)
+
+
+def budget_bars(goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime) -> list[BudgetBar]:
+    """The card's three budgets: time, experiments attempted, compute-hours."""
+    used_s, total_s = time_used(goal, now)
+    b = goal.budget
+    return [
+        _bar("time", used_s, total_s, format_duration),
+        _bar("experiments", float(attempted), b.max_experiments, lambda v: str(int(v)), sep="/"),
+        _bar("compute-h", compute_hours_used, b.compute_hours, format_hours),
+    ]
+
+
+def budget_line(goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime) -> str:
+    """`time 1h02m/5h00m · 4/20 experiments · 0.52/8 compute-h`, for one-line summaries."""
+    time_bar, experiments, compute = budget_bars(
+        goal, attempted=attempted, compute_hours_used=compute_hours_used, now=now
+    )
+
+    def of(bar: BudgetBar) -> str:
+        return f"{bar.used}/{bar.total}" if bar.total is not None else bar.used
+
+    return f"time {of(time_bar)} · {of(experiments)} experiments · {of(compute)} compute-h"
+
+
+# ---- experiments and approvals ----
+
+
+def experiment_cost(e: Experiment) -> list[str]:
+    """What a run cost: its wall time, then what the budget charges (compute-hours; the CPU time
+    of a run that has no compute-hours recorded)."""
+    cost = []
+    if e.wall_seconds is not None:
+        cost.append(format_duration(e.wall_seconds))
+    if e.compute_hours is not None:
+        cost.append(f"{format_hours(e.compute_hours)} compute-h")
+    elif e.cpu_seconds is not None:
+        cost.append(f"{format_hours(e.cpu_seconds / 3600)} cpu-h")
+    return cost
+
+
+def crash_text(e: Experiment) -> str:
+    """Why a crashed run has no metric: its exit code, when it has one."""
+    return f"exit {e.exit_code}" if e.exit_code is not None else "no metric"
+
+
+def reported_mark(e: Experiment) -> str:
+    """ "reported" for a number the runner did not measure itself (every surface says so), else ""."""
+    return "" if e.verified else "reported"
+
+
+def approval_verdict(a: Approval) -> tuple[str, str]:
+    """(emoji, verdict) for a decided approval: `Approved`, `Rejected`, `Expired …`, `Pending`."""
+    verdicts = {
+        "approved": "Approved",
+        "rejected": "Rejected",
+        "expired": "Expired without an answer (treated as rejected)",
+    }
+    return EMOJI.get(a.state, EMOJI["pending"]), verdicts.get(a.state, "Still pending")
