@@ -361,7 +361,8 @@ def cmd_runner(args: argparse.Namespace) -> int:
 def cmd_bot(args: argparse.Namespace) -> int:
     from goaltender.bot.app import main as bot_main
 
-    return bot_main() or EXIT_OK
+    bot_main()
+    return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -568,17 +569,17 @@ def cmd_diary(args):
     async def body(runner: RunnerClient):
         if args.action == "write":
             text = sys.stdin.read() if args.text in (None, "-") else args.text
-            reply = await runner.call(
+            done = await runner.call(
                 p.WriteDiary, p.Done, goal_id=_goal_id(args), text=text, kind=kind or "note"
             )
-            print(reply.message)
+            print(done.message)
             return
-        reply = await runner.call(
+        diary = await runner.call(
             p.ReadDiary, p.DiaryReply, goal_id=_goal_id(args), last=args.last, kind=kind
         )
-        if not reply.entries:
+        if not diary.entries:
             print("(the diary is empty)")
-        for e in reply.entries:
+        for e in diary.entries:
             print(f"--- {e.ts:%Y-%m-%d %H:%M:%S} {e.kind}\n{e.text}")
 
     return _run(args, body)

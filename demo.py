@@ -103,7 +103,9 @@ class Demo:
 
     def settings(self) -> RunnerSettings:
         sweep = [sys.executable, "-m", "goaltender.agents.sweep", "--approve-above", str(APPROVE_ABOVE_S)]
-        agents = RunnerSettings.model_fields["agents"].default_factory() | {"sweep": sweep}
+        agents = RunnerSettings.model_fields["agents"].get_default(call_default_factory=True) | {
+            "sweep": sweep
+        }
         return RunnerSettings(
             home=self.directory / "runner",
             name="demo",

@@ -35,7 +35,7 @@ __all__ = [
 FIGSIZE = (8.0, 4.5)  # inches
 DPI = 110
 
-STATUS_STYLE: dict[str, dict[str, object]] = {
+STATUS_STYLE: dict[str, dict[str, str]] = {
     "keep": {"color": "#2ca02c", "marker": "o", "label": "keep"},
     "discard": {"color": "#9a9a9a", "marker": "o", "label": "discard"},
     "running": {"color": "#1f77b4", "marker": "D", "label": "running"},
@@ -172,7 +172,7 @@ def campaign_figure(
         style = STATUS_STYLE[status]
         ax.scatter(
             [e.index for e in pts],
-            [e.metric_value for e in pts],
+            [float(e.metric_value or 0.0) for e in pts],  # scored: every value is set
             s=46,
             color=style["color"],
             marker=style["marker"],

@@ -151,7 +151,7 @@ def make_example(seed: int, cfg: StarCountConfig = DEFAULT_CONFIG) -> Example:
             if pos is None:
                 break
             name = to_draw[i]
-            placed.append(Star(pos[0], pos[1], radii[i], rotations[i], name, tuple(cfg.colours[name])))
+            placed.append(Star(pos[0], pos[1], radii[i], rotations[i], name, cfg.colours[name]))
         else:
             # Draw order = the shuffled order, not the size order.
             by_index = dict(zip(order, placed, strict=True))
@@ -162,7 +162,7 @@ def make_example(seed: int, cfg: StarCountConfig = DEFAULT_CONFIG) -> Example:
                 height=size,
                 stars=stars,
                 counts=counts,
-                background=tuple(cfg.background),
+                background=cfg.background,
                 inner_ratio=cfg.inner_ratio,
                 supersample=cfg.supersample,
             )

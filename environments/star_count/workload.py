@@ -180,7 +180,7 @@ def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, allow_pickle=False, **arrays)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
