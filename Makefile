@@ -1,6 +1,6 @@
 # Two commands do everything on a machine with Python 3.11+, pip, git and make:
 #   make demo   — install into .venv, then run a whole star-count campaign in this terminal
-#   make test   — install into .venv, then lint and run the test suite
+#   make test   — install into .venv, then lint, type-check and run the test suite (on every core)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -27,7 +27,7 @@ $(CODEX):  # the real Codex CLI, for the Codex backend's end-to-end tests (the n
 test: $(STAMP) $(CODEX)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --durations=10
 
 # mypy names modules after folders, and the repository root is the goaltender package: check it
 # through a link of that name (kept inside .venv).

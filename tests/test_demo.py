@@ -70,7 +70,7 @@ def test_demo_asks_at_the_terminal(tmp_path):
     if pid == 0:  # the child: the demo, attached to the pty
         os.environ["NO_COLOR"] = "1"
         os.environ.pop("GOALTENDER_HOME", None)
-        goal = "star count to 99% exact accuracy, max 5 experiments"
+        goal = "star count to 99% exact accuracy, max 3 experiments"  # a rejection, then a yes
         os.execv(
             sys.executable, [sys.executable, "-m", "goaltender.cli", "demo", goal, "--dir", str(tmp_path)]
         )
