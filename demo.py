@@ -222,13 +222,14 @@ class Demo:
         self._plot()
         status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
         self.goal = status.goal
-        self.console.card(
+        card = self.console.render_card(
             status.goal,
             attempted=status.attempted,
             compute_hours_used=status.compute_hours_used,
             best=status.best,
             now=utcnow(),
         )
+        self.console.write(card)
         for path in self.plot_paths:
             print(f"plot: {path}")
         print(f"ledger and logs: {status.goal.workspace}/experiments/")

@@ -240,22 +240,6 @@ class ConsoleThread:
         stream.write(text.rstrip("\n") + "\n\n")
         stream.flush()
 
-    def card(
-        self,
-        goal: Goal,
-        *,
-        attempted: int,
-        compute_hours_used: float,
-        best: Experiment | None,
-        now: datetime,
-    ) -> str:
-        """Render the status card, print it and flush; returns the text."""
-        text = self.render_card(
-            goal, attempted=attempted, compute_hours_used=compute_hours_used, best=best, now=now
-        )
-        self.write(text)
-        return text
-
     def render_card(
         self,
         goal: Goal,

@@ -388,7 +388,7 @@ def test_render_card_deadline_and_ended() -> None:
 def test_card_prints() -> None:
     stream = io.StringIO()
     thread = ConsoleThread(stream=stream, color=False)
-    thread.card(goal(), attempted=0, compute_hours_used=0.0, best=None, now=T0)
+    thread.write(thread.render_card(goal(), attempted=0, compute_hours_used=0.0, best=None, now=T0))
     assert "experiments  [----------] 0/8" in stream.getvalue()
 
 
