@@ -36,6 +36,7 @@ class Message(BaseModel):
 
 class Request(Message):
     id: RequestId
+    type: str  # each request narrows it to its own literal
 
 
 # ---- requests from the bot (or any operator client) ----
@@ -244,6 +245,7 @@ AnyRequest = Annotated[
 
 class Reply(Message):
     id: RequestId | None = None
+    type: str  # each reply narrows it to its own literal
 
 
 class Welcome(Reply):

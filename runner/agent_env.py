@@ -1,0 +1,78 @@
+"""What agents and experiments find in their environment: caches routed under the runner's home,
+the GOALTENDER_* variables that lead them back to the runner, and how many GPUs the box offers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from goaltender.runner.config import RunnerSettings
+from goaltender.storage.records import Experiment, Goal
+
+# Caches and temp files go under the runner's home (the big disk), unless the box already says where.
+CACHE_DIRS = {
+    "XDG_CACHE_HOME": "xdg",
+    "HF_HOME": "huggingface",
+    "TORCH_HOME": "torch",
+    "TRITON_CACHE_DIR": "triton",
+    "PIP_CACHE_DIR": "pip",
+    "UV_CACHE_DIR": "uv",
+    "RAY_TMPDIR": "ray",
+    "MPLCONFIGDIR": "matplotlib",
+    "GOALTENDER_CACHE_DIR": "goaltender",
+}
+
+
+def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
+    """The runner's own environment, plus cache routing and the goal's GOALTENDER_* variables."""
+    env = dict(os.environ)
+    for var, sub in CACHE_DIRS.items():
+        if var not in env:
+            path = settings.cache_dir / sub
+            path.mkdir(parents=True, exist_ok=True)
+            env[var] = str(path)
+    env.update(
+        GOALTENDER_SOCKET=str(settings.socket_path),
+        GOALTENDER_GOAL_ID=str(goal.id),
+        GOALTENDER_WORKSPACE=goal.workspace,
+        GOALTENDER_HOME=str(settings.home),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def agent_environment(settings: RunnerSettings, goal: Goal, *, resumed: bool) -> dict[str, str]:
+    """A goal's agent; GOALTENDER_RESUMED=1 tells it to pick up from the ledger and diary."""
+    env = goal_environment(settings, goal)
+    if resumed:
+        env["GOALTENDER_RESUMED"] = "1"
+    return env
+
+
+def experiment_environment(
+    settings: RunnerSettings, goal: Goal, experiment: Experiment, requested: dict[str, str]
+) -> dict[str, str]:
+    """An experiment (and its eval command): what the agent asked for, then where the run lives."""
+    return (
+        goal_environment(settings, goal)
+        | requested
+        | {
+            "GOALTENDER_EXPERIMENT_ID": str(experiment.id),
+            "GOALTENDER_EXPERIMENT_DIR": str(Path(experiment.log_path).parent),
+        }
+    )
+
+
+def count_gpus() -> int:
+    """GPUs this runner may use: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists."""
+    if visible := os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

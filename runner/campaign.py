@@ -1,0 +1,483 @@
+"""Each goal's campaign: its agent started, watched and ended; its experiments admitted against the
+budget, supervised, judged and entered in the ledger; the approvals it waits on; its deadline.
+
+Every way a goal ends (its agent exits or cannot start, the deadline passes, an operator stops it)
+goes through `end_goal`: the agent and the goal's experiments are stopped with their whole process
+groups, pending approvals expire, and the final report is written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+from collections.abc import Coroutine
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from goaltender.runner import protocol as p
+from goaltender.runner.agent_env import agent_environment, count_gpus, experiment_environment
+from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.report import best_experiment, final_report
+from goaltender.runner.server import Refused
+from goaltender.runner.supervisor import (
+    ProcessResult,
+    kill_leftover_group,
+    run_supervised,
+    spawn,
+    terminate_group,
+    wait_process,
+)
+from goaltender.storage.records import (
+    TERMINAL_STATES,
+    Approval,
+    Budget,
+    Experiment,
+    ExperimentStatus,
+    Goal,
+    GoalState,
+    MetricPoint,
+    MilestoneReported,
+    utcnow,
+)
+from goaltender.storage.runner_store import RunnerStore
+
+log = logging.getLogger("goaltender.runner")
+AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
+
+
+class Campaigns:
+    """Every goal's campaign on this runner, and the processes, tasks and waits each one holds."""
+
+    def __init__(self, settings: RunnerSettings, store: RunnerStore):
+        self.settings = settings
+        self.store = store
+        self.gpus = count_gpus() if settings.compute_unit != "cpu" else 0
+        self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or self.gpus) else "cpu"
+        self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
+        self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
+        self._experiment_goal: dict[int, int] = {}
+        self._cancel_notes: dict[int, str] = {}  # experiment id -> why its task was cancelled
+        self._approval_waiters: dict[int, asyncio.Future[Approval]] = {}
+        self._deadline_timers: dict[int, asyncio.Task] = {}
+        self._unpaused: dict[int, asyncio.Event] = {}  # a goal without an entry is not paused
+        self._goal_locks: dict[int, asyncio.Lock] = {}
+        self._ending: set[int] = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- goals ----
+
+    async def goal(self, goal_id: int) -> Goal:
+        goal = await self.store.get_goal(goal_id)
+        if goal is None:
+            raise Refused("not_found", f"no goal #{goal_id}")
+        return goal
+
+    async def active_goal(self, goal_id: int) -> Goal:
+        """The goal, if it still takes changes (not ended, not ending)."""
+        goal = await self.goal(goal_id)
+        if goal.state in TERMINAL_STATES or goal_id in self._ending:
+            why = f" ({goal.end_reason.splitlines()[0]})" if goal.end_reason else ""
+            raise Refused(
+                "conflict",
+                f"goal #{goal_id} is {goal.state}{why}; it takes no more changes. Start a new goal.",
+            )
+        return goal
+
+    # ---- recovery and shutdown ----
+
+    async def recover(self) -> None:
+        """After a crash or restart: nothing the log says is running may be left half-done."""
+        for experiment in await self.store.running_experiments():
+            killed = kill_leftover_group(experiment.pid, experiment.started_at.timestamp())
+            note = "interrupted: the runner restarted while it ran" + (
+                " (process group killed)" if killed else ""
+            )
+            await self._finish(experiment, "crash", note)
+        for approval in await self.store.pending_approvals():
+            await self.store.decide_approval(
+                approval.id,
+                state="expired",
+                by="runner",
+                comment="the runner restarted; the agent will ask again",
+            )
+        for goal in await self.store.list_goals(active_only=True):
+            await self._resume(goal)
+
+    async def _resume(self, goal: Goal) -> None:
+        kill_leftover_group(goal.agent_pid, goal.accepted_at.timestamp() if goal.accepted_at else None)
+        if goal.state == "paused":
+            self.hold_experiments(goal.id)
+        if goal.budget.deadline and utcnow() >= goal.budget.deadline:
+            await self.end_goal(goal.id, "finished", "deadline reached while the runner was down")
+            return
+        if goal.state == "waiting_for_approval":
+            await self.store.set_goal_state(goal.id, "running", "the runner restarted")
+        await self.store.append_event(
+            goal.id,
+            MilestoneReported(
+                title="Runner restarted",
+                text="Interrupted experiments are marked crash; the agent resumes from the ledger and diary.",
+            ),
+        )
+        await self.start_agent(await self.goal(goal.id), resumed=True)
+
+    async def close(self) -> None:
+        """Runner shutdown: stop every agent and experiment, and leave the goals as they are (a
+        restart resumes them)."""
+        for task in self._tasks:
+            task.cancel()
+        for proc in list(self._agents.values()):
+            await terminate_group(proc.pid, None, self.settings.stop_grace_s)
+            proc.poll()  # reap it (its watcher was cancelled), so no zombie is left behind
+        for experiment_id, task in list(self._experiments.items()):
+            self._cancel_notes[experiment_id] = "interrupted: the runner shut down"
+            task.cancel()
+        await asyncio.gather(*self._experiments.values(), return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---- the agent ----
+
+    async def start_agent(self, goal: Goal, *, resumed: bool) -> None:
+        workspace = Path(goal.workspace)
+        workspace.mkdir(parents=True, exist_ok=True)
+        env = agent_environment(self.settings, goal, resumed=resumed)
+        command = self.settings.agents[goal.agent]
+        try:
+            proc = spawn(command, cwd=workspace, env=env, log_path=workspace / "agent.log")
+        except OSError as exc:
+            await self.end_goal(goal.id, "failed", f"could not start agent {goal.agent!r}: {exc}")
+            return
+        self._agents[goal.id] = proc
+        await self.store.set_agent_pid(goal.id, proc.pid)
+        if goal.state in ("accepted", "submitted"):
+            await self.store.set_goal_state(goal.id, "running", f"agent {goal.agent} started")
+        self._spawn(self._watch_agent(goal.id, proc))
+        self._arm_deadline(goal)
+
+    async def _watch_agent(self, goal_id: int, proc: subprocess.Popen) -> None:
+        status, _ = await wait_process(proc)
+        self._agents.pop(goal_id, None)
+        if goal_id in self._ending:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            await self.end_goal(goal_id, "finished", "the agent finished")
+        else:
+            goal = await self.goal(goal_id)
+            tail = _tail_text(Path(goal.workspace) / "agent.log", AGENT_LOG_TAIL)
+            await self.end_goal(goal_id, "failed", f"the agent exited with code {code}:\n{tail}")
+
+    # ---- budget, deadline, pause ----
+
+    async def set_budget(self, goal: Goal, budget: Budget, reason: str) -> None:
+        goal = await self.store.update_budget(goal.id, budget, reason)
+        self._arm_deadline(goal)
+
+    def _arm_deadline(self, goal: Goal) -> None:
+        if old := self._deadline_timers.pop(goal.id, None):
+            old.cancel()
+        if goal.budget.deadline is not None:
+            self._deadline_timers[goal.id] = self._spawn(self._end_at(goal.id, goal.budget.deadline))
+
+    async def _end_at(self, goal_id: int, deadline: datetime) -> None:
+        await asyncio.sleep(max(0.0, (deadline - utcnow()).total_seconds()))
+        self._deadline_timers.pop(goal_id, None)
+        await self.end_goal(goal_id, "finished", "deadline reached")
+
+    def hold_experiments(self, goal_id: int) -> None:
+        """Paused: the current experiment finishes, a new one waits for release_experiments."""
+        self._unpaused.setdefault(goal_id, asyncio.Event()).clear()
+
+    def release_experiments(self, goal_id: int) -> None:
+        self._unpaused.setdefault(goal_id, asyncio.Event()).set()
+
+    # ---- approvals ----
+
+    async def ask(
+        self, goal: Goal, kind: str, question: str, detail: str, timeout_s: float | None
+    ) -> Approval:
+        """Ask the humans and wait for the decision; no decision in time expires the approval."""
+        timeout = timeout_s or self.settings.approval_timeout_s
+        approval = await self.store.create_approval(
+            goal.id,
+            kind=kind,
+            question=question,
+            detail=detail,
+            expires_at=utcnow() + timedelta(seconds=timeout),
+        )
+        waiter: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
+        self._approval_waiters[approval.id] = waiter
+        await self.store.set_goal_state(goal.id, "waiting_for_approval", question, only_from={"running"})
+        try:
+            approval = await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except TimeoutError:
+            approval, _ = await self.store.decide_approval(
+                approval.id, state="expired", by="runner", comment=f"no decision within {timeout:.0f}s"
+            )
+        finally:
+            self._approval_waiters.pop(approval.id, None)
+        if not await self.store.pending_approvals(goal.id):
+            await self.store.set_goal_state(
+                goal.id, "running", "approval answered", only_from={"waiting_for_approval"}
+            )
+        return approval
+
+    def deliver_decision(self, approval: Approval) -> None:
+        """Wake whoever waits in `ask` for this approval."""
+        if (waiter := self._approval_waiters.get(approval.id)) and not waiter.done():
+            waiter.set_result(approval)
+
+    # ---- experiments ----
+
+    async def run_experiment(self, req: p.RunExperiment) -> tuple[Experiment, bool]:
+        """Admit one experiment against the budget, run it to its end and enter it in the ledger:
+        (its row, whether it is the new best). A client that hangs up leaves it running."""
+        goal = await self.active_goal(req.goal_id)
+        unpaused = self._unpaused.setdefault(goal.id, _set_event())
+        if not unpaused.is_set():
+            log.info("goal #%d is paused: its next experiment waits until it resumes", goal.id)
+        await unpaused.wait()
+        async with self._goal_locks.setdefault(goal.id, asyncio.Lock()):
+            goal = await self._admit(goal.id, req)
+            metric = req.metric or goal.metric
+            if metric and goal.metric is None:
+                await self.store.set_goal_metric(goal.id, metric, req.direction or "maximize")
+                goal = await self.goal(goal.id)
+            experiment = await self.store.start_experiment(
+                goal.id,
+                description=req.description,
+                command=req.command,
+                params=req.params,
+                metric_name=metric,
+                experiments_dir=Path(goal.workspace) / "experiments",
+                eval_command=req.eval_command,
+            )
+            task = asyncio.ensure_future(self._supervise(goal, experiment, req))
+            self._experiments[experiment.id] = task
+            self._experiment_goal[experiment.id] = goal.id
+            task.add_done_callback(lambda _: self._forget_experiment(experiment.id))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise
+            # Ended with its goal or the runner: _supervise recorded why.
+            finished = await self.store.get_experiment(experiment.id)
+            assert finished is not None, "its row was written before its task started"
+            return finished, False
+
+    async def _admit(self, goal_id: int, req: p.RunExperiment) -> Goal:
+        """The goal, once the budget allows one more experiment (the default stop rule asks first)."""
+        goal = await self.active_goal(goal_id)
+        attempted, compute_used = await self.store.usage(goal.id)
+        check = check_new_experiment(goal.budget, attempted, compute_used, utcnow())
+        if not check.needs_continue_approval:
+            if not check.ok:
+                raise Refused("budget_exhausted", check.reason)
+            return goal
+        approval = await self.ask(
+            goal,
+            "continue",
+            f"{check.reason}. Run {DEFAULT_BLOCK} more experiments?",
+            f"Next: {req.description}\nBest so far is in the ledger above; reject to end the campaign.",
+            None,
+        )
+        if approval.state != "approved":
+            raise Refused("budget_exhausted", f"{check.reason}; continuing was {approval.state}")
+        goal = await self.active_goal(goal.id)
+        budget = goal.budget.model_copy(update={"max_experiments": attempted + DEFAULT_BLOCK})
+        await self.set_budget(goal, budget, f"{approval.decided_by}: {DEFAULT_BLOCK} more experiments")
+        return await self.active_goal(goal.id)
+
+    def _forget_experiment(self, experiment_id: int) -> None:
+        self._experiments.pop(experiment_id, None)
+        self._experiment_goal.pop(experiment_id, None)
+
+    async def _supervise(
+        self, goal: Goal, experiment: Experiment, req: p.RunExperiment
+    ) -> tuple[Experiment, bool]:
+        log_path = Path(experiment.log_path)
+        env = experiment_environment(self.settings, goal, experiment, req.env)
+        timeout = experiment_timeout(goal.budget, req.timeout_s, utcnow())
+
+        async def on_points(points: list[MetricPoint]) -> None:
+            await self.store.add_metrics(goal.id, experiment.id, points)
+
+        async def on_start(pid: int) -> None:
+            await self.store.set_experiment_pid(experiment.id, pid)
+
+        async def run(command: list[str], log_to: Path, started: bool = False) -> ProcessResult:
+            return await run_supervised(
+                command,
+                cwd=Path(req.cwd or goal.workspace),
+                env=env,
+                log_path=log_to,
+                timeout_s=timeout,
+                on_points=on_points,
+                on_start=_nothing if started else on_start,
+                grace_s=self.settings.stop_grace_s,
+            )
+
+        try:
+            result = await run(req.command, log_path)
+        except asyncio.CancelledError:
+            await self._finish(experiment, "crash", self._cancel_notes.pop(experiment.id, "cancelled"))
+            raise
+        except OSError as exc:
+            return await self._finish(experiment, "crash", f"could not start: {exc}"), False
+        metric, summary, verified = experiment.metric_name, result.summary, False
+        # With an eval command the run need not print the metric: the evaluation measures it.
+        status, note = _judge(result, timeout, None if req.eval_command else metric, summary)
+        if status != "crash" and req.eval_command:
+            # The runner measures the headline itself; the run's own numbers stay under `run/`.
+            evaluation = await run(req.eval_command, log_path.parent / "eval.log", started=True)
+            status, note = _judge(evaluation, timeout, metric, evaluation.summary, what="eval")
+            summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
+            result.wall_seconds += evaluation.wall_seconds
+            result.cpu_seconds += evaluation.cpu_seconds
+            verified = status != "crash"
+        value = summary.get(metric) if metric and status != "crash" else None
+        new_best = False
+        if status == "keep" and value is not None:
+            best = best_experiment(await self.store.experiments(goal.id), goal.direction)
+            new_best = _beats(value, best, goal.direction)
+            status = "keep" if new_best else "discard"
+        finished = await self._finish(
+            experiment,
+            status,
+            note,
+            result=result,
+            value=value,
+            metrics=summary,
+            new_best=new_best,
+            verified=verified,
+        )
+        return finished, new_best
+
+    async def _finish(
+        self,
+        experiment: Experiment,
+        status: ExperimentStatus,
+        note: str | None,
+        *,
+        result: ProcessResult | None = None,
+        value: float | None = None,
+        metrics: dict[str, float] | None = None,
+        new_best: bool = False,
+        verified: bool = False,
+    ) -> Experiment:
+        """Enter the experiment's outcome in the ledger, charging its compute to the budget."""
+        compute = None
+        if result is not None:
+            seconds = result.wall_seconds * self.gpus if self.compute_unit == "gpu" else result.cpu_seconds
+            compute = seconds / 3600
+        return await self.store.finish_experiment(
+            experiment.id,
+            status=status,
+            metric_value=value,
+            metrics=metrics or {},
+            wall_seconds=result.wall_seconds if result else None,
+            cpu_seconds=result.cpu_seconds if result else None,
+            compute_hours=compute,
+            peak_rss_mb=result.peak_rss_mb if result else None,
+            exit_code=result.exit_code if result else None,
+            note=note,
+            new_best=new_best,
+            verified=verified,
+        )
+
+    # ---- the end ----
+
+    async def end_goal(self, goal_id: int, state: GoalState, reason: str) -> None:
+        """Stop the agent and the goal's experiments (process groups), settle approvals, enter a
+        terminal state and write the final report. Idempotent."""
+        if goal_id in self._ending:
+            return
+        self._ending.add(goal_id)
+        first_line = reason.splitlines()[0]
+        timer = self._deadline_timers.pop(goal_id, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+        if (proc := self._agents.pop(goal_id, None)) is not None:
+            # SIGTERM first: the agent may use the grace period to hand in its report.
+            await terminate_group(proc.pid, None, self.settings.stop_grace_s)
+        await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
+        for approval in await self.store.pending_approvals(goal_id):
+            approval, _ = await self.store.decide_approval(
+                approval.id, state="expired", by="runner", comment=f"the goal ended: {first_line}"
+            )
+            self.deliver_decision(approval)
+        self.release_experiments(goal_id)
+        goal = await self.store.set_goal_state(goal_id, state, reason) or await self.goal(goal_id)
+        if not await self.store.has_report(goal_id):
+            await self._write_report(goal, reason)
+
+    async def _cancel_experiments(self, goal_id: int, note: str) -> None:
+        tasks = []
+        for experiment_id, task in list(self._experiments.items()):
+            if self._experiment_goal.get(experiment_id) == goal_id:
+                self._cancel_notes[experiment_id] = note
+                task.cancel()
+                tasks.append(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _write_report(self, goal: Goal, reason: str) -> None:
+        experiments = await self.store.experiments(goal.id)
+        _, compute_used = await self.store.usage(goal.id)
+        text = final_report(
+            goal, experiments, compute_used, utcnow(), reason, await self.store.agent_report(goal.id)
+        )
+        await self.store.record_report(
+            goal.id, end_reason=reason, text=text, best=best_experiment(experiments, goal.direction)
+        )
+
+
+def _judge(
+    result: ProcessResult, timeout: float | None, metric: str | None, summary: dict, what: str = "run"
+) -> tuple[ExperimentStatus, str | None]:
+    """keep (for now; the best-so-far comparison may make it discard) or crash, with the reason."""
+    prefix = "" if what == "run" else f"{what}: "
+    if result.timed_out:
+        return "crash", f"{prefix}timeout after {timeout:.0f}s"
+    if result.exit_code != 0:
+        how = (
+            f"exit code {result.exit_code}" if result.signal is None else f"killed by signal {result.signal}"
+        )
+        return "crash", prefix + how
+    if metric and metric not in summary:
+        return "crash", f"{prefix}no '{metric}: <value>' summary line in the output"
+    return "keep", None
+
+
+def _beats(value: float, best: Experiment | None, direction: str) -> bool:
+    """Is `value` better than the best so far, in the goal's direction?"""
+    if best is None or best.metric_value is None:
+        return True
+    return value > best.metric_value if direction == "maximize" else value < best.metric_value
+
+
+async def _nothing(pid: int) -> None:
+    return None
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+def _tail_text(path: Path, limit: int) -> str:
+    try:
+        data = path.read_bytes()[-limit:]
+    except FileNotFoundError:
+        return "(no agent.log)"
+    return data.decode(errors="replace").strip()

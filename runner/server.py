@@ -1,0 +1,210 @@
+"""The runner's Unix socket (mode 0600): connections, the hello handshake, the event stream.
+
+A connection reads lines capped at MAX_LINE and must open with `hello`. Three requests belong to
+the connection itself: `hello`, `subscribe` (stream the event log from a position, woken by each
+commit) and `ack` (the client's durable position, kept under its name). Every other request goes
+to its handler in the table the runner gives (runner/daemon.py says what each one does); a
+handler raises Refused to answer with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+from goaltender.runner import protocol as p
+from goaltender.storage.records import Event
+from goaltender.storage.runner_store import RunnerStore
+
+log = logging.getLogger("goaltender.runner")
+STREAM_BATCH = 500  # events read from the log per query when streaming to a subscriber
+
+# Each handler takes its own request type; the table is keyed by that type.
+Handler = Callable[[Any], Awaitable[p.Reply]]
+
+
+class Refused(Exception):
+    """A request the runner will not carry out; the client gets an `error` with this code."""
+
+    def __init__(self, code: p.ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class SocketServer:
+    def __init__(
+        self, path: Path, runner_name: str, store: RunnerStore, handlers: Mapping[type[p.Request], Handler]
+    ):
+        self.path = path
+        self.runner_name = runner_name
+        self.store = store
+        self.handlers = handlers
+        self.store.on_event = self._wake_subscribers
+        self._new_events = asyncio.Event()
+        self._connections: set[_Connection] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._server: asyncio.Server | None = None
+
+    async def listen(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            if await _socket_answers(self.path):
+                raise RuntimeError(f"a runner is already serving {self.path}")
+            self.path.unlink()
+        old_umask = os.umask(0o177)  # the socket is born 0600: only this user may drive the runner
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=p.MAX_LINE)
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, 0o600)
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None, "listen() first"
+        await self._server.serve_forever()
+
+    def close(self) -> None:
+        """Stop accepting; hang up on every client (as when the process exits) and drop its work."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._connections):
+            conn.close()
+        for task in self._tasks:
+            task.cancel()
+
+    def remove_socket(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _wake_subscribers(self, event: Event) -> None:
+        # Each subscriber reads what it has not seen from the log itself.
+        waiting, self._new_events = self._new_events, asyncio.Event()
+        waiting.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Connection(reader, writer)
+        self._connections.add(conn)
+        subscription: asyncio.Task | None = None
+        try:
+            while (line := await conn.read_line()) is not None:
+                if line is _TOO_LONG:
+                    await conn.send(p.Error(code="line_too_long", message=f"line exceeds {p.MAX_LINE} bytes"))
+                    continue
+                request = p.parse_request(line)
+                if isinstance(request, p.Error):
+                    await conn.send(request)
+                elif isinstance(request, p.Hello):
+                    await conn.send(self._hello(request, conn))
+                elif conn.client is None:
+                    await conn.send(
+                        p.Error(id=request.id, code="handshake_required", message="send hello first")
+                    )
+                elif isinstance(request, p.Ack):
+                    await self.store.set_cursor(conn.client, request.seq)
+                    await conn.send(p.Done(id=request.id, message=f"acked {request.seq}"))
+                elif isinstance(request, p.Subscribe):
+                    if subscription is not None:
+                        subscription.cancel()
+                    subscription = self._spawn(self._stream(conn, request))
+                else:
+                    self._spawn(self._answer(conn, request))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if subscription is not None:
+                subscription.cancel()
+            conn.close()
+            self._connections.discard(conn)
+
+    def _hello(self, hello: p.Hello, conn: _Connection) -> p.Reply:
+        if hello.version != p.PROTOCOL_VERSION:
+            return p.Error(
+                id=hello.id,
+                code="version_mismatch",
+                message=f"runner speaks protocol {p.PROTOCOL_VERSION}, client sent {hello.version}",
+            )
+        conn.client = hello.client
+        return p.Welcome(id=hello.id, runner=self.runner_name)
+
+    async def _answer(self, conn: _Connection, request: p.Request) -> None:
+        try:
+            reply = await self.handlers[type(request)](request)
+        except Refused as refused:
+            reply = p.Error(id=request.id, code=refused.code, message=str(refused))
+        except Exception as exc:  # a bug must not take the daemon down with it
+            log.exception("request %s failed", request.type)
+            reply = p.Error(id=request.id, code="internal", message=f"{type(exc).__name__}: {exc}")
+        reply.id = request.id
+        with contextlib.suppress(ConnectionError):
+            await conn.send(reply)
+
+    async def _stream(self, conn: _Connection, request: p.Subscribe) -> None:
+        await conn.send(p.Subscribed(id=request.id, head=await self.store.head_seq(request.goal_id)))
+        last = request.since
+        with contextlib.suppress(ConnectionError):
+            while True:
+                wake = self._new_events
+                events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
+                for event in events:
+                    await conn.send(p.EventMessage(event=event))
+                    last = event.seq
+                if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
+                    await wake.wait()
+
+
+_TOO_LONG = b"\x00too-long"
+
+
+class _Connection:
+    """One client: capped line reads, serialised writes."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        self.client: str | None = None
+        self._write_lock = asyncio.Lock()
+
+    async def read_line(self) -> bytes | None:
+        """The next line; _TOO_LONG for an oversized line (skipped whole); None at EOF."""
+        try:
+            return await self.reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError as exc:
+            return exc.partial or None
+        except asyncio.LimitOverrunError as exc:
+            await self.reader.readexactly(exc.consumed)
+            while True:  # discard the rest of the oversized line
+                try:
+                    await self.reader.readuntil(b"\n")
+                    return _TOO_LONG
+                except asyncio.LimitOverrunError as more:
+                    await self.reader.readexactly(more.consumed)
+                except asyncio.IncompleteReadError:
+                    return None
+
+    async def send(self, message: p.Message) -> None:
+        async with self._write_lock:
+            self.writer.write(p.encode(message))
+            await self.writer.drain()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+async def _socket_answers(path: Path) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 2)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
