@@ -11,11 +11,12 @@ from goaltender.storage.records import Experiment, Goal
 
 
 def best_experiment(experiments: list[Experiment], direction: str = "maximize") -> Experiment | None:
-    scored = [e for e in experiments if e.status == "keep" and e.metric_value is not None]
+    """The kept experiment with the best headline (the first of equals)."""
+    scored = [(e.metric_value, e) for e in experiments if e.status == "keep" and e.metric_value is not None]
     if not scored:
         return None
     pick = max if direction == "maximize" else min
-    return pick(scored, key=lambda e: e.metric_value)
+    return pick(scored, key=lambda scored_experiment: scored_experiment[0])[1]
 
 
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from resource import struct_rusage
+from typing import TypeGuard
 
 import psutil
 
@@ -60,7 +62,7 @@ class MetricParser:
         return []
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -114,7 +116,7 @@ def spawn(command: list[str], *, cwd: Path, env: dict[str, str], log_path: Path)
         )
 
 
-async def wait_process(proc: subprocess.Popen) -> tuple[int, object]:
+async def wait_process(proc: subprocess.Popen) -> tuple[int, struct_rusage]:
     """Reap `proc` with wait4 once it has exited; returns (status, rusage).
 
     A pidfd becomes readable when the process exits, so waiting holds no thread: a thread per live
@@ -126,8 +128,13 @@ async def wait_process(proc: subprocess.Popen) -> tuple[int, object]:
         _, status, rusage = await asyncio.to_thread(os.wait4, proc.pid, 0)
     else:
         loop = asyncio.get_running_loop()
-        exited = loop.create_future()
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, on_exit)
         try:
             await exited
         finally:

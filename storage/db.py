@@ -56,7 +56,7 @@ class Database:
         """
         for number, script in enumerate(migrations, start=1):
             async with self.write() as tx:
-                if (await tx.row("PRAGMA user_version"))[0] >= number:
+                if (await tx.one("PRAGMA user_version"))[0] >= number:
                     continue
                 for statement in _split_sql(script):
                     await tx.run(statement)
@@ -86,8 +86,12 @@ class Database:
         return list(await self.conn.execute_fetchall(sql, params))
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        rows = await self.conn.execute_fetchall(sql, params)
+        rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
+
+    async def one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row:
+        """The first row of a query that always has one (an aggregate, a row known to exist)."""
+        return _required(await self.fetchone(sql, params), sql)
 
 
 class Tx:
@@ -112,8 +116,18 @@ class Tx:
         return list(await self.conn.execute_fetchall(sql, params))
 
     async def row(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row | None:
-        rows = await self.conn.execute_fetchall(sql, params)
+        rows = await self.rows(sql, params)
         return rows[0] if rows else None
+
+    async def one(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Row:
+        """The first row of a query that always has one (an aggregate, a row just written)."""
+        return _required(await self.row(sql, params), sql)
+
+
+def _required(row: sqlite3.Row | None, sql: str) -> sqlite3.Row:
+    if row is None:
+        raise LookupError(f"no row for {sql!r}")
+    return row
 
 
 def _split_sql(script: str) -> list[str]:

@@ -40,115 +40,9 @@ from goaltender.storage.records import (
     SteerReceived,
     utcnow,
 )
-
-MIGRATIONS = [
-    # 1: the runner's tables
-    """
-    CREATE TABLE goals (
-        id INTEGER PRIMARY KEY,
-        text TEXT NOT NULL,
-        owner TEXT NOT NULL,
-        agent TEXT NOT NULL,
-        state TEXT NOT NULL,
-        budget TEXT NOT NULL,
-        metric TEXT,
-        direction TEXT NOT NULL,
-        target REAL,
-        workspace TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        accepted_at TEXT,
-        ended_at TEXT,
-        end_reason TEXT,
-        agent_pid INTEGER,
-        agent_report TEXT
-    );
-    CREATE TABLE events (
-        seq INTEGER PRIMARY KEY,
-        goal_id INTEGER REFERENCES goals(id),
-        ts TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        data TEXT NOT NULL
-    );
-    CREATE INDEX events_by_goal ON events (goal_id, seq);
-    CREATE TABLE experiments (
-        id INTEGER PRIMARY KEY,
-        goal_id INTEGER NOT NULL REFERENCES goals(id),
-        idx INTEGER NOT NULL,
-        description TEXT NOT NULL,
-        command TEXT NOT NULL,
-        params TEXT NOT NULL,
-        status TEXT NOT NULL,
-        metric_name TEXT,
-        metric_value REAL,
-        metrics TEXT NOT NULL DEFAULT '{}',
-        started_at TEXT NOT NULL,
-        ended_at TEXT,
-        wall_seconds REAL,
-        cpu_seconds REAL,
-        compute_hours REAL,
-        peak_rss_mb REAL,
-        exit_code INTEGER,
-        log_path TEXT NOT NULL,
-        pid INTEGER,
-        note TEXT,
-        UNIQUE (goal_id, idx)
-    );
-    CREATE TABLE metrics (
-        id INTEGER PRIMARY KEY,
-        goal_id INTEGER NOT NULL REFERENCES goals(id),
-        experiment_id INTEGER REFERENCES experiments(id),
-        name TEXT NOT NULL,
-        step REAL,
-        value REAL NOT NULL,
-        ts TEXT NOT NULL
-    );
-    CREATE INDEX metrics_by_goal ON metrics (goal_id, name);
-    CREATE TABLE approvals (
-        id INTEGER PRIMARY KEY,
-        goal_id INTEGER NOT NULL REFERENCES goals(id),
-        kind TEXT NOT NULL,
-        question TEXT NOT NULL,
-        detail TEXT NOT NULL,
-        state TEXT NOT NULL,
-        requested_at TEXT NOT NULL,
-        expires_at TEXT NOT NULL,
-        decided_by TEXT,
-        decided_at TEXT,
-        comment TEXT
-    );
-    CREATE TABLE inbox (
-        id INTEGER PRIMARY KEY,
-        goal_id INTEGER NOT NULL REFERENCES goals(id),
-        author TEXT NOT NULL,
-        text TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        read_at TEXT
-    );
-    CREATE TABLE diary (
-        id INTEGER PRIMARY KEY,
-        goal_id INTEGER NOT NULL REFERENCES goals(id),
-        ts TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        text TEXT NOT NULL
-    );
-    CREATE TABLE cursors (
-        client TEXT PRIMARY KEY,
-        acked_seq INTEGER NOT NULL,
-        updated_at TEXT NOT NULL
-    );
-    """,
-    # 2: verified metrics (the runner's own eval command) vs reported ones
-    """
-    ALTER TABLE experiments ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE experiments ADD COLUMN eval_command TEXT;
-    """,
-]
+from goaltender.storage.runner_schema import MIGRATIONS
 
 _event_data = TypeAdapter(EventData)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 class RunnerStore:
@@ -202,11 +96,9 @@ class RunnerStore:
 
     async def head_seq(self, goal_id: int | None = None) -> int:
         if goal_id is None:
-            row = await self.db.fetchone("SELECT COALESCE(MAX(seq), 0) FROM events")
+            row = await self.db.one("SELECT COALESCE(MAX(seq), 0) FROM events")
         else:
-            row = await self.db.fetchone(
-                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ?", (goal_id,)
-            )
+            row = await self.db.one("SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ?", (goal_id,))
         return int(row[0])
 
     async def set_cursor(self, client: str, seq: int) -> None:
@@ -342,7 +234,7 @@ class RunnerStore:
         pending: list[Event] = []
         async with self.db.write() as tx:
             index = (
-                await tx.row(
+                await tx.one(
                     "SELECT COALESCE(MAX(idx), 0) + 1 FROM experiments WHERE goal_id = ?", (goal_id,)
                 )
             )[0]
@@ -368,7 +260,7 @@ class RunnerStore:
         return experiment
 
     async def _experiment(self, tx: Tx, experiment_id: int) -> Experiment:
-        return _experiment(await tx.row("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
+        return _experiment(await tx.one("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
 
     async def set_experiment_pid(self, experiment_id: int, pid: int) -> None:
         await self.db.execute("UPDATE experiments SET pid = ? WHERE id = ?", (pid, experiment_id))
@@ -434,7 +326,7 @@ class RunnerStore:
 
     async def usage(self, goal_id: int) -> tuple[int, float]:
         """(experiments attempted, compute-hours used) for a goal."""
-        row = await self.db.fetchone(
+        row = await self.db.one(
             "SELECT COUNT(*), COALESCE(SUM(compute_hours), 0) FROM experiments WHERE goal_id = ?", (goal_id,)
         )
         return int(row[0]), float(row[1])
@@ -532,7 +424,7 @@ class RunnerStore:
                 "INSERT INTO inbox (goal_id, author, text, created_at) VALUES (?, ?, ?, ?)",
                 (goal_id, author, text, utcnow().isoformat()),
             )
-            message = _inbox(await tx.row("SELECT * FROM inbox WHERE id = ?", (message_id,)))
+            message = _inbox(await tx.one("SELECT * FROM inbox WHERE id = ?", (message_id,)))
             await self._append(tx, goal_id, SteerReceived(message=message), pending)
         self._announce(pending)
         return message
@@ -558,8 +450,7 @@ class RunnerStore:
             "INSERT INTO diary (goal_id, ts, kind, text) VALUES (?, ?, ?, ?)",
             (goal_id, utcnow().isoformat(), kind, text),
         )
-        row = await self.db.fetchone("SELECT * FROM diary WHERE id = ?", (entry_id,))
-        return DiaryEntry(**dict(row))
+        return DiaryEntry(**dict(await self.db.one("SELECT * FROM diary WHERE id = ?", (entry_id,))))
 
     async def read_diary(self, goal_id: int, *, last: int = 20, kind: str | None = None) -> list[DiaryEntry]:
         sql = "SELECT * FROM diary WHERE goal_id = ?"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from goaltender.storage.db import Database
 from goaltender.storage.records import Budget, MetricPoint, MilestoneReported, utcnow
-from goaltender.storage.runner_store import MIGRATIONS, RunnerStore
+from goaltender.storage.runner_schema import MIGRATIONS
+from goaltender.storage.runner_store import RunnerStore
 
 
 async def test_migrations_move_user_version_and_are_idempotent(tmp_path):

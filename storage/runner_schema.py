@@ -1,0 +1,108 @@
+"""runner.db's tables, as the migrations that build them (storage/db.py applies them in order).
+
+Append a migration for every change; never edit one that has shipped: a runner's database is
+at the version of the last migration it applied.
+"""
+
+MIGRATIONS = [
+    # 1: the runner's tables
+    """
+    CREATE TABLE goals (
+        id INTEGER PRIMARY KEY,
+        text TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        state TEXT NOT NULL,
+        budget TEXT NOT NULL,
+        metric TEXT,
+        direction TEXT NOT NULL,
+        target REAL,
+        workspace TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        accepted_at TEXT,
+        ended_at TEXT,
+        end_reason TEXT,
+        agent_pid INTEGER,
+        agent_report TEXT
+    );
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY,
+        goal_id INTEGER REFERENCES goals(id),
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        data TEXT NOT NULL
+    );
+    CREATE INDEX events_by_goal ON events (goal_id, seq);
+    CREATE TABLE experiments (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        idx INTEGER NOT NULL,
+        description TEXT NOT NULL,
+        command TEXT NOT NULL,
+        params TEXT NOT NULL,
+        status TEXT NOT NULL,
+        metric_name TEXT,
+        metric_value REAL,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        started_at TEXT NOT NULL,
+        ended_at TEXT,
+        wall_seconds REAL,
+        cpu_seconds REAL,
+        compute_hours REAL,
+        peak_rss_mb REAL,
+        exit_code INTEGER,
+        log_path TEXT NOT NULL,
+        pid INTEGER,
+        note TEXT,
+        UNIQUE (goal_id, idx)
+    );
+    CREATE TABLE metrics (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        experiment_id INTEGER REFERENCES experiments(id),
+        name TEXT NOT NULL,
+        step REAL,
+        value REAL NOT NULL,
+        ts TEXT NOT NULL
+    );
+    CREATE INDEX metrics_by_goal ON metrics (goal_id, name);
+    CREATE TABLE approvals (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        kind TEXT NOT NULL,
+        question TEXT NOT NULL,
+        detail TEXT NOT NULL,
+        state TEXT NOT NULL,
+        requested_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        decided_by TEXT,
+        decided_at TEXT,
+        comment TEXT
+    );
+    CREATE TABLE inbox (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        author TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        read_at TEXT
+    );
+    CREATE TABLE diary (
+        id INTEGER PRIMARY KEY,
+        goal_id INTEGER NOT NULL REFERENCES goals(id),
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL
+    );
+    CREATE TABLE cursors (
+        client TEXT PRIMARY KEY,
+        acked_seq INTEGER NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    """,
+    # 2: verified metrics (the runner's own eval command) vs reported ones
+    """
+    ALTER TABLE experiments ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE experiments ADD COLUMN eval_command TEXT;
+    """,
+]
