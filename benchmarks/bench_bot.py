@@ -60,7 +60,7 @@ from ssh_box import SSHBox  # noqa: E402
 
 from goaltender.bot.app import GoaltenderBot  # noqa: E402
 from goaltender.bot.config import BotSettings  # noqa: E402
-from goaltender.bot.links import RunnerTarget  # noqa: E402
+from goaltender.bot.transports import RunnerTarget  # noqa: E402
 from goaltender.demo import DEFAULT_GOAL, Demo  # noqa: E402
 from goaltender.runner.config import RunnerSettings  # noqa: E402
 from goaltender.runner.daemon import Runner  # noqa: E402

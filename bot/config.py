@@ -17,7 +17,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from goaltender.bot.links import RunnerTarget
+from goaltender.bot.transports import RunnerTarget
 from goaltender.runner.config import GoaltenderSettings
 
 TOKEN_VARIABLES = ("SLACK_BOT_TOKEN", "SLACK_APP_TOKEN")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from goaltender.runner import protocol as p
+from goaltender.runner.client import LineWriter, socket_from_env
 
 EXIT_OK = 0  # the client (stdin) ended first
 EXIT_CLOSED = 1  # the runner closed the connection first
@@ -31,17 +32,13 @@ DRAIN_AFTER_EOF_S = 30.0  # after stdin ends, how long the runner may take to fi
 
 
 class _Reader(Protocol):
+    """What the bridge copies from: asyncio and asyncssh streams, or a file read in a thread."""
+
     async def readuntil(self, separator: bytes = b"\n") -> bytes: ...
 
 
-class _Writer(Protocol):
-    def write(self, data: bytes) -> None: ...
-
-    async def drain(self) -> None: ...
-
-
 async def attach(
-    socket_path: str | Path, reader: _Reader | None = None, writer: _Writer | None = None
+    socket_path: str | Path, reader: _Reader | None = None, writer: LineWriter | None = None
 ) -> int:
     """Bridge `reader` (default: stdin) to the runner socket and the socket to `writer` (default:
     stdout) until either side closes; returns the exit status. Any object with
@@ -87,7 +84,7 @@ class _WriteFailed(Exception):
     """The far side of a copy went away."""
 
 
-async def _copy(source: _Reader, sink: _Writer) -> None:
+async def _copy(source: _Reader, sink: LineWriter) -> None:
     """Copy line by line until EOF. A line longer than a reader's buffer is passed on in pieces."""
     while True:
         try:
@@ -98,7 +95,8 @@ async def _copy(source: _Reader, sink: _Writer) -> None:
             if not chunk:
                 return
         except asyncio.LimitOverrunError as exc:
-            chunk = await source.readexactly(exc.consumed)  # type: ignore[attr-defined]
+            assert isinstance(source, asyncio.StreamReader)  # the one reader here with a line limit
+            chunk = await source.readexactly(exc.consumed)
         except (ConnectionError, OSError):
             return
         try:
@@ -108,12 +106,12 @@ async def _copy(source: _Reader, sink: _Writer) -> None:
             raise _WriteFailed(str(exc)) from exc
 
 
-async def _stdio() -> tuple[_Reader, _Writer]:
+async def _stdio() -> tuple[_Reader, LineWriter]:
     """This process's stdin and stdout as asyncio streams (threads for regular files)."""
     loop = asyncio.get_running_loop()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     reader: _Reader
-    writer: _Writer
+    writer: LineWriter
     if _pollable(stdin.fileno()):
         stream = asyncio.StreamReader(limit=p.MAX_LINE)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stream), stdin)
@@ -168,8 +166,6 @@ def run(socket_path: str | Path | None = None) -> int:
     """Run the bridge to `socket_path` (default: $GOALTENDER_SOCKET, else the runner's default
     socket) and return the exit status. This is what `goaltender runner attach` calls."""
     if socket_path is None:
-        from goaltender.runner.client import socket_from_env
-
         socket_path = socket_from_env()
     return asyncio.run(attach(socket_path))
 

@@ -1,4 +1,4 @@
-"""A small asyncio client for the runner protocol, over any stream pair.
+"""A small asyncio client for the runner protocol, over any line stream.
 
     async with await RunnerClient.connect_unix(path, client="bot") as runner:
         reply = await runner.call(p.Status, p.StatusReply, goal_id=3)
@@ -6,8 +6,8 @@
         async for event in runner.events():
             ...
 
-The transport is just an asyncio (reader, writer) pair: a local Unix socket here, an asyncssh
-`open_unix_connection` channel for a remote runner.
+The transport is a `LineStream`: a local Unix socket here (`SocketStream`), an SSH channel for a
+remote runner (goaltender.bot.transports).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from goaltender.runner import protocol as p
 from goaltender.storage.records import Event
@@ -30,12 +30,63 @@ class RunnerUnavailable(ConnectionError):
     """The runner cannot be reached, or the link dropped."""
 
 
-class RunnerClient:
+class LineWriter(Protocol):
+    """Where protocol lines go: `write()` buffers bytes, `drain()` waits until they are sent."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class LineStream(LineWriter, Protocol):
+    """A two-way line stream to the runner, all RunnerClient needs of its transport.
+
+    `readline()` returns one whole line, newline included, or b"" at EOF; it raises ConnectionError
+    or OSError when the link is lost and ValueError for a line longer than protocol.MAX_LINE.
+    `close()` starts closing the stream (and whatever carries it); `wait_closed()` finishes."""
+
+    async def readline(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
+class SocketStream:
+    """A LineStream over asyncio's (StreamReader, StreamWriter) pair, e.g. a local Unix socket."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self._reader = reader
         self._writer = writer
+
+    @classmethod
+    async def open_unix(cls, path: str | Path) -> SocketStream:
+        reader, writer = await asyncio.open_unix_connection(str(path), limit=p.MAX_LINE)
+        return cls(reader, writer)
+
+    async def readline(self) -> bytes:
+        return await self._reader.readline()
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    def close(self) -> None:
+        self._writer.close()
+
+    async def wait_closed(self) -> None:
+        await self._writer.wait_closed()
+
+
+class RunnerClient:
+    """One connection to a runner: requests with their replies, and the events it pushes."""
+
+    def __init__(self, stream: LineStream):
+        self._stream = stream
         self._ids = itertools.count(1)
-        self._pending: dict[p.RequestId, asyncio.Future[p.Reply]] = {}
+        self._pending: dict[p.RequestId, asyncio.Future[p.AnyReply]] = {}
         self._events: asyncio.Queue[p.EventMessage | Exception] = asyncio.Queue()
         self._write_lock = asyncio.Lock()
         self._closed = False
@@ -45,12 +96,12 @@ class RunnerClient:
     @classmethod
     async def connect_unix(cls, path: str | Path, client: str = "cli") -> RunnerClient:
         try:
-            reader, writer = await asyncio.open_unix_connection(str(path), limit=p.MAX_LINE)
+            stream = await SocketStream.open_unix(path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise RunnerUnavailable(
                 f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
             ) from exc
-        runner = cls(reader, writer)
+        runner = cls(stream)
         try:
             return await runner.hello(client)
         except BaseException:
@@ -72,16 +123,16 @@ class RunnerClient:
         self._closed = True
         self._reader_task.cancel()
         with contextlib.suppress(Exception):
-            self._writer.close()
-            await self._writer.wait_closed()
+            self._stream.close()
+            await self._stream.wait_closed()
 
-    async def call(self, kind: type[p.Request], expect: type[R] | None = None, /, **fields) -> R:
+    async def call(self, kind: type[p.Request], expect: type[R], /, **fields) -> R:
         """Build a `kind` request with a fresh id, send it, and return its reply."""
         return await self.request(kind(id=next(self._ids), **fields), expect)
 
-    async def request(self, request: p.Request, expect: type[R] | None = None) -> R:
-        """Send one request and wait for its reply; an `error` reply raises ProtocolError."""
-        future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+    async def request(self, request: p.Request, expect: type[R]) -> R:
+        """Send one request and wait for its `expect` reply; an `error` reply raises ProtocolError."""
+        future: asyncio.Future[p.AnyReply] = asyncio.get_running_loop().create_future()
         self._pending[request.id] = future
         try:
             await self._send(request)
@@ -90,11 +141,11 @@ class RunnerClient:
             self._pending.pop(request.id, None)
         if isinstance(reply, p.Error):
             raise p.ProtocolError(reply)
-        if expect is not None and not isinstance(reply, expect):
+        if not isinstance(reply, expect):
             raise p.ProtocolError(
                 p.Error(code="internal", message=f"expected {expect.__name__}, got {reply.type}")
             )
-        return reply  # type: ignore[return-value]
+        return reply
 
     async def subscribe(self, since: int = 0, goal_id: int | None = None) -> int:
         """Ask for events with seq > since (of one goal, or all); returns the newest seq right now.
@@ -116,19 +167,22 @@ class RunnerClient:
             raise RunnerUnavailable("the connection to the runner is closed")
         async with self._write_lock:
             try:
-                self._writer.write(p.encode(message))
-                await self._writer.drain()
+                self._stream.write(p.encode(message))
+                await self._stream.drain()
             except (ConnectionError, OSError) as exc:
                 raise RunnerUnavailable(f"lost the runner: {exc}") from exc
 
     async def _read_loop(self) -> None:
         error: Exception = RunnerUnavailable("the runner closed the connection")
         try:
-            while line := await self._reader.readline():
+            while line := await self._stream.readline():
                 reply = p.parse_reply(line)
                 if isinstance(reply, p.EventMessage):
                     self._events.put_nowait(reply)
-                elif (future := self._pending.get(reply.id)) is not None and not future.done():
+                    continue
+                # An error about a line that was no request (bad JSON, say) answers no id.
+                future = self._pending.get(reply.id) if reply.id is not None else None
+                if future is not None and not future.done():
                     future.set_result(reply)
         except (ConnectionError, OSError, ValueError) as exc:
             error = RunnerUnavailable(f"lost the runner: {exc}")

@@ -17,7 +17,7 @@ from ssh_box import SSHBox
 
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
-from goaltender.bot.links import RunnerTarget
+from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import asyncssh
 
-from goaltender.bot.links import RunnerTarget
+from goaltender.bot.transports import RunnerTarget
 from goaltender.runner.attach import attach
 
 

@@ -8,7 +8,7 @@ import asyncio
 from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
-from goaltender.bot.links import RunnerTarget
+from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
 
 GOALS = "C0GOALS"

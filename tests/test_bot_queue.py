@@ -14,7 +14,7 @@ from fake_slack import ALICE
 
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
-from goaltender.bot.links import RunnerTarget
+from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
 
 

@@ -10,17 +10,10 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from conftest import events_until_report, submit, write_agent
+from conftest import events_until_report, eventually, submit, write_agent
 
-from goaltender.bot.links import (
-    HostKeyRejected,
-    NoRunnerAvailable,
-    RunnerLink,
-    RunnerPool,
-    RunnerTarget,
-    UnknownRunner,
-    open_client,
-)
+from goaltender.bot.links import NoRunnerAvailable, RunnerLink, RunnerPool, UnknownRunner
+from goaltender.bot.transports import HostKeyRejected, RunnerTarget, open_client
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.records import Event, FinalReport, MilestoneReported
@@ -71,22 +64,14 @@ class Collector:
         self.delivered: list[tuple[str, int]] = []  # every callback call, duplicates included
         self.stored: dict[tuple[str, int], Event] = {}
         self.cursors: dict[str, int] = {}
-        self.changed = asyncio.Event()
 
     async def on_event(self, runner: str, event: Event) -> None:
         self.delivered.append((runner, event.seq))
         self.stored.setdefault((runner, event.seq), event)
         self.cursors[runner] = max(self.cursors.get(runner, 0), event.seq)
-        self.changed.set()
 
     async def load_cursor(self, runner: str) -> int:
         return self.cursors.get(runner, 0)
-
-    async def wait_until(self, predicate, timeout: float = 30.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not predicate():
-                self.changed.clear()
-                await self.changed.wait()
 
     def seqs(self, runner: str) -> list[int]:
         return [seq for name, seq in self.delivered if name == runner]
@@ -94,12 +79,6 @@ class Collector:
 
 def has_report(collector: Collector) -> bool:
     return any(isinstance(event.data, FinalReport) for event in collector.stored.values())
-
-
-async def wait_for(predicate, timeout: float = 20.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
 
 
 def milestone_agent(directory: Path, count: int, pause: float = 0.03) -> list[str]:
@@ -159,7 +138,7 @@ async def test_streamlocal_round_trip(start_runner, ssh_box, tmp_path):
 
     assert len(box.connections) == 1
     await client.close()  # closing the client closes the SSH connection under it
-    await wait_for(lambda: not box.connections, timeout=5)
+    await eventually(lambda: not box.connections, timeout=5)
 
 
 @pytest.mark.parametrize("bridge", ["subprocess", "in-process"])
@@ -180,7 +159,7 @@ async def test_attach_round_trip(start_runner, ssh_box, tmp_path, bridge):
     assert [e.data.kind for e in events][-1] == "report"
     assert [e.seq for e in events] == [e.seq for e in await runner_events(runner) if e.goal_id == goal_id]
     await client.close()
-    await wait_for(lambda: not box.connections, timeout=5)
+    await eventually(lambda: not box.connections, timeout=5)
 
     if bridge == "subprocess":
         missing = box.target(name="gpu2", remote_socket=socket + ".missing", mode="attach")
@@ -281,41 +260,42 @@ async def test_link_survives_ssh_drops_mid_campaign(start_runner, ssh_box, tmp_p
     try:
         await asyncio.wait_for(link.wait_healthy(), 10)
         await link.call(p.SubmitGoal, p.GoalReply, text="report 60 steps", agent="steps")
-        await bot.wait_until(lambda: len(bot.stored) >= 10)
+        await eventually(lambda: len(bot.stored) >= 10, timeout=30)
 
         # 1. sshd kills the connection.
         dropped_at = time.monotonic()
         box.drop()
-        await wait_for(lambda: link.connects == 2)
+        await eventually(lambda: link.connects == 2)
         reconnect_s = time.monotonic() - dropped_at
         assert any(why in (link.last_error or "") for why in ("SSH link lost", "closed", "lost the runner"))
 
         # 2. The SSH server goes away for a while (connections refused), then comes back.
-        await bot.wait_until(lambda: len(bot.stored) >= 25)
+        await eventually(lambda: len(bot.stored) >= 25, timeout=30)
         await box.stop()
-        await wait_for(lambda: not link.healthy)
+        await eventually(lambda: not link.healthy)
         with pytest.raises(RunnerUnavailable, match="runner gpu is not connected"):
             await link.call(p.Status, p.StatusReply)
-        await asyncio.sleep(1.5)  # retries fail meanwhile, backing off
-        assert "cannot reach 127.0.0.1" in (link.last_error or "")
+        await eventually(lambda: "cannot reach 127.0.0.1" in (link.last_error or ""), timeout=10)
         restarted_at = time.monotonic()
         await box.start()
-        await wait_for(lambda: link.connects == 3, timeout=15)
+        await eventually(lambda: link.connects == 3, timeout=15)
         back_s = time.monotonic() - restarted_at
 
-        await bot.wait_until(lambda: has_report(bot), timeout=60)
+        await eventually(lambda: has_report(bot), timeout=60)
         expected = [event.seq for event in await runner_events(runner)]
-        await bot.wait_until(lambda: bot.cursors.get("gpu") == expected[-1])
+        await eventually(lambda: bot.cursors.get("gpu") == expected[-1], timeout=30)
         delivered = bot.seqs("gpu")
         assert delivered == expected  # every event, once, in order, no gap
         assert expected == list(range(1, len(expected) + 1))
         titles = [e.data.title for e in bot.stored.values() if isinstance(e.data, MilestoneReported)]
         assert [t for t in titles if t.startswith("step ")] == [f"step {i}" for i in range(1, 61)]
         # The runner heard the acks: its cursor for this client reached the last seq.
-        await wait_for(lambda: link.healthy)
-        async with asyncio.timeout(10):
-            while await runner.store.cursor("bot") != expected[-1]:
-                await asyncio.sleep(0.05)
+        await eventually(lambda: link.healthy)
+
+        async def acked_to_the_end() -> bool:
+            return await runner.store.cursor("bot") == expected[-1]
+
+        await eventually(acked_to_the_end, timeout=10)
         print(
             f"\nreconnect after a server-side drop: {reconnect_s:.2f}s; after sshd came back: {back_s:.2f}s"
         )
@@ -342,17 +322,17 @@ async def test_keepalive_detects_a_black_holed_link(start_runner, ssh_box):
     try:
         await asyncio.wait_for(link.wait_healthy(), 10)
         first = await runner.store.append_event(None, MilestoneReported(title="before"))
-        await bot.wait_until(lambda: bot.cursors.get("gpu") == first.seq)
+        await eventually(lambda: bot.cursors.get("gpu") == first.seq, timeout=30)
 
         holed_at = time.monotonic()
         proxy.blackhole()
         lost = await runner.store.append_event(None, MilestoneReported(title="during"))
-        await wait_for(lambda: not link.healthy, timeout=10)
+        await eventually(lambda: not link.healthy, timeout=10)
         detected_s = time.monotonic() - holed_at
         assert "keepalive" in (link.last_error or "")
-        await wait_for(lambda: link.connects == 2, timeout=10)
+        await eventually(lambda: link.connects == 2, timeout=10)
         reconnected_s = time.monotonic() - holed_at
-        await bot.wait_until(lambda: bot.cursors.get("gpu") == lost.seq)
+        await eventually(lambda: bot.cursors.get("gpu") == lost.seq, timeout=30)
         assert bot.seqs("gpu") == [first.seq, lost.seq]
         print(f"\nblack hole detected after {detected_s:.2f}s, link back after {reconnected_s:.2f}s")
         assert 1.0 <= detected_s < 4.0
@@ -386,7 +366,7 @@ async def test_pool_picks_by_name_by_load_and_says_when_none_is_up(
         for link in pool:
             await asyncio.wait_for(link.wait_healthy(), 10)
         submitted = await pool["alpha"].call(p.SubmitGoal, p.GoalReply, text="keep busy", agent="busy")
-        await bot.wait_until(lambda: ("alpha", 1) in bot.stored)
+        await eventually(lambda: ("alpha", 1) in bot.stored, timeout=30)
 
         assert (await pool.pick("alpha")).name == "alpha"  # by name
         assert (await pool.pick()).name == "beta"  # alpha has an active goal, beta none
@@ -398,10 +378,11 @@ async def test_pool_picks_by_name_by_load_and_says_when_none_is_up(
         goal_id = submitted.status.goal.id
         stopped = await pool["alpha"].call(p.Stop, p.Done, goal_id=goal_id, by="test")
         assert "stopped by test" in stopped.message
-        await bot.wait_until(
+        await eventually(
             lambda: any(
                 isinstance(e.data, FinalReport) for (name, _), e in bot.stored.items() if name == "alpha"
-            )
+            ),
+            timeout=30,
         )
     finally:
         pool.stop()
@@ -418,7 +399,7 @@ async def test_pool_picks_by_name_by_load_and_says_when_none_is_up(
     )
     running = asyncio.ensure_future(down.run())
     try:
-        await wait_for(lambda: all(link.last_error for link in down))
+        await eventually(lambda: all(link.last_error for link in down))
         with pytest.raises(NoRunnerAvailable) as none_up:
             await down.pick()
         message = str(none_up.value)
