@@ -91,10 +91,6 @@ class RunnerTarget(BaseModel):
             _pinned_known_hosts(self)  # a mistyped pin fails here, at config load, not at 3 a.m.
         return self
 
-    @property
-    def local(self) -> bool:
-        return self.socket is not None
-
     def describe(self) -> str:
         if self.socket is not None:
             return f"{self.name} (local socket {self.socket})"
