@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -11,7 +10,7 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import events_until_report, submit
+from conftest import events_until_report, eventually, submit
 from toy_task import AGENT as TOY_AGENT
 
 from goaltender.runner import protocol as p
@@ -38,15 +37,14 @@ def start_runner_process(home: Path, socket: Path) -> subprocess.Popen:
     )
 
 
-async def connect_when_up(socket: Path, timeout: float = 20) -> RunnerClient:
-    async def attempt():
-        while True:
-            try:
-                return await RunnerClient.connect_unix(socket, client="test")
-            except RunnerUnavailable:
-                await asyncio.sleep(0.1)
+async def connect_when_up(socket: Path) -> RunnerClient:
+    async def connected():
+        try:
+            return await RunnerClient.connect_unix(socket, client="test")
+        except RunnerUnavailable:
+            return None
 
-    return await asyncio.wait_for(attempt(), timeout)
+    return await eventually(connected, timeout=20, interval=0.1)
 
 
 def alive(pid: int | None) -> bool:
@@ -64,13 +62,10 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
         goal_id = await submit(client, "toy sweep, max 6 experiments", agent="toy")
 
         async def second_experiment_running():
-            while True:
-                status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-                if status.running and status.running.index == 2 and status.running.pid:
-                    return status
-                await asyncio.sleep(0.05)
+            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            return status if status.running and status.running.index == 2 and status.running.pid else None
 
-        status = await asyncio.wait_for(second_experiment_running(), 30)
+        status = await eventually(second_experiment_running, 30)
         interrupted, agent_pid = status.running, status.goal.agent_pid
         assert alive(interrupted.pid) and alive(agent_pid)
         await client.close()

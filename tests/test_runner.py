@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
+from conftest import BIN, events_until_report, eventually, submit, write_agent
 
+from goaltender import cli
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested, ExperimentStarted
@@ -120,7 +122,7 @@ async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, con
         return status.running if status.running and status.running.pid else None
 
     experiment = await eventually(running_experiment)
-    await eventually(lambda: asyncio.sleep(0, len(group_members(experiment.pid)) >= 3))
+    await eventually(lambda: len(group_members(experiment.pid)) >= 3)
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
     assert group_members(agent_pid)
 
@@ -180,13 +182,20 @@ async def test_deadline_ends_the_goal(start_runner, connect, tmp_path):
     assert summary.ledger[0].status == "crash"
 
 
-async def test_pause_holds_new_experiments_until_resume(start_runner, connect, tmp_path):
-    agent = write_agent(tmp_path, "a.sh", "sleep 0.5\ngoaltender experiment -d after-pause -- true\n")
+async def test_pause_holds_new_experiments_until_resume(start_runner, connect, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="goaltender.runner")
+    # The agent asks for its experiment once the goal is paused: the test leaves `paused` for it.
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        "until [ -e paused ]; do sleep 0.05; done\ngoaltender experiment -d after-pause -- true\n",
+    )
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal_id = await submit(client, "pausable, max 2 experiments", agent="a")
     await client.call(p.Pause, p.Done, goal_id=goal_id, by="ana")
-    await asyncio.sleep(1.5)
+    (Path((await runner.store.get_goal(goal_id)).workspace) / "paused").touch()
+    await eventually(lambda: f"goal #{goal_id} is paused: its next experiment waits" in caplog.text)
     assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger == []
     await client.call(p.Resume, p.Done, goal_id=goal_id, by="ana")
     events = await events_until_report(client, goal_id)
@@ -212,8 +221,9 @@ async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
     await client.call(p.Stop, p.Done, goal_id=goal_id)
 
 
-def test_cli_help_for_every_verb():
-    out = subprocess.run([sys.executable, "-m", "goaltender.cli", "--help"], capture_output=True, text=True)
+def test_cli_help_for_every_verb(capsys):
+    # The console script itself, once; every verb's help in-process (a cold start each is slow).
+    out = subprocess.run([os.path.join(BIN, "goaltender"), "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "goaltender demo" in out.stdout
     verbs = [
         "runner",
@@ -241,10 +251,9 @@ def test_cli_help_for_every_verb():
     ]
     for verb in verbs:
         assert f"    {verb}" in out.stdout
-        helped = subprocess.run(
-            [sys.executable, "-m", "goaltender.cli", verb, "--help"], capture_output=True, text=True
-        )
-        assert helped.returncode == 0 and "exit codes" in helped.stdout, verb
+        with pytest.raises(SystemExit) as helped:
+            cli.main([verb, "--help"])
+        assert helped.value.code == 0 and "exit codes" in capsys.readouterr().out, verb
 
 
 def test_cli_without_runner_says_how_to_start_one(tmp_path):
