@@ -120,3 +120,9 @@ async def test_daemon_survives_malformed_input_and_serves_others(start_runner, c
     status = await other.call(p.Status, p.StatusReply)
     assert status.goals == []
     writer.close()
+
+
+async def test_every_request_has_an_answer(start_runner):
+    runner = await start_runner()
+    answered_by_the_connection = {p.Hello, p.Subscribe, p.Ack}
+    assert set(runner.handlers) | answered_by_the_connection == set(p.Request.__subclasses__())
