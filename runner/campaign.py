@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import subprocess
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from goaltender.storage.runner_store import RunnerStore
 
 log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
+OnStart = Callable[[int], Awaitable[None]]
 
 
 class Campaigns:
@@ -63,7 +64,7 @@ class Campaigns:
         self._cancel_notes: dict[int, str] = {}  # experiment id -> why its task was cancelled
         self._approval_waiters: dict[int, asyncio.Future[Approval]] = {}
         self._deadline_timers: dict[int, asyncio.Task] = {}
-        self._unpaused: dict[int, asyncio.Event] = {}  # a goal without an entry is not paused
+        self._unpaused: dict[int, asyncio.Event] = {}  # set unless the goal is paused
         self._goal_locks: dict[int, asyncio.Lock] = {}
         self._ending: set[int] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -195,10 +196,16 @@ class Campaigns:
 
     def hold_experiments(self, goal_id: int) -> None:
         """Paused: the current experiment finishes, a new one waits for release_experiments."""
-        self._unpaused.setdefault(goal_id, asyncio.Event()).clear()
+        self._unpaused_event(goal_id).clear()
 
     def release_experiments(self, goal_id: int) -> None:
-        self._unpaused.setdefault(goal_id, asyncio.Event()).set()
+        self._unpaused_event(goal_id).set()
+
+    def _unpaused_event(self, goal_id: int) -> asyncio.Event:
+        if goal_id not in self._unpaused:
+            self._unpaused[goal_id] = asyncio.Event()
+            self._unpaused[goal_id].set()
+        return self._unpaused[goal_id]
 
     # ---- approvals ----
 
@@ -242,7 +249,7 @@ class Campaigns:
         """Admit one experiment against the budget, run it to its end and enter it in the ledger:
         (its row, whether it is the new best). A client that hangs up leaves it running."""
         goal = await self.active_goal(req.goal_id)
-        unpaused = self._unpaused.setdefault(goal.id, _set_event())
+        unpaused = self._unpaused_event(goal.id)
         if not unpaused.is_set():
             log.info("goal #%d is paused: its next experiment waits until it resumes", goal.id)
         await unpaused.wait()
@@ -312,10 +319,10 @@ class Campaigns:
         async def on_points(points: list[MetricPoint]) -> None:
             await self.store.add_metrics(goal.id, experiment.id, points)
 
-        async def on_start(pid: int) -> None:
+        async def record_pid(pid: int) -> None:
             await self.store.set_experiment_pid(experiment.id, pid)
 
-        async def run(command: list[str], log_to: Path, started: bool = False) -> ProcessResult:
+        async def run(command: list[str], log_to: Path, on_start: OnStart) -> ProcessResult:
             return await run_supervised(
                 command,
                 cwd=Path(req.cwd or goal.workspace),
@@ -323,12 +330,12 @@ class Campaigns:
                 log_path=log_to,
                 timeout_s=timeout,
                 on_points=on_points,
-                on_start=_nothing if started else on_start,
+                on_start=on_start,
                 grace_s=self.settings.stop_grace_s,
             )
 
         try:
-            result = await run(req.command, log_path)
+            result = await run(req.command, log_path, record_pid)
         except asyncio.CancelledError:
             await self._finish(experiment, "crash", self._cancel_notes.pop(experiment.id, "cancelled"))
             raise
@@ -339,7 +346,7 @@ class Campaigns:
         status, note = _judge(result, timeout, None if req.eval_command else metric, summary)
         if status != "crash" and req.eval_command:
             # The runner measures the headline itself; the run's own numbers stay under `run/`.
-            evaluation = await run(req.eval_command, log_path.parent / "eval.log", started=True)
+            evaluation = await run(req.eval_command, log_path.parent / "eval.log", _ignore_pid)
             status, note = _judge(evaluation, timeout, metric, evaluation.summary, what="eval")
             summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
             result.wall_seconds += evaluation.wall_seconds
@@ -465,14 +472,8 @@ def _beats(value: float, best: Experiment | None, direction: str) -> bool:
     return value > best.metric_value if direction == "maximize" else value < best.metric_value
 
 
-async def _nothing(pid: int) -> None:
+async def _ignore_pid(pid: int) -> None:
     return None
-
-
-def _set_event() -> asyncio.Event:
-    event = asyncio.Event()
-    event.set()
-    return event
 
 
 def _tail_text(path: Path, limit: int) -> str:
