@@ -1,4 +1,9 @@
-"""Digest schedules: `/goal digest daily 09:00 Europe/Berlin`, `/goal digest every 4h`, `/goal digest off`.
+"""Digests: a channel's goals summed up on a schedule — `/goal digest daily 09:00 Europe/Berlin`,
+`/goal digest every 4h`, `/goal digest off`, `/goal digest now`.
+
+A digest lists the channel's active goals (with budget, best result and its trend, last
+milestone), the approvals waiting (linked to their prompts), the goals finished since the last
+digest, and one plot of every goal's best result so far.
 
 Schedules live in bot.db (the `digests` table); APScheduler 3.x only holds them in memory and is
 rebuilt from the table at every start. A digest missed while the bot was down is sent once when it
@@ -8,11 +13,13 @@ coalesces every missed run into one (no misfire limit, so a long outage still ge
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -20,8 +27,18 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
 
-from goaltender.storage.bot_store import Digest
+from goaltender.bot import queries, render
+from goaltender.bot.keys import ApprovalKey, CardKey, DigestKey
+from goaltender.bot.links import RunnerPool
+from goaltender.bot.outbox import Outbox
+from goaltender.display import plots
+from goaltender.display.facts import budget_line, format_duration, format_metric
+from goaltender.runner import protocol as p
+from goaltender.storage.bot_store import BotStore, Digest, OutboxKind, Thread
+from goaltender.storage.records import Experiment, utcnow
 
 log = logging.getLogger("goaltender.bot.digest")
 
@@ -31,6 +48,7 @@ HOWTO = (
     "`/goal digest weekdays 08:30 UTC`, `/goal digest every 4h`, `/goal digest off`, "
     "`/goal digest` (show it), `/goal digest now` (send one now)."
 )
+_COMMAND = re.compile(r"^\s*(daily|weekdays|every|off|stop|none|now|show|status)\b", re.I)
 _DAILY = re.compile(r"^(daily|weekdays)\s+(\d{1,2}):(\d{2})(?:\s+(\S+))?$", re.I)
 _EVERY = re.compile(r"^every\s+((?:\d+\s*[hm]\s*)+)$", re.I)
 _PART = re.compile(r"(\d+)\s*([hm])", re.I)
@@ -40,6 +58,15 @@ _PART = re.compile(r"(\d+)\s*([hm])", re.I)
 class DigestCommand:
     action: Literal["show", "off", "now", "set"]
     spec: str | None = None  # normalised, for "set": `daily 09:00 Europe/Berlin` or `every 4h`
+
+
+def command_words(text: str) -> str | None:
+    """The words after `digest` when a /goal's text is a digest command, else None (a goal may
+    well start with the word: "digest the OAPL paper and implement it")."""
+    first, _, rest = text.partition(" ")
+    if first.lower() == "digest" and (not rest.strip() or _COMMAND.match(rest)):
+        return rest
+    return None
 
 
 def parse_command(text: str) -> DigestCommand:
@@ -154,3 +181,224 @@ class DigestScheduler:
 
 def _job_id(channel: str) -> str:
     return f"digest:{channel}"
+
+
+# ---- what a digest says ----
+
+Series = list[tuple[float | None, float]]
+
+
+@dataclass
+class _Sections:
+    """A digest's parts, filled goal by goal."""
+
+    active: list[str] = field(default_factory=list)
+    approvals: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    series: dict[str, Series] = field(default_factory=dict)  # per goal: best result so far
+    metrics: set[str] = field(default_factory=set)
+
+
+class Digests:
+    """Each channel's digest: its schedule, set from Slack, and the digest itself."""
+
+    def __init__(
+        self, store: BotStore, pool: RunnerPool, outbox: Outbox, client: AsyncWebClient, plots_dir: Path
+    ):
+        self.store = store
+        self.pool = pool
+        self.outbox = outbox
+        self.client = client
+        self.plots_dir = plots_dir
+        self.schedules = DigestScheduler(self.send)
+
+    async def command(
+        self, words: str, channel: str, user: str, reply: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """`/goal digest ...`: show, set, turn off, or send now this channel's digest."""
+        try:
+            command = parse_command(words)
+        except ValueError as exc:
+            await reply(str(exc))
+            return
+        current = await self.store.digest(channel)
+        if command.action == "show":
+            if current is None:
+                await reply(f"No digest is scheduled in this channel. {HOWTO}")
+            else:
+                when = describe(current, self.schedules.next_run(channel))
+                await reply(f"This channel's digest: {when} (set by {render.user_ref(current.created_by)}).")
+        elif command.action == "off":
+            await self.store.set_digest(channel, None)
+            self.schedules.cancel(channel)
+            if current is None:
+                await reply("No digest was scheduled in this channel.")
+            else:
+                await self._notice(channel, f"{render.user_ref(user)} turned this channel's digest off.")
+                await reply("Digest turned off.")
+        elif command.action == "now":
+            await self.send(channel)
+            await reply("Digest on its way.")
+        else:
+            assert command.spec is not None
+            await self.store.set_digest(channel, command.spec, user)
+            scheduled = await self.store.digest(channel)
+            assert scheduled is not None
+            when = describe(scheduled, self.schedules.schedule(scheduled))
+            await self._notice(channel, f"{render.user_ref(user)} scheduled a digest here: {when}.")
+            await reply(f"Digest scheduled: {when}.")
+
+    async def _notice(self, channel: str, text: str) -> None:
+        await self.outbox.enqueue(channel, "post", render.notice(text))
+
+    async def send(self, channel: str) -> None:
+        """Queue one digest of the channel's goals: active ones, pending approvals (linked), the
+        ones finished since the last digest (the last day if none was sent), and one combined plot."""
+        schedule = await self.store.digest(channel)
+        now = utcnow()
+        since = (schedule.last_sent_at or schedule.created_at) if schedule else now - timedelta(days=1)
+        threads = await self.store.threads(channel=channel)
+        runners = {t.runner for t in threads}
+        active_now = {runner: await queries.active_goals(self.pool, runner) for runner in runners}
+        sections = _Sections()
+        for thread in threads:
+            await self._add_goal(sections, thread, active_now[thread.runner], since, now)
+        key = DigestKey(channel, now)
+        title = f"Digest · {now:%a %d %b %H:%M} UTC"
+        footer = f"Since {since:%a %d %b %H:%M} UTC · `/goal digest` shows the schedule, `/goal digest off` stops it"
+        payload = render.digest(title, sections.active, sections.approvals, sections.finished, footer)
+        writes: list[tuple[OutboxKind, dict, str | None]] = [("post", payload, str(key))]
+        if sections.series:
+            plot = await self._plot(sections, channel, now)
+            writes.append(("upload", plot, str(DigestKey(channel, now, plot=True))))
+        if schedule is not None:
+            await self.store.digest_enqueued(channel, now, writes)
+        else:
+            for kind, write, write_key in writes:
+                await self.store.enqueue(channel, kind, write, write_key)
+        self.outbox.notify()
+
+    async def _add_goal(
+        self,
+        sections: _Sections,
+        thread: Thread,
+        live: dict[int, p.GoalStatus] | None,
+        since: datetime,
+        now: datetime,
+    ) -> None:
+        """One goal's lines: `live` is its runner's active goals now (None: the runner is down)."""
+        status = await self._status(thread, live, since)
+        if status is None:
+            return
+        goal = status.goal
+        if not goal.active and not (goal.ended_at and goal.ended_at > since):
+            return
+        card = await self.outbox.sent_ts(CardKey(thread.runner, thread.goal_id))
+        link = await self._permalink(thread.channel, card)
+        name = f"<{link}|Goal #{goal.id}>" if link else f"Goal #{goal.id}"
+        ledger = await queries.ledger(self.pool, thread.runner, goal.id) if live is not None else []
+        best = _best_line(status, ledger, since)
+        if goal.active:
+            down = f" (runner *{thread.runner}* unreachable; last known)" if live is None else ""
+            last = f" · last milestone: _{render.escape(thread.milestone[:200])}_" if thread.milestone else ""
+            budget = budget_line(
+                goal, attempted=status.attempted, compute_hours_used=status.compute_hours_used, now=now
+            )
+            sections.active.append(
+                f"• {name} on {render.escape(thread.runner)}: *{goal.state.replace('_', ' ')}*{down} — "
+                f"{render.escape(goal.text[:120])}\n    {budget} · {best}{last}"
+            )
+        else:
+            why = f" ({render.escape(goal.end_reason.splitlines()[0][:200])})" if goal.end_reason else ""
+            sections.finished.append(f"• {name}: *{goal.state}*{why} — {best}")
+        for approval in status.pending_approvals:
+            prompt = await self.outbox.sent_ts(ApprovalKey(thread.runner, goal.id, approval.id))
+            plink = await self._permalink(thread.channel, prompt)
+            question = render.escape(approval.question[:200])
+            asked = format_duration((now - approval.requested_at).total_seconds())
+            label = f"<{plink}|#{approval.id}: {question}>" if plink else f"#{approval.id}: {question}"
+            sections.approvals.append(f"• {label} (goal #{goal.id}, waiting {asked})")
+        if goal.metric and (points := _best_so_far(ledger, goal.direction)):
+            label = goal.text if len(goal.text) <= 32 else goal.text[:31].rsplit(" ", 1)[0] + "…"
+            sections.series[f"#{goal.id} {label}"] = points
+            sections.metrics.add(goal.metric)
+
+    async def _status(
+        self, thread: Thread, live: dict[int, p.GoalStatus] | None, since: datetime
+    ) -> p.GoalStatus | None:
+        """The goal's status for the digest: live, or asked for when it may have ended since the
+        last digest, or the last one seen when its runner is down."""
+        last = p.GoalStatus.model_validate(thread.status) if thread.status else None
+        if live is None:
+            return last
+        status = live.get(thread.goal_id)
+        if status is None and _may_have_ended_since(last, since):
+            status = await queries.goal_status(self.pool, thread.runner, thread.goal_id)  # how, and when?
+        return status
+
+    async def _plot(self, sections: _Sections, channel: str, now: datetime) -> dict:
+        """One plot of every goal's best result so far, ready to upload."""
+        path = self.plots_dir / f"digest-{channel}-{now:%Y%m%dT%H%M%S}.png"
+        ylabel = sections.metrics.pop() if len(sections.metrics) == 1 else "headline metric"
+        await asyncio.to_thread(
+            plots.plot_curves,
+            sections.series,
+            path,
+            ylabel=ylabel,
+            xlabel="experiment",
+            title="Best result so far, per goal",
+        )
+        return {"file": str(path), "filename": path.name, "title": f"Campaigns in this channel — {ylabel}"}
+
+    async def _permalink(self, channel: str, ts: str | None) -> str | None:
+        if not ts:
+            return None
+        try:
+            response = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
+        except (SlackApiError, OSError, TimeoutError) as exc:
+            log.info("no permalink for %s/%s: %s", channel, ts, exc)
+            return None
+        return response.get("permalink")
+
+
+def _best_line(status: p.GoalStatus, ledger: list[Experiment], since: datetime) -> str:
+    """`best acc 85.9% (up from 62.5% at the last digest)`: the best result and its trend."""
+    best = status.best
+    if best is None or best.metric_value is None:
+        return "no result yet"
+    metric = best.metric_name or status.goal.metric
+    text = (
+        f"best #{best.index} {render.escape(metric or 'metric')} *{format_metric(metric, best.metric_value)}*"
+    )
+    earlier = [
+        e.metric_value for e in ledger if e.ended_at and e.ended_at <= since and e.metric_value is not None
+    ]
+    if not ledger:
+        return text
+    if not earlier:
+        return text + " (new since the last digest)"
+    before = max(earlier) if status.goal.direction == "maximize" else min(earlier)
+    if before == best.metric_value:
+        return text + " (unchanged since the last digest)"
+    arrow = "↑" if best.metric_value > before else "↓"
+    return text + f" ({arrow} from {format_metric(metric, before)} at the last digest)"
+
+
+def _may_have_ended_since(last: p.GoalStatus | None, since: datetime) -> bool:
+    """Whether a goal that is no longer active may have ended after `since` (worth asking about)."""
+    if last is None or last.goal.active:
+        return True
+    return last.goal.ended_at is None or last.goal.ended_at > since
+
+
+def _best_so_far(ledger: list[Experiment], direction: str) -> Series:
+    """(experiment index, best metric so far) for a goal's finished experiments."""
+    points: Series = []
+    best: float | None = None
+    for e in sorted(ledger, key=lambda e: e.index):
+        if e.status == "running" or e.metric_value is None:
+            continue
+        if best is None or (e.metric_value > best if direction == "maximize" else e.metric_value < best):
+            best = e.metric_value
+        points.append((float(e.index), best))
+    return points

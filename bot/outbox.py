@@ -5,8 +5,10 @@ dropped connections are retried with backoff, and a restart neither loses nor du
 a post is marked as attempted before it is sent and carries its key in Slack message metadata, so
 after a crash the bot looks for that key in the channel before posting again.
 
-Payloads may refer to earlier posts by key instead of by ts (`"ts_of": key`, `"thread_of": key`),
-so a status-card update or a thread reply can be queued before the root message exists.
+Payloads may refer to earlier posts by key instead of by ts (`in_thread`, `editing`, `replacing`),
+so a status-card update or a thread reply can be queued before the root message exists; and a
+post's key, found from its (channel, ts), says which goal card or approval prompt a person
+replied to, reacted on or clicked.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from goaltender.storage.bot_store import BotStore, OutboxItem
+from goaltender.bot.keys import OutboxKey, parse
+from goaltender.storage.bot_store import BotStore, OutboxItem, OutboxKind
 
 log = logging.getLogger("goaltender.bot.outbox")
 
 POLL_S = 0.2  # the longest the outbox sleeps without being notified
+POST_IN_FLIGHT_POLLS = 100  # x 50 ms: how long `posted_at` waits for a post Slack has not answered
 METADATA_EVENT = "goaltender_write"  # Slack message metadata event_type carrying the outbox key
 PERMANENT = {
     "invalid_blocks",
@@ -39,6 +44,25 @@ PERMANENT = {
     "cant_update_message",
     "already_reacted",
 }
+
+Payload = dict[str, Any]
+FailureCallback = Callable[[OutboxItem, str], Awaitable[None]]
+
+
+def in_thread(root: OutboxKey, payload: Payload) -> Payload:
+    """A post in the thread of the post queued under `root`."""
+    return {**payload, "thread_of": str(root)}
+
+
+def editing(key: OutboxKey, payload: Payload) -> Payload:
+    """An edit of the post queued under `key`."""
+    return {**payload, "ts_of": str(key)}
+
+
+def replacing(key: OutboxKey, payload: Payload) -> Payload:
+    """An edit of the post queued under `key` that replaces it whole: the outbox sends only the
+    newest of such edits still waiting (a card changes often; Slack allows ~1 write/s)."""
+    return {**editing(key, payload), "replaces": True}
 
 
 class Outbox:
@@ -57,11 +81,41 @@ class Outbox:
         self._last_write: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._next_pass = POLL_S
-        self.on_failed = None  # optional async callback(item, error) — e.g. tell the goal's owner
+        self.on_failed: FailureCallback | None = None
+        """Called when a write fails for good, e.g. to tell the goal's owner."""
 
     def notify(self) -> None:
         """Something was queued: look now rather than at the next poll."""
         self._wake.set()
+
+    async def enqueue(
+        self, channel: str, kind: OutboxKind, payload: Payload, key: OutboxKey | None = None
+    ) -> None:
+        """Queue one write (once per key) and send it as soon as its channel allows."""
+        await self.store.enqueue(channel, kind, payload, str(key) if key is not None else None)
+        self.notify()
+
+    async def idle(self) -> bool:
+        """Whether every queued write has been sent (or has failed for good)."""
+        return await self.store.pending_count() == 0
+
+    async def sent_ts(self, key: OutboxKey) -> str | None:
+        """The ts of the post queued under `key`, once Slack has it."""
+        item = await self.store.outbox_by_key(str(key))
+        return item.result.get("ts") if item is not None and item.state == "sent" and item.result else None
+
+    async def posted_at(self, channel: str, ts: str) -> OutboxKey | None:
+        """The key of the post the bot made at (channel, ts). Slack shows a post to people before
+        its API answer reaches the bot, so a very quick reply or reaction may name a post still
+        in flight: then wait (briefly) for the posts in flight in that channel."""
+        for _ in range(POST_IN_FLIGHT_POLLS):
+            key = await self.store.sent_key_at(channel, ts)
+            if key is not None:
+                return parse(key)
+            if not await self.store.posts_in_flight(channel):
+                return None
+            await asyncio.sleep(0.05)
+        return None
 
     async def run(self) -> None:
         while True:
@@ -181,7 +235,8 @@ class Outbox:
             response = await self.client.conversations_history(
                 channel=item.channel, include_all_metadata=True, limit=200
             )
-        for message in response.get("messages", []):
+        messages: list[dict[str, Any]] = response.get("messages", [])
+        for message in messages:
             metadata = message.get("metadata") or {}
             if (
                 metadata.get("event_type") == METADATA_EVENT

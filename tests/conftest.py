@@ -177,7 +177,9 @@ async def make_bot(fake, tmp_path):
     "box") or any RunnerTarget (e.g. an SSH box's `box.target(...)`)."""
     bots: list[GoaltenderBot] = []
 
-    async def make(runner: Path | RunnerTarget, *, wait_runner: bool = True, **overrides) -> GoaltenderBot:
+    async def make(
+        runner: Path | RunnerTarget, *, wait_runner: bool = True, start: bool = True, **overrides
+    ) -> GoaltenderBot:
         target = runner if isinstance(runner, RunnerTarget) else RunnerTarget(name="box", socket=runner)
         settings = BotSettings(
             **{
@@ -192,6 +194,8 @@ async def make_bot(fake, tmp_path):
         )
         bot = await GoaltenderBot.open(settings)
         bots.append(bot)
+        if not start:
+            return bot  # the test starts it, once it has looked at it
         await bot.start()
         await fake.wait_connected()
         if wait_runner:

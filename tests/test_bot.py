@@ -3,19 +3,21 @@ fake Slack, linked to a real runner (local socket) driving a shell-script agent.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.bot import render
-from goaltender.bot.app import normalise_reaction
+from goaltender.bot.approvals import normalise_reaction
+from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
 from goaltender.storage.records import Approval, FinalReport, utcnow
 
@@ -35,7 +37,7 @@ sleep 60
 """
 
 
-async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_runner, tmp_path):
+async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_runner, tmp_path, caplog):
     out = tmp_path / "out"
     out.mkdir()
     agent = write_agent(tmp_path, "agent.sh", agent_script(out))
@@ -64,12 +66,12 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
     await fake.wait_for(lambda: "waiting for approval" in blocks_text(fake.message(general, card.ts)), 10)
 
     # Bob is neither the owner nor an approver: his reaction is ignored, his click is refused.
-    env = await fake.user_reacts(general, prompt.ts, "white_check_mark", user=BOB)
-    await env.wait_acked()
+    caplog.set_level(logging.INFO, logger="goaltender.bot")
+    await fake.user_reacts(general, prompt.ts, "white_check_mark", user=BOB)
     click = await fake.click_button(general, prompt.ts, "approve", user=BOB)
     refused = await click.wait_for_ephemeral()
     assert "Only <@U0ALICE>" in refused.text
-    await asyncio.sleep(0.5)
+    await eventually(lambda: f"reaction by {BOB} on approval #1 ignored" in caplog.text)
     assert not (out / "ask.rc").exists() and prompt.edited is None
 
     # The owner's 👍 (with a skin tone) approves; the prompt shows who decided.
@@ -123,13 +125,19 @@ async def test_mention_starts_one_goal(fake, make_bot, start_runner, tmp_path):
     card = await fake.wait_for_message(fake.general, text="Goal #1")
     eph = await fake.wait_for(lambda: fake.ephemerals(ALICE))
     assert "goal #1" in eph[0].text.lower()
-    again = await fake.redeliver(msg.envelopes[0])  # Slack retries: same event_id, new envelope
+    # Slack retries: same event_id, new envelope. It is dropped before it is acked.
+    again = await fake.redeliver(msg.envelopes[0])
     await again.wait_acked()
-    await asyncio.sleep(0.5)
+    # A later mention is a second goal: once its card is out, the first one's twin and its
+    # redelivery have long been handled.
+    later = await fake.user_mentions_bot(fake.general, "then try a wider model", user=BOB)
+    second = await fake.wait_for_message(fake.general, text="Goal #2")
+    await fake.wait_for(lambda: all(e.acked for e in later.envelopes) and fake.ephemerals(BOB))
+    await eventually(bot.outbox.idle)
     cards = [m for m in fake.messages(fake.general) if m.bot_id and "Goal #" in m.text]
-    assert cards == [card]
+    assert cards == [card, second]
     status = await bot.pool["box"].call(p.Status, p.StatusReply)
-    assert len(status.goals) == 1 and status.goals[0].goal.owner == ALICE
+    assert [s.goal.owner for s in status.goals] == [ALICE, BOB]
     assert "tune the lr" in status.goals[0].goal.text and "<@" not in status.goals[0].goal.text
 
 
@@ -141,13 +149,36 @@ async def test_goal_where_the_bot_is_not_a_member_says_invite(fake, make_bot, st
     invite = await res.wait_for_ephemeral(2, timeout=10)
     assert "/invite @goaltender" in invite.text
     assert (await fake.wait_for_call("chat.postMessage")).error == "not_in_channel"
-    for _ in range(100):  # the goal that could not get a thread is stopped, not left running
-        status = await bot.pool["box"].call(p.Status, p.StatusReply, goal_id=1)
-        if status.goals[0].goal.state == "stopped":
-            break
-        await asyncio.sleep(0.1)
-    assert status.goals[0].goal.state == "stopped"
+    await eventually(lambda: goal_state(bot, "box", 1, "stopped"))  # not left running, threadless
     assert fake.messages("#random") == []
+
+
+async def goal_state(bot, runner: str, goal_id: int, state: str) -> bool:
+    status = await bot.pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id)
+    return status.goals[0].goal.state == state
+
+
+@pytest.mark.parametrize("name", ["queue", "card", "lab:gpu"])
+async def test_a_runner_named_like_a_key_part_routes_replies_and_failures(
+    fake, make_bot, start_runner, tmp_path, name
+):
+    """Keys name their runner: a runner called `queue` or `card`, or with a `:` in its name, gets
+    its replies steered to its goal, and its goal stopped where its card cannot be posted."""
+    agent = write_agent(tmp_path, "sleepy.sh", "sleep 30\n")
+    runner = await start_runner(agents={"sleepy": agent}, default_agent="sleepy")
+    bot = await make_bot(RunnerTarget(name=name, socket=runner.settings.socket_path))
+
+    res = await fake.slash_command("/goal", "tune the lr", fake.general, ALICE)
+    assert f"goal #1 on {name}" in (await res.wait_for_ephemeral(timeout=10)).text.lower()
+    card = await fake.wait_for_message(fake.general, text="Goal #1")
+    steer = await fake.user_replies(fake.general, card.ts, "try lr 3e-4", user=ALICE)
+    await fake.wait_for(lambda: fake.message(fake.general, steer.ts).reacted("eyes", fake.bot_user_id), 10)
+    assert [m.text for m in await runner.store.read_inbox(1, unread_only=False)] == ["try lr 3e-4"]
+
+    elsewhere = await fake.slash_command("/goal", "tune the lr", "#random", ALICE)
+    invite = await elsewhere.wait_for_ephemeral(2, timeout=10)
+    assert "/invite @goaltender" in invite.text and "goal #2" in invite.text
+    await eventually(lambda: goal_state(bot, name, 2, "stopped"))
 
 
 async def test_empty_goal_gets_the_howto(fake, make_bot, short_dir):

@@ -51,17 +51,18 @@ async def test_runner_choice_goal_channels_and_thread_commands(
     card = await fake.wait_for_message(general, text="Goal #1")
     assert "runner *beta*" in blocks_text(card)
 
-    # In a goal channel any new top-level message is a goal: it goes to the least-loaded runner.
+    # Elsewhere a plain message is just a message; in a goal channel any new top-level message is
+    # a goal: it goes to the least-loaded runner.
+    lunch = await fake.user_posts(general, "lunch?", user=BOB)
     plain = await fake.user_posts(GOALS, "try a bigger batch", user=BOB)
     second = await fake.wait_for_message(GOALS, text="Goal #1", timeout=10)
     assert "runner *alpha*" in blocks_text(second) and "try a bigger batch" in blocks_text(second)
     assert "goal #1 on alpha" in (await fake.wait_for(lambda: fake.ephemerals(BOB)))[0].text.lower()
     assert (await goal_state(bot, "alpha", 1)).goal.owner == BOB
-    # Elsewhere a plain message is just a message.
-    await fake.user_posts(general, "lunch?", user=BOB)
-    await asyncio.sleep(0.5)
+    # By the time the later message is a goal with its card out, the lunch question was long read.
+    await eventually(bot.outbox.idle)
     assert [m for m in fake.messages(general) if m.bot_id and "Goal #" in m.text] == [card]
-    assert plain.reactions == {}
+    assert lunch.reactions == {} and plain.reactions == {}
 
     # pause / resume / budget +2h in the thread reach beta's goal #1, each acknowledged with 👌.
     paused = await fake.user_replies(general, card.ts, "pause", user=ALICE)

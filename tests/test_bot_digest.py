@@ -3,11 +3,11 @@ missed while the bot was down sent once, and what a digest says."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import blocks_text, write_agent
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
+from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.bot import digest
@@ -63,14 +63,12 @@ async def test_missed_runs_coalesce_into_one():
         Digest(channel="C1", spec="every 4h", created_by=ALICE, created_at=created, last_sent_at=None)
     )
     assert first == created + timedelta(hours=4)
+    ran: list[JobExecutionEvent] = []  # the executor reports a job's runs once they are all done
+    scheduler.scheduler.add_listener(ran.append, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
     scheduler.start([])
     try:
-        for _ in range(100):
-            if sent:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
-        assert sent == ["C1"]  # once, not three times
+        await eventually(lambda: ran)
+        assert sent == ["C1"] and len(ran) == 1  # once, not three times
         assert scheduler.next_run("C1") == created + timedelta(hours=16)
     finally:
         scheduler.shutdown()
@@ -84,7 +82,7 @@ async def test_digest_commands_set_show_and_stop(fake, make_bot, short_dir):
     assert "Digest scheduled: `daily 09:00 Europe/Berlin`; next one" in told.text
     notice = await fake.wait_for_message(general, text="scheduled a digest here")
     assert "<@U0ALICE>" in blocks_text(notice)
-    next_run = bot.digests.next_run(general)
+    next_run = bot.digests.schedules.next_run(general)
     assert next_run is not None and next_run > utcnow()
     assert (next_run.hour, next_run.minute) == (9, 0) and str(next_run.tzinfo) == "Europe/Berlin"
     assert (await bot.store.digest(general)).spec == "daily 09:00 Europe/Berlin"
@@ -98,7 +96,7 @@ async def test_digest_commands_set_show_and_stop(fake, make_bot, short_dir):
     assert (await bot.store.digest(general)).spec == "every 4h"
     off = await fake.slash_command("/goal", "digest off", general, ALICE)
     assert "turned off" in (await off.wait_for_ephemeral()).text
-    assert await bot.store.digest(general) is None and bot.digests.next_run(general) is None
+    assert await bot.store.digest(general) is None and bot.digests.schedules.next_run(general) is None
     # "digest" that is not a schedule word starts a goal like any other text.
     goal = await fake.slash_command("/goal", "digest the OAPL paper and implement it", general, ALICE)
     assert "queued (q1)" in (await goal.wait_for_ephemeral(timeout=10)).text
@@ -162,17 +160,21 @@ async def test_a_digest_due_while_the_bot_was_down_is_sent_once(fake, make_bot, 
     def digests():
         return [m for m in fake.messages(fake.general) if m.text.startswith("Digest")]
 
-    bot = await make_bot(short_dir / "nobody.sock", wait_runner=False, home=home)
-    await fake.wait_for(digests, 15)
-    await asyncio.sleep(1.0)
-    assert len(digests()) == 1  # three missed days, one digest
-    tomorrow = bot.digests.next_run(fake.general)
+    bot = await make_bot(short_dir / "nobody.sock", home=home, start=False)
+    ran: list[JobExecutionEvent] = []
+    bot.digests.schedules.scheduler.add_listener(ran.append, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
+    await bot.start()
+    await eventually(lambda: ran, 15)
+    await eventually(bot.outbox.idle)
+    assert len(ran) == 1 and len(digests()) == 1  # three missed days, one digest
+    tomorrow = bot.digests.schedules.next_run(fake.general)
     assert timedelta(hours=22) < tomorrow - utcnow() < timedelta(hours=24)
     sent_at = (await bot.store.digest(fake.general)).last_sent_at
     assert sent_at is not None
     await bot.close()
 
     again = await make_bot(short_dir / "nobody.sock", wait_runner=False, home=home)  # a restart
-    await asyncio.sleep(1.5)
-    assert len(digests()) == 1  # nothing was missed this time
+    # Nothing was missed this time: the next digest is tomorrow's, none is due now.
+    assert again.digests.schedules.next_run(fake.general) == tomorrow
     assert (await again.store.digest(fake.general)).last_sent_at == sent_at
+    assert len(digests()) == 1

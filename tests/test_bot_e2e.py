@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import signal
@@ -24,10 +25,11 @@ from pathlib import Path
 import pytest
 from conftest import blocks_text, eventually
 from fake_slack import ALICE, BOB, FakeSlack
+from ssh_box import SSHBox
 
 from goaltender.bot import render
-from goaltender.bot.app import approval_key, card_key
 from goaltender.bot.config import BotSettings
+from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, parse
 from goaltender.environments.star_count import workload
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import (
@@ -83,6 +85,69 @@ async def star_box(start_runner, ssh_box):
     return start
 
 
+LINE_LIMIT = 64 * 1024 * 1024  # a ledger's reply is one NDJSON line, and may be long
+
+
+class LedgerTap:
+    """The runner's socket as the bot reaches it through the SSH box, relayed line by line. Armed,
+    it kills the SSH link (as a crashed sshd would) the moment the bot asks for a goal's ledger
+    (a Summary request: the bot draws a plot), so the answer never reaches the bot."""
+
+    def __init__(self, runner_socket: Path, path: Path, box: SSHBox):
+        self.runner_socket = runner_socket
+        self.path = path
+        self.box = box
+        self.armed = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> LedgerTap:
+        self.server = await asyncio.start_unix_server(self._relay, path=str(self.path), limit=LINE_LIMIT)
+        return self
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _relay(self, bot_reader: asyncio.StreamReader, bot_writer: asyncio.StreamWriter) -> None:
+        runner_reader, runner_writer = await asyncio.open_unix_connection(
+            str(self.runner_socket), limit=LINE_LIMIT
+        )
+        await asyncio.gather(
+            self._pump(bot_reader, runner_writer, watch=True),
+            self._pump(runner_reader, bot_writer, watch=False),
+            return_exceptions=True,  # one side gone: the other side's pump ends too
+        )
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, watch: bool):
+        try:
+            while line := await reader.readline():
+                if watch and self.armed.is_set() and json.loads(line).get("type") == "summary":
+                    self.armed.clear()
+                    self.box.drop()
+                    return
+                writer.write(line)
+                await writer.drain()
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def ledger_tap(short_dir):
+    """Put a LedgerTap between an SSH box and a runner: `await ledger_tap(runner, box)`."""
+    taps: list[LedgerTap] = []
+
+    async def start(runner: Runner, box: SSHBox) -> LedgerTap:
+        tap = await LedgerTap(runner.settings.socket_path, short_dir / "tap.sock", box).start()
+        box.sockets.add(str(tap.path))
+        taps.append(tap)
+        return tap
+
+    yield start
+    for tap in taps:
+        await tap.close()
+
+
 # ---- the thread against the runner's event log ----
 
 
@@ -96,10 +161,7 @@ async def runner_reached(runner: Runner, goal_id: int, what, timeout: float = 90
     async def find():
         return next((e for e in await goal_events(runner, goal_id) if what(e.data)), None)
 
-    async with asyncio.timeout(timeout):
-        while (found := await find()) is None:
-            await asyncio.sleep(0.05)
-    return found
+    return await eventually(find, timeout)
 
 
 def expected_keys(events: list[Event], goal_id: int) -> list[str]:
@@ -108,11 +170,11 @@ def expected_keys(events: list[Event], goal_id: int) -> list[str]:
     for event in events:
         data = event.data
         if isinstance(data, ApprovalRequested):
-            keys.append(approval_key(RUNNER, goal_id, data.approval.id))
+            keys.append(str(ApprovalKey(RUNNER, goal_id, data.approval.id)))
         elif isinstance(data, POSTED) or (
             isinstance(data, GoalStateChanged) and render.state_changed(goal_id, data) is not None
         ):
-            keys.append(f"{RUNNER}:{event.seq}:0")
+            keys.append(str(EventKey(RUNNER, event.seq, 0)))
     return keys
 
 
@@ -123,7 +185,7 @@ def metadata_key(message) -> str | None:
 def thread_keys(fake: FakeSlack, channel: str, root_ts: str) -> list[str]:
     """The outbox keys of the bot's posts in a thread (rendered runner events only), in order."""
     keys = [metadata_key(m) for m in fake.messages(channel, root_ts)]
-    return [k for k in keys if k and k.startswith(f"{RUNNER}:")]
+    return [k for k in keys if k and isinstance(parse(k), EventKey | ApprovalKey)]
 
 
 def plot_seqs(fake: FakeSlack, channel: str, root_ts: str, goal_id: int) -> list[int]:
@@ -168,7 +230,7 @@ def assert_thread_matches_log(fake: FakeSlack, events: list[Event], channel: str
     ]
     everything = [k for k in everything if k]
     assert len(everything) == len(set(everything)), f"duplicate posts: {everything}"
-    assert everything.count(card_key(RUNNER, goal_id)) == 1
+    assert everything.count(str(CardKey(RUNNER, goal_id))) == 1
     assert thread_keys(fake, channel, root_ts) == expected_keys(events, goal_id)
 
     plots = plot_seqs(fake, channel, root_ts, goal_id)
@@ -230,7 +292,7 @@ async def open_goal(fake: FakeSlack, text: str, user: str = ALICE):
 # ---- the tests ----
 
 
-async def test_star_count_goal_over_ssh(fake, make_bot, star_box):
+async def test_star_count_goal_over_ssh(fake, make_bot, star_box, caplog):
     """/goal -> ack, card, thread -> milestones, a plot -> an approval nobody but the owner can
     give -> a reply that steers the agent -> stop -> the final report; the runner only over SSH."""
     assert workload.estimate_cost(workload.BASELINE) > ASK_ABOVE_S  # so the baseline asks first
@@ -240,7 +302,7 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box):
 
     _, ack, card = await open_goal(fake, star_goal(4))
     assert "goal #1 on box" in ack.text.lower()
-    assert metadata_key(card) == card_key(RUNNER, 1) and card.thread_ts in (None, card.ts)
+    assert metadata_key(card) == str(CardKey(RUNNER, 1)) and card.thread_ts in (None, card.ts)
     assert "star-count model to 98%" in blocks_text(card)
     assert len(box.connections) == 1  # the bot's one link, through the SSH box
 
@@ -253,9 +315,9 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box):
     await fake.wait_for(lambda: prompt_ready(fake, general, card.ts, prompt), 15)
 
     # Bob is neither the owner nor an approver: his ✅ leaves the runner's approval pending.
-    env = await fake.user_reacts(general, prompt.ts, "white_check_mark", user=BOB)
-    await env.wait_acked()
-    await asyncio.sleep(0.5)
+    caplog.set_level(logging.INFO, logger="goaltender.bot")
+    await fake.user_reacts(general, prompt.ts, "white_check_mark", user=BOB)
+    await eventually(lambda: f"reaction by {BOB} on approval #{pending.id} ignored" in caplog.text)
     assert (await runner.store.get_approval(pending.id)).state == "pending"
     assert prompt.action_ids() == ["approve", "reject"]
 
@@ -305,26 +367,15 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box):
     assert not fake.warnings
 
 
-async def test_ssh_drops_mid_campaign_lose_and_repeat_nothing(fake, make_bot, star_box, monkeypatch):
+async def test_ssh_drops_mid_campaign_lose_and_repeat_nothing(fake, make_bot, star_box, ledger_tap):
     """The SSH connection is killed three times (mid-run, while the bot fetches the ledger for a
     plot, and while the runner's backlog streams in) and sshd goes away for a while: afterwards the
     thread has every rendered event exactly once, in order, with its plots."""
-    runner, box, target = await star_box(NEVER_ASK_S)
-    bot = await make_bot(target)
+    runner, box, _ = await star_box(NEVER_ASK_S)
+    tap = await ledger_tap(runner, box)
+    bot = await make_bot(box.target(name=RUNNER, remote_socket=str(tap.path)))
     link = bot.pool[RUNNER]
     general = fake.general
-
-    # The ledger the bot asks for to draw a milestone's plot is read, and then the link dies.
-    summary, armed = runner._on_summary, asyncio.Event()
-
-    async def summary_then_drop(request):
-        reply = await summary(request)
-        if armed.is_set():
-            armed.clear()
-            box.drop()
-        return reply
-
-    monkeypatch.setattr(runner, "_on_summary", summary_then_drop)
     _, _, card = await open_goal(fake, star_goal(2))
 
     # 1. Killed while the first experiment runs.
@@ -333,9 +384,9 @@ async def test_ssh_drops_mid_campaign_lose_and_repeat_nothing(fake, make_bot, st
     await eventually(lambda: link.connects == 2 and link.healthy, 30)
 
     # 2. Killed while the bot fetches the ledger for the plot of the first result's milestone.
-    armed.set()  # (the agent read its one ledger summary when it started, long before)
+    tap.armed.set()  # (the agent reads its ledger on its own socket, not through the box)
     await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentFinished))
-    await eventually(lambda: link.connects == 3 and link.healthy and not armed.is_set(), 60)
+    await eventually(lambda: link.connects == 3 and link.healthy and not tap.armed.is_set(), 60)
 
     # 3. sshd gone while the second run finishes and its milestones are logged; then back.
     await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentStarted) and d.experiment.index == 2)
@@ -349,9 +400,7 @@ async def test_ssh_drops_mid_campaign_lose_and_repeat_nothing(fake, make_bot, st
     await eventually(lambda: link.connects == 5 and link.healthy, 30)
 
     events = await wait_for_whole_thread(fake, runner, general, card.ts, 1)
-    async with asyncio.timeout(60):
-        while await bot.store.pending_count():
-            await asyncio.sleep(0.05)
+    await eventually(bot.outbox.idle, 60)
     assert_thread_matches_log(fake, events, general, card.ts, 1)
     assert sum(isinstance(e.data, ExperimentFinished) for e in events) == 2
     assert "finished" in blocks_text(fake.message(general, card.ts))
@@ -457,7 +506,7 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
 
     assert_thread_matches_log(fake, events, general, card.ts, 1)
     # The prompt Slack took before the crash was found by its metadata, not posted again.
-    key = approval_key(RUNNER, 1, approval.id)
+    key = str(ApprovalKey(RUNNER, 1, approval.id))
     sent = [c for c in fake.calls("chat.postMessage") if key in json.dumps(c.params.get("metadata") or "")]
     assert len(sent) == 1
     lookups = [c for c in fake.calls("conversations.replies") if c.params.get("ts") == card.ts]
@@ -482,9 +531,7 @@ async def test_a_429_storm_delays_but_loses_nothing(fake, make_bot, star_box):
     _, _, card = await open_goal(fake, star_goal(2))
 
     events = await wait_for_whole_thread(fake, runner, general, card.ts, 1)
-    async with asyncio.timeout(120):
-        while await bot.store.pending_count():
-            await asyncio.sleep(0.1)
+    await eventually(bot.outbox.idle, 120)
     assert_thread_matches_log(fake, events, general, card.ts, 1)
     assert "finished" in blocks_text(fake.message(general, card.ts))
 
@@ -535,7 +582,7 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     mention = await fake.user_mentions_bot(general, star_goal(3), user=BOB)
     await fake.wait_for(lambda: len(mention.envelopes) == 2 and all(e.acked for e in mention.envelopes), 15)
     second = await fake.wait_for_message(
-        general, where=lambda m: metadata_key(m) == card_key(RUNNER, 2), timeout=30
+        general, where=lambda m: metadata_key(m) == str(CardKey(RUNNER, 2)), timeout=30
     )
     for envelope in list(mention.envelopes):
         await (await fake.redeliver(envelope)).wait_acked()
@@ -549,14 +596,12 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
         await fake.user_replies(general, goal_card.ts, "stop", user=ALICE if goal_card is card else BOB)
     for goal_id in (1, 2):
         await runner_reached(runner, goal_id, lambda d: isinstance(d, FinalReport))
-    async with asyncio.timeout(60):
-        while await bot.store.pending_count():
-            await asyncio.sleep(0.05)
+    await eventually(bot.outbox.idle, 60)
 
     goals = await runner.store.list_goals()
     assert [(g.id, g.owner) for g in goals] == [(1, ALICE), (2, BOB)]
     cards = [m for m in fake.messages(general) if m.bot_id and metadata_key(m)]
-    assert [metadata_key(m) for m in cards] == [card_key(RUNNER, 1), card_key(RUNNER, 2)]
+    assert [metadata_key(m) for m in cards] == [str(CardKey(RUNNER, 1)), str(CardKey(RUNNER, 2))]
     acks = defaultdict(list)
     for e in fake.ephemerals():
         acks[e.user].append(e.text)

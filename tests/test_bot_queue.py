@@ -9,7 +9,7 @@ import time
 from urllib.parse import urlencode
 
 import aiohttp
-from conftest import blocks_text, write_agent
+from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE
 
 from goaltender.bot.app import GoaltenderBot
@@ -43,11 +43,7 @@ async def test_a_goal_queues_while_no_runner_is_up_and_starts_when_one_is(
     assert (done.goal_runner, done.goal_id) == ("box", 1)
     # Its thread works like any other: a reply steers the goal.
     await fake.user_replies(fake.general, card.ts, "try lr 3e-4 first", user=ALICE)
-    for _ in range(100):
-        inbox = await runner.store.read_inbox(1, unread_only=False)
-        if inbox:
-            break
-        await asyncio.sleep(0.1)
+    inbox = await eventually(lambda: runner.store.read_inbox(1, unread_only=False))
     assert [m.text for m in inbox] == ["try lr 3e-4 first"]
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
+from conftest import eventually
 from fake_slack import FakeSlack
 
 from goaltender.bot.outbox import METADATA_EVENT, Outbox
@@ -18,13 +17,14 @@ async def slack():
         yield fake
 
 
-async def drain(outbox: Outbox, store: BotStore, timeout: float = 30) -> None:
-    async def loop():
-        while await store.pending_count():
-            await outbox.drain_once()
-            await asyncio.sleep(0.05)
+async def drain(outbox: Outbox, timeout: float = 30) -> None:
+    """Make passes (as the outbox's own loop would) until everything queued is sent or failed."""
 
-    await asyncio.wait_for(loop(), timeout)
+    async def sent_all() -> bool:
+        await outbox.drain_once()
+        return await outbox.idle()
+
+    await eventually(sent_all, timeout)
 
 
 async def test_posts_arrive_in_order_within_the_channel_rate(slack, tmp_path):
@@ -35,7 +35,7 @@ async def test_posts_arrive_in_order_within_the_channel_rate(slack, tmp_path):
         await store.enqueue(slack.general, "post", {"text": f"general {i}"}, f"g{i}")
     for i in range(2):
         await store.enqueue("C0TWO", "post", {"text": f"two {i}"}, f"t{i}")
-    await drain(outbox, store)
+    await drain(outbox)
     assert [m.text for m in slack.messages(slack.general)] == [f"general {i}" for i in range(4)]
     assert [m.text for m in slack.messages("C0TWO")] == ["two 0", "two 1"]
     posts = slack.calls("chat.postMessage")
@@ -50,7 +50,7 @@ async def test_a_429_storm_delays_but_loses_and_reorders_nothing(slack, tmp_path
     outbox = Outbox(store, slack.client(), per_channel_interval_s=0.1)
     for i in range(3):
         await store.enqueue(slack.general, "post", {"text": f"m{i}"}, f"k{i}")
-    await drain(outbox, store)
+    await drain(outbox)
     assert [m.text for m in slack.messages(slack.general)] == ["m0", "m1", "m2"]
     limited = [c for c in slack.calls("chat.postMessage") if c.status == 429]
     assert len(limited) == 3
@@ -69,7 +69,7 @@ async def test_a_post_slack_took_before_a_crash_is_not_posted_again(slack, tmp_p
         metadata={"event_type": METADATA_EVENT, "event_payload": {"key": "gpu1:7:0"}},
     )
     outbox = Outbox(store, slack.client())
-    await drain(outbox, store)
+    await drain(outbox)
     assert [m.text for m in slack.messages(slack.general)] == ["milestone"]  # one, not two
     assert (await store.outbox_item(item_id)).state == "sent"
     await store.close()
@@ -81,7 +81,7 @@ async def test_updates_and_replies_wait_for_the_post_they_refer_to(slack, tmp_pa
     await store.enqueue(slack.general, "post", {"text": "status card: running"}, "card")
     await store.enqueue(slack.general, "post", {"text": "milestone", "thread_of": "card"}, "m1")
     await store.enqueue(slack.general, "update", {"text": "status card: finished", "ts_of": "card"}, "card-2")
-    await drain(outbox, store)
+    await drain(outbox)
     [root] = slack.messages(slack.general)
     assert root.text == "status card: finished"
     assert [m.text for m in slack.thread(slack.general, root.ts)][-1] == "milestone"
@@ -98,6 +98,6 @@ async def test_a_permanent_error_fails_the_item_and_says_so(slack, tmp_path):
 
     outbox.on_failed = on_failed
     await store.enqueue("C0RANDOM", "post", {"text": "hello"}, "r1")  # the bot is not in #random
-    await drain(outbox, store)
+    await drain(outbox)
     assert failures == [("r1", "not_in_channel")]
     await store.close()

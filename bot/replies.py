@@ -1,0 +1,147 @@
+"""People's messages: a new goal (a message that @mentions the bot, or any new top-level message
+in a goal channel), or a reply in a goal's thread — `stop`, `pause`, `resume`, `status`,
+`budget +2h`, or anything else, which goes to the agent as steering.
+
+A message that @mentions the bot arrives twice (app_mention + message): it is handled once,
+keyed on (channel, ts).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from goaltender.bot import queries, render
+from goaltender.bot.intake import GoalRefused, Intake
+from goaltender.bot.keys import CardKey, ReplyKey
+from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.outbox import Outbox, in_thread
+from goaltender.bot.thread import thread_at
+from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerUnavailable
+from goaltender.storage.bot_store import BotStore, Thread
+
+CONTROL: dict[str, type[p.Request]] = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
+_BUDGET = re.compile(
+    r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
+)
+_HANDLED_SUBTYPES = (None, "thread_broadcast", "file_share")  # others are edits, joins, bots...
+
+
+class Replies:
+    """Routes people's messages to intake or to their goal's runner, and answers in the thread."""
+
+    def __init__(
+        self, store: BotStore, pool: RunnerPool, outbox: Outbox, intake: Intake, goal_channels: list[str]
+    ):
+        self.store = store
+        self.pool = pool
+        self.outbox = outbox
+        self.intake = intake
+        self.goal_channels = goal_channels
+
+    async def on_message(self, event: dict[str, Any], bot_user: str | None, *, mention: bool) -> None:
+        if event.get("subtype") not in _HANDLED_SUBTYPES:
+            return
+        if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user:
+            return
+        channel, ts, user = event["channel"], event["ts"], event["user"]
+        text = event.get("text") or ""
+        token = f"<@{bot_user}>" if bot_user else None
+        mentioned = mention or bool(token and token in text)
+        if token:
+            text = text.replace(token, " ")
+        text = text.strip()
+        thread_ts = event.get("thread_ts")
+        if thread_ts and thread_ts != ts:
+            thread = await thread_at(self.outbox, self.store, channel, thread_ts)
+            if thread is None:
+                return  # not a goal thread
+            if await self.store.first_sight(f"msg:{channel}:{ts}"):
+                await self._on_reply(thread, ts, user, text)
+            return
+        if not (mentioned or channel in self.goal_channels):
+            return
+        # Decided it is ours; only now mark it, so the twin event (app_mention/message) is dropped.
+        if not await self.store.first_sight(f"msg:{channel}:{ts}"):
+            return
+
+        async def reply(message: str) -> None:
+            await self.outbox.enqueue(channel, "ephemeral", {"user": user, "text": message})
+
+        try:
+            request = self.intake.read(text, channel, user)
+        except GoalRefused as refusal:
+            await reply(str(refusal))
+            return
+        await self.intake.submit(request, reply)
+
+    async def _on_reply(self, thread: Thread, ts: str, user: str, text: str) -> None:
+        if not text:
+            return
+        key = ReplyKey(thread.channel, ts)
+        command = text.strip().lower().rstrip(".!")
+        try:
+            link = self.pool[thread.runner]
+        except UnknownRunner:
+            await self._say(thread, f"This goal's runner {thread.runner} is no longer configured.", key)
+            return
+        try:
+            if command in CONTROL:
+                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=user)
+                await self._react(thread, ts, "ok_hand", key)
+            elif command == "status":
+                await self._status(thread, key)
+            elif _BUDGET.match(text):
+                await link.call(p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=user)
+                await self._react(thread, ts, "ok_hand", key)
+            else:
+                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=user)
+                await self._react(thread, ts, "eyes", key)
+        except p.ProtocolError as exc:
+            await self._refused(thread, exc, key)
+        except RunnerUnavailable as exc:
+            await self._say(
+                thread,
+                f"Runner {thread.runner} is not reachable right now ({render.escape(str(exc))}); "
+                "your message was not delivered. Please send it again later.",
+                key,
+            )
+
+    async def _status(self, thread: Thread, key: ReplyKey) -> None:
+        status = await queries.goal_status(self.pool, thread.runner, thread.goal_id)
+        if status is None:
+            await self._say(thread, f"Runner {thread.runner} did not answer; try again soon.", key)
+            return
+        payload = in_thread(
+            CardKey(thread.runner, thread.goal_id), render.status_summary(status, thread.runner)
+        )
+        await self.outbox.enqueue(thread.channel, "post", payload, key)
+
+    async def _refused(self, thread: Thread, exc: p.ProtocolError, key: ReplyKey) -> None:
+        """The runner said no: a goal that has ended says so plainly, anything else as it came."""
+        if exc.error.code == "conflict" and (
+            status := await queries.goal_status(self.pool, thread.runner, thread.goal_id)
+        ):
+            goal = status.goal
+            if not goal.active:
+                why = f" ({goal.end_reason.splitlines()[0]})" if goal.end_reason else ""
+                await self._say(
+                    thread,
+                    f"Goal #{goal.id} is {goal.state}{render.escape(why)}; it takes no more messages. "
+                    "Start a new one with `/goal`.",
+                    key,
+                )
+                return
+        await self._say(thread, f"That did not work: {render.escape(exc.error.message)}", key)
+
+    async def _react(self, thread: Thread, ts: str, emoji: str, key: ReplyKey) -> None:
+        await self.outbox.enqueue(thread.channel, "reaction", {"timestamp": ts, "name": emoji}, key)
+
+    async def _say(self, thread: Thread, text: str, key: ReplyKey) -> None:
+        await self.outbox.enqueue(
+            thread.channel,
+            "post",
+            in_thread(CardKey(thread.runner, thread.goal_id), render.notice(text)),
+            key,
+        )

@@ -1,0 +1,229 @@
+"""A goal's thread in Slack: runner events turned into writes to it, and its status card.
+
+Each kind of event has one small function (the `WRITES` table) returning its post or edit; the
+campaign plot comes with milestones and the final report (one plot per such event, not one per
+metric), and events that change what the card shows refresh it. An event's writes are stored
+with its seq in one transaction, so each is made exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from goaltender.bot import queries, render
+from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, OutboxKey
+from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.outbox import Outbox, Payload, editing, in_thread, replacing
+from goaltender.display import plots
+from goaltender.runner import protocol as p
+from goaltender.storage.bot_store import BotStore, OutboxKind, Thread
+from goaltender.storage.records import (
+    ApprovalDecided,
+    ApprovalRequested,
+    BudgetChanged,
+    Event,
+    ExperimentFinished,
+    ExperimentStarted,
+    FinalReport,
+    GoalAccepted,
+    GoalStateChanged,
+    MilestoneReported,
+    SteerReceived,
+)
+
+CARD_EVENTS = (
+    GoalAccepted,
+    GoalStateChanged,
+    ExperimentStarted,
+    ExperimentFinished,
+    ApprovalRequested,
+    ApprovalDecided,
+    BudgetChanged,
+    FinalReport,
+)
+PLOTTED = (MilestoneReported, FinalReport)
+
+
+@dataclass(frozen=True)
+class Write:
+    kind: OutboxKind
+    payload: Payload
+    key: OutboxKey
+
+
+@dataclass(frozen=True)
+class At:
+    """The event being rendered: which runner's, which goal's, and its seq."""
+
+    runner: str
+    goal_id: int
+    seq: int
+
+    @property
+    def card(self) -> CardKey:
+        return CardKey(self.runner, self.goal_id)
+
+    def approval(self, approval_id: int) -> ApprovalKey:
+        return ApprovalKey(self.runner, self.goal_id, approval_id)
+
+    def post(self, payload: Payload | None, key: OutboxKey | None = None) -> list[Write]:
+        """The event's post in the thread (none when the renderer has nothing to say)."""
+        if payload is None:
+            return []
+        return [Write("post", in_thread(self.card, payload), key or EventKey(self.runner, self.seq, 0))]
+
+    def edit(self, key: OutboxKey, payload: Payload) -> list[Write]:
+        return [Write("update", editing(key, payload), EventKey(self.runner, self.seq, 0))]
+
+
+WRITES: dict[type, Callable[[At, Any], list[Write]]] = {
+    MilestoneReported: lambda at, data: at.post(render.milestone(data)),
+    ExperimentFinished: lambda at, data: at.post(render.experiment_finished(data)),
+    ApprovalRequested: lambda at, data: at.post(
+        render.approval_prompt(data.approval, at.runner), at.approval(data.approval.id)
+    ),
+    ApprovalDecided: lambda at, data: at.edit(
+        at.approval(data.approval.id), render.approval_decided(data.approval)
+    ),
+    SteerReceived: lambda at, data: at.post(render.steer_ack(data.message)),
+    BudgetChanged: lambda at, data: at.post(render.budget_changed(data)),
+    GoalStateChanged: lambda at, data: at.post(render.state_changed(at.goal_id, data)),
+    FinalReport: lambda at, data: at.post(render.final_report(data, at.goal_id)),
+}
+"""Event data type -> its post in the thread, or its edit of an earlier post."""
+
+
+async def thread_at(outbox: Outbox, store: BotStore, channel: str, ts: str) -> Thread | None:
+    """The goal thread whose card is the post at (channel, ts)."""
+    match await outbox.posted_at(channel, ts):
+        case CardKey(runner, goal_id):
+            return await store.thread(runner, goal_id)
+    return None
+
+
+class ThreadWriter:
+    """Renders runner events into their goals' threads, and keeps the status cards current."""
+
+    def __init__(
+        self,
+        store: BotStore,
+        pool: RunnerPool,
+        outbox: Outbox,
+        plots_dir: Path,
+        submitting: Callable[[str], asyncio.Lock],
+    ):
+        self.store = store
+        self.pool = pool
+        self.outbox = outbox
+        self.plots_dir = plots_dir
+        self._submitting = submitting
+
+    async def on_runner_event(self, runner: str, event: Event) -> None:
+        """Render one runner event into outbox rows and store them with its seq (exactly once)."""
+        if event.seq <= await self.store.cursor(runner):
+            return  # a redelivery after a reconnect: already rendered (record_event rechecks atomically)
+        rows: list[tuple[str, OutboxKind, Payload, str | None]] = []
+        thread = await self._thread(runner, event.goal_id)
+        if thread is not None and await self._card_queued(runner, thread.goal_id):
+            writes = await self._writes(At(runner, thread.goal_id, event.seq), event.data)
+            rows = [(thread.channel, w.kind, w.payload, str(w.key)) for w in writes]
+        if await self.store.record_event(runner, event.seq, rows) and rows:
+            self.outbox.notify()
+
+    async def _thread(self, runner: str, goal_id: int | None) -> Thread | None:
+        if goal_id is None:
+            return None
+        if (thread := await self.store.thread(runner, goal_id)) is not None:
+            return thread
+        async with self._submitting(runner):  # a goal being submitted right now gets its thread
+            return await self.store.thread(runner, goal_id)
+
+    async def _card_queued(self, runner: str, goal_id: int) -> bool:
+        """Whether the goal's card is queued or posted: no thread to write to when it failed."""
+        card = await self.store.outbox_by_key(str(CardKey(runner, goal_id)))
+        return card is not None and card.state != "failed"
+
+    async def _writes(self, at: At, data: Any) -> list[Write]:
+        writes = [w for w in WRITES.get(type(data), _nothing)(at, data) if await self._target_queued(w)]
+        if isinstance(data, PLOTTED) and (plot := await self._plot(at)):
+            writes.append(Write("upload", in_thread(at.card, plot), EventKey(at.runner, at.seq, "plot")))
+        if isinstance(data, MilestoneReported):
+            await self.store.set_milestone(at.runner, at.goal_id, data.title)
+        if isinstance(data, CARD_EVENTS) and (card := await self._card(at.runner, at.goal_id)):
+            # Not "<runner>:<seq>:card": that is goal <seq>'s card post (CardKey), which INSERT OR
+            # IGNORE would then drop, sending that goal's thread into this one.
+            writes.append(
+                Write("update", replacing(at.card, card), EventKey(at.runner, at.seq, "card-update"))
+            )
+        return writes
+
+    async def _target_queued(self, write: Write) -> bool:
+        """An edit of a post never queued (a decision on a prompt this thread never showed)
+        would wait for that post forever: it is left out."""
+        target = write.payload.get("ts_of")
+        return target is None or await self.store.outbox_by_key(target) is not None
+
+    async def _card(self, runner: str, goal_id: int) -> Payload | None:
+        """The goal's card as the runner sees it now (and that status remembered)."""
+        status = await queries.goal_status(self.pool, runner, goal_id)
+        if status is None:
+            return None
+        await self.store.set_status(runner, goal_id, status.model_dump(mode="json"))
+        return render.status_card(status, runner)
+
+    async def _plot(self, at: At) -> Payload | None:
+        """The goal's headline metric per experiment as a PNG (best marked), ready to upload."""
+        try:
+            summary = await self.pool[at.runner].call(p.Summary, p.SummaryReply, goal_id=at.goal_id)
+        except (p.ProtocolError, UnknownRunner):
+            return None
+        # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
+        # comes again after the reconnect (recording it now would lose its plot for good).
+        finished = [e for e in summary.ledger if e.status != "running"]
+        goal = summary.status.goal
+        metric = goal.metric
+        if not finished or metric is None:
+            return None
+        path = self.plots_dir / f"{at.runner}-goal-{at.goal_id}-{at.seq}.png"
+        await asyncio.to_thread(
+            plots.plot_campaign,
+            finished,
+            metric,
+            path,
+            direction=goal.direction,
+            target=goal.target,
+            title=f"Goal #{at.goal_id}: {metric} per experiment",
+        )
+        best = summary.status.best
+        comment = f"best so far: #{best.index} {metric} {best.metric_value:.4g}" if best else ""
+        return {
+            "file": str(path),
+            "filename": path.name,
+            "title": f"Goal #{at.goal_id} — {metric}",
+            "initial_comment": comment,
+        }
+
+    async def show_runner(self, runner: str, up: bool, why: str) -> None:
+        """Refresh the cards of a runner's active goals: from the runner when it is back, or
+        from the last status seen, saying it is unreachable (`why`), when it went down."""
+        for thread in await self.store.threads(runner=runner):
+            last = p.GoalStatus.model_validate(thread.status) if thread.status else None
+            if last is not None and not last.goal.active:
+                continue
+            if up:
+                card = await self._card(runner, thread.goal_id)
+            elif last is not None:
+                card = render.status_card(last, runner, runner_down=why)
+            else:
+                card = None
+            if card is not None:
+                card_key = CardKey(runner, thread.goal_id)
+                await self.outbox.enqueue(thread.channel, "update", replacing(card_key, card))
+
+
+def _nothing(at: At, data: Any) -> list[Write]:
+    return []
