@@ -34,8 +34,8 @@ from goaltender.bot.approvals import Approvals
 from goaltender.bot.config import BotSettings
 from goaltender.bot.intake import GoalRefused, Intake
 from goaltender.bot.links import RunnerPool
+from goaltender.bot.messages import Messages
 from goaltender.bot.outbox import Outbox
-from goaltender.bot.replies import Replies
 from goaltender.bot.thread import ThreadWriter
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.records import Event
@@ -65,7 +65,7 @@ class GoaltenderBot:
         self.intake = Intake(store, self.pool, self.outbox)
         self.outbox.on_failed = self.intake.on_outbox_failed
         self.threads = ThreadWriter(store, self.pool, self.outbox, plots_dir, self.intake.submitting)
-        self.replies = Replies(store, self.pool, self.outbox, self.intake, settings.goal_channels)
+        self.messages = Messages(store, self.pool, self.outbox, self.intake, settings.goal_channels)
         self.approvals = Approvals(store, self.pool, self.outbox, settings.approvers)
         self.digests = digest.Digests(store, self.pool, self.outbox, client, plots_dir)
         self._tasks: list[asyncio.Task] = []
@@ -190,11 +190,11 @@ class GoaltenderBot:
 
         @app.event("app_mention")
         async def app_mention(event, context):
-            await self.replies.on_message(event, context.get("bot_user_id"), mention=True)
+            await self.messages.on_message(event, context.get("bot_user_id"), mention=True)
 
         @app.event("message")
         async def message(event, context):
-            await self.replies.on_message(event, context.get("bot_user_id"), mention=False)
+            await self.messages.on_message(event, context.get("bot_user_id"), mention=False)
 
         @app.event("reaction_added")
         async def reaction_added(event):

@@ -50,13 +50,15 @@ PLOTTED = (MilestoneReported, FinalReport)
 
 @dataclass(frozen=True)
 class Write:
+    """One write an event makes to its goal's thread: an outbox row, but for the channel."""
+
     kind: OutboxKind
     payload: Payload
     key: OutboxKey
 
 
 @dataclass(frozen=True)
-class At:
+class EventInThread:
     """The event being rendered: which runner's, which goal's, and its seq."""
 
     runner: str
@@ -80,19 +82,19 @@ class At:
         return [Write("update", editing(key, payload), EventKey(self.runner, self.seq, 0))]
 
 
-WRITES: dict[type, Callable[[At, Any], list[Write]]] = {
-    MilestoneReported: lambda at, data: at.post(render.milestone(data)),
-    ExperimentFinished: lambda at, data: at.post(render.experiment_finished(data)),
-    ApprovalRequested: lambda at, data: at.post(
-        render.approval_prompt(data.approval, at.runner), at.approval(data.approval.id)
+WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
+    MilestoneReported: lambda event, data: event.post(render.milestone(data)),
+    ExperimentFinished: lambda event, data: event.post(render.experiment_finished(data)),
+    ApprovalRequested: lambda event, data: event.post(
+        render.approval_prompt(data.approval, event.runner), event.approval(data.approval.id)
     ),
-    ApprovalDecided: lambda at, data: at.edit(
-        at.approval(data.approval.id), render.approval_decided(data.approval)
+    ApprovalDecided: lambda event, data: event.edit(
+        event.approval(data.approval.id), render.approval_decided(data.approval)
     ),
-    SteerReceived: lambda at, data: at.post(render.steer_ack(data.message)),
-    BudgetChanged: lambda at, data: at.post(render.budget_changed(data)),
-    GoalStateChanged: lambda at, data: at.post(render.state_changed(at.goal_id, data)),
-    FinalReport: lambda at, data: at.post(render.final_report(data, at.goal_id)),
+    SteerReceived: lambda event, data: event.post(render.steer_ack(data.message)),
+    BudgetChanged: lambda event, data: event.post(render.budget_changed(data)),
+    GoalStateChanged: lambda event, data: event.post(render.state_changed(event.goal_id, data)),
+    FinalReport: lambda event, data: event.post(render.final_report(data, event.goal_id)),
 }
 """Event data type -> its post in the thread, or its edit of an earlier post."""
 
@@ -129,7 +131,7 @@ class ThreadWriter:
         rows: list[tuple[str, OutboxKind, Payload, str | None]] = []
         thread = await self._thread(runner, event.goal_id)
         if thread is not None and await self._card_queued(runner, thread.goal_id):
-            writes = await self._writes(At(runner, thread.goal_id, event.seq), event.data)
+            writes = await self._writes(EventInThread(runner, thread.goal_id, event.seq), event.data)
             rows = [(thread.channel, w.kind, w.payload, str(w.key)) for w in writes]
         if await self.store.record_event(runner, event.seq, rows) and rows:
             self.outbox.notify()
@@ -147,17 +149,19 @@ class ThreadWriter:
         card = await self.store.outbox_by_key(str(CardKey(runner, goal_id)))
         return card is not None and card.state != "failed"
 
-    async def _writes(self, at: At, data: Any) -> list[Write]:
-        writes = [w for w in WRITES.get(type(data), _nothing)(at, data) if await self._target_queued(w)]
-        if isinstance(data, PLOTTED) and (plot := await self._plot(at)):
-            writes.append(Write("upload", in_thread(at.card, plot), EventKey(at.runner, at.seq, "plot")))
+    async def _writes(self, event: EventInThread, data: Any) -> list[Write]:
+        writes = [w for w in WRITES.get(type(data), _nothing)(event, data) if await self._target_queued(w)]
+        if isinstance(data, PLOTTED) and (plot := await self._plot(event)):
+            writes.append(
+                Write("upload", in_thread(event.card, plot), EventKey(event.runner, event.seq, "plot"))
+            )
         if isinstance(data, MilestoneReported):
-            await self.store.set_milestone(at.runner, at.goal_id, data.title)
-        if isinstance(data, CARD_EVENTS) and (card := await self._card(at.runner, at.goal_id)):
+            await self.store.set_milestone(event.runner, event.goal_id, data.title)
+        if isinstance(data, CARD_EVENTS) and (card := await self._card(event.runner, event.goal_id)):
             # Not "<runner>:<seq>:card": that is goal <seq>'s card post (CardKey), which INSERT OR
             # IGNORE would then drop, sending that goal's thread into this one.
             writes.append(
-                Write("update", replacing(at.card, card), EventKey(at.runner, at.seq, "card-update"))
+                Write("update", replacing(event.card, card), EventKey(event.runner, event.seq, "card-update"))
             )
         return writes
 
@@ -175,10 +179,10 @@ class ThreadWriter:
         await self.store.set_status(runner, goal_id, status.model_dump(mode="json"))
         return render.status_card(status, runner)
 
-    async def _plot(self, at: At) -> Payload | None:
+    async def _plot(self, event: EventInThread) -> Payload | None:
         """The goal's headline metric per experiment as a PNG (best marked), ready to upload."""
         try:
-            summary = await self.pool[at.runner].call(p.Summary, p.SummaryReply, goal_id=at.goal_id)
+            summary = await self.pool[event.runner].call(p.Summary, p.SummaryReply, goal_id=event.goal_id)
         except (p.ProtocolError, UnknownRunner):
             return None
         # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
@@ -188,7 +192,7 @@ class ThreadWriter:
         metric = goal.metric
         if not finished or metric is None:
             return None
-        path = self.plots_dir / f"{at.runner}-goal-{at.goal_id}-{at.seq}.png"
+        path = self.plots_dir / f"{event.runner}-goal-{event.goal_id}-{event.seq}.png"
         await asyncio.to_thread(
             plots.plot_campaign,
             finished,
@@ -196,14 +200,14 @@ class ThreadWriter:
             path,
             direction=goal.direction,
             target=goal.target,
-            title=f"Goal #{at.goal_id}: {metric} per experiment",
+            title=f"Goal #{event.goal_id}: {metric} per experiment",
         )
         best = summary.status.best
         comment = f"best so far: #{best.index} {metric} {best.metric_value:.4g}" if best else ""
         return {
             "file": str(path),
             "filename": path.name,
-            "title": f"Goal #{at.goal_id} — {metric}",
+            "title": f"Goal #{event.goal_id} — {metric}",
             "initial_comment": comment,
         }
 
@@ -225,5 +229,5 @@ class ThreadWriter:
                 await self.outbox.enqueue(thread.channel, "update", replacing(card_key, card))
 
 
-def _nothing(at: At, data: Any) -> list[Write]:
+def _nothing(event: EventInThread, data: Any) -> list[Write]:
     return []

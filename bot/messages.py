@@ -28,7 +28,7 @@ _BUDGET = re.compile(
 _HANDLED_SUBTYPES = (None, "thread_broadcast", "file_share")  # others are edits, joins, bots...
 
 
-class Replies:
+class Messages:
     """Routes people's messages to intake or to their goal's runner, and answers in the thread."""
 
     def __init__(
