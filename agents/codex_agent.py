@@ -12,9 +12,10 @@ commands), starts `codex app-server`, opens a thread in the workspace — or res
 - Codex's approval requests (commands, file changes, permissions) -> runner `ask` prompts; approved
   is `accept`, rejected or expired is `decline` (a rejection's comment is passed on to Codex);
 - SIGTERM (stop) -> `turn/interrupt`, a short report, the app-server ended, exit 0;
-- the app-server dying, a failed turn or a silent Codex -> a milestone with the reason, exit 1.
+- the app-server dying, a failed turn or a silent Codex -> a milestone with the reason, exit 1
+  (bootstrap.py turns these into exit codes).
 
-Configuration (environment): GOALTENDER_CODEX_BIN, GOALTENDER_MODEL, OPENAI_BASE_URL and
+Configuration (environment, read by settings.py): GOALTENDER_CODEX_BIN, GOALTENDER_MODEL, OPENAI_BASE_URL and
 OPENAI_API_KEY (a Responses API endpoint, e.g. vLLM), GOALTENDER_CONTEXT_TOKENS,
 GOALTENDER_CODEX_SANDBOX (workspace-write), GOALTENDER_CODEX_APPROVAL (untrusted),
 GOALTENDER_CODEX_NETWORK (1: commands may use the network and the runner's socket),
@@ -28,34 +29,41 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
-import os
+import logging
 import re
 import shutil
-import signal
-import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from goaltender.agents.bootstrap import Agent, Goal, run_agent
 from goaltender.agents.briefing import goal_brief, prepare_workspace
+from goaltender.agents.codex_home import CODEX_HOME_DIR, codex_environment, write_codex_home
+from goaltender.agents.codex_prompts import (
+    CONTINUE_PROMPT,
+    clip,
+    command_question,
+    file_question,
+    first_line,
+    first_prompt,
+    permissions_question,
+    report_text,
+    resume_prompt,
+    says_done,
+)
 from goaltender.agents.codex_rpc import METHOD_NOT_FOUND, AppServer, AppServerGone, RpcError
+from goaltender.agents.settings import CodexSettings
 from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
+from goaltender.runner.client import RunnerClient, RunnerUnavailable
 
-REPO = Path(__file__).resolve().parents[1]
+log = logging.getLogger(__name__)
+
 THREAD_FILE = ".codex-thread"  # the Codex thread id, for thread/resume after a restart
 PID_FILE = ".codex-app-server.pid"
 LOG_FILE = "codex.log"  # everything Codex said and ran, for humans
-CODEX_HOME_DIR = ".codex"
-DONE_MARKER = "GOAL COMPLETE"
-_DONE = re.compile(r"\bgoal complete\b|\bnothing (?:more|else|left) to do\b|\ball done\b", re.I)
 _DIARY_THREAD = re.compile(r"codex thread: (\S+)")
-
-# Verbs Codex may run without asking: they only report to the runner. `goaltender experiment`
-# (which runs arbitrary commands outside the sandbox) still asks.
-ALLOWED_VERBS = ("milestone", "metrics", "inbox", "diary", "report", "ask", "status", "summary", "log")
 
 # Streaming noise the agent has no use for.
 OPT_OUT = [
@@ -78,179 +86,11 @@ class AgentFailure(Exception):
     """Codex cannot go on: the reason goes into a milestone and the agent exits non-zero."""
 
 
-# ---- configuration ----
-
-
-@dataclass
-class CodexSettings:
-    binary: str
-    model: str | None = None
-    base_url: str | None = None
-    context_tokens: int | None = None
-    sandbox: str = "workspace-write"
-    approval: str = "untrusted"
-    network: bool = True
-    max_turns: int = 20
-    approval_timeout_s: float | None = None
-    idle_timeout_s: float = 3600.0
-    retries: int | None = None
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> CodexSettings:
-        env = dict(os.environ if env is None else env)
-
-        def number(name: str, kind=float):
-            value = env.get(name, "").strip()
-            return kind(value) if value else None
-
-        return cls(
-            binary=find_codex(env),
-            model=env.get("GOALTENDER_MODEL") or None,
-            base_url=env.get("OPENAI_BASE_URL") or None,
-            context_tokens=number("GOALTENDER_CONTEXT_TOKENS", int),
-            sandbox=env.get("GOALTENDER_CODEX_SANDBOX") or "workspace-write",
-            approval=env.get("GOALTENDER_CODEX_APPROVAL") or "untrusted",
-            network=env.get("GOALTENDER_CODEX_NETWORK", "1").strip().lower() not in ("0", "false", "no", ""),
-            max_turns=number("GOALTENDER_CODEX_MAX_TURNS", int) or 20,
-            approval_timeout_s=number("GOALTENDER_CODEX_APPROVAL_TIMEOUT_S"),
-            idle_timeout_s=number("GOALTENDER_CODEX_IDLE_TIMEOUT_S") or 3600.0,
-            retries=number("GOALTENDER_CODEX_RETRIES", int),
-        )
-
-
-def find_codex(env: dict[str, str]) -> str:
-    """GOALTENDER_CODEX_BIN, else `codex` on PATH, else the copy `make test` installs in the repo."""
-    if explicit := env.get("GOALTENDER_CODEX_BIN"):
-        return explicit
-    if found := shutil.which("codex", path=env.get("PATH")):
-        return found
-    return str(REPO / ".codex-cli" / "node_modules" / ".bin" / "codex")
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    return json.dumps(str(value))  # a TOML basic string
-
-
-def write_codex_home(home: Path, settings: CodexSettings) -> None:
-    """config.toml (model, provider, sandbox, approvals) and rules letting the reporting verbs run
-    without a prompt. Rewritten at every start, so a changed environment takes effect."""
-    home.mkdir(parents=True, exist_ok=True)
-    # The approval policy and sandbox go in thread/start (Codex 0.171 refuses to start with
-    # `approval_policy = "untrusted"` in config.toml, yet accepts it as a thread parameter).
-    # No login shells: a login profile resets PATH (Debian's /etc/profile does for root), and the
-    # agent's commands need the PATH the runner gave it, with the `goaltender` verbs on it.
-    lines = [
-        "# Written by goaltender's Codex agent at every start; edits are overwritten.",
-        "allow_login_shell = false",
-    ]
-    if settings.model:
-        lines.append(f"model = {_toml(settings.model)}")
-    if settings.context_tokens:
-        lines.append(f"model_context_window = {settings.context_tokens}")
-    if settings.base_url:
-        lines.append('model_provider = "goaltender"')
-    lines += ["", "[sandbox_workspace_write]", f"network_access = {_toml(settings.network)}"]
-    if settings.base_url:
-        lines += [
-            "",
-            "[model_providers.goaltender]",
-            'name = "goaltender endpoint"',
-            f"base_url = {_toml(settings.base_url)}",
-            'wire_api = "responses"',
-            'env_key = "OPENAI_API_KEY"',
-        ]
-        if settings.retries is not None:
-            lines += [f"request_max_retries = {settings.retries}", f"stream_max_retries = {settings.retries}"]
-    (home / "config.toml").write_text("\n".join(lines) + "\n")
-    rules = home / "rules"
-    rules.mkdir(exist_ok=True)
-    (rules / "goaltender.rules").write_text(
-        "# Written by goaltender: the reporting verbs only talk to the runner.\n"
-        + "".join(
-            f'prefix_rule(pattern = ["goaltender", "{verb}"], decision = "allow")\n' for verb in ALLOWED_VERBS
-        )
-    )
-
-
-def codex_environment(home: Path, settings: CodexSettings) -> dict[str, str]:
-    env = dict(os.environ)
-    env["CODEX_HOME"] = str(home)
-    if settings.base_url and not env.get("OPENAI_API_KEY"):
-        env["OPENAI_API_KEY"] = "unused"  # local endpoints (vLLM) take any key; Codex insists on one
-    elif not settings.base_url:
-        # The default provider: reuse the person's Codex login, if there is one.
-        user_home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-        auth, link = user_home / "auth.json", home / "auth.json"
-        if auth.is_file() and not link.exists() and user_home.resolve() != home.resolve():
-            with contextlib.suppress(OSError):
-                link.symlink_to(auth)
-    return env
-
-
-# ---- what Codex says ----
-
-
-def says_done(text: str) -> bool:
-    """Does the message end the campaign? The brief asks for a final `GOAL COMPLETE` line."""
-    tail = "\n".join(text.strip().splitlines()[-3:])
-    return bool(_DONE.search(tail))
-
-
-def report_text(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip(" *`_#.").upper() != DONE_MARKER]
-    return "\n".join(lines).strip()
-
-
-def first_line(text: str, limit: int = 160) -> str:
-    line = next((s.strip() for s in text.strip().splitlines() if s.strip()), "")
-    line = line.strip("#* ")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _change_kind(kind: Any) -> str:
-    return str(kind.get("type", kind)) if isinstance(kind, dict) else str(kind)
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("goaltender")
     except importlib.metadata.PackageNotFoundError:
         return "0"
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 20] + f"\n… ({len(text) - limit + 20} more chars)"
-
-
-HOW_TO_FINISH = (
-    "Commands you run may need a person's approval; if one is declined, take another route. People may "
-    "send steering messages while you work: follow them. When the goal is met, or you cannot make more "
-    "progress, reply with your final report (what you found, the best result, what to try next) and end "
-    f"it with a line `{DONE_MARKER}`."
-)
-
-
-def first_prompt(brief: str) -> str:
-    return (
-        f"{brief}\n---\n\nWork toward this goal now (the brief above is also in AGENTS.md). {HOW_TO_FINISH}"
-    )
-
-
-def resume_prompt(brief: str) -> str:
-    return (
-        "The goaltender runner restarted and interrupted this session. The current brief, with the ledger "
-        f"so far and the latest handoff, follows; pick up where you left off.\n\n{brief}\n---\n\n{HOW_TO_FINISH}"
-    )
-
-
-CONTINUE_PROMPT = (
-    "Continue toward the goal (the runner enforces the budgets; check `goaltender inbox` for steering). "
-    f"If the goal is met or you cannot make more progress, reply with your final report ending with `{DONE_MARKER}`."
-)
 
 
 @dataclass
@@ -263,13 +103,18 @@ class TurnResult:
 # ---- the agent ----
 
 
-class CodexAgent:
-    def __init__(self, runner: RunnerClient, goal_id: int, workspace: Path, settings: CodexSettings):
+class CodexAgent(Agent):
+    failures = (AgentFailure, AppServerGone, TimeoutError, RpcError)
+    stop_timeout_s = 0.6
+
+    def __init__(self, runner: RunnerClient, goal: Goal, settings: CodexSettings):
         self.runner = runner
-        self.goal_id = goal_id
-        self.workspace = workspace
+        self.goal_id = goal.id
+        self.workspace = goal.workspace
+        self.resumed = goal.resumed
         self.settings = settings
-        self.home = workspace / CODEX_HOME_DIR
+        self.stopped = False
+        self.home = goal.workspace / CODEX_HOME_DIR
         self.server: AppServer | None = None
         self.thread_id: str | None = None
         self.turn_id: str | None = None  # the running turn, None between turns
@@ -283,14 +128,14 @@ class CodexAgent:
         self.last_heard = time.monotonic()
         self.usage_step = 0
         self.window_noted = False
-        self._log = (workspace / LOG_FILE).open("a", encoding="utf-8")
+        self._log = (goal.workspace / LOG_FILE).open("a", encoding="utf-8")
 
     # ---- logging ----
 
     def note(self, line: str, verbose: str = "") -> None:
         """One line to agent.log (stderr) and codex.log; `verbose` to codex.log only."""
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
-        print(f"codex-agent: {line}", file=sys.stderr, flush=True)
+        log.info(line)
         self._log.write(f"{stamp} {line}\n")
         if verbose:
             self._log.write("".join(f"    {v}\n" for v in verbose.rstrip().splitlines()))
@@ -299,17 +144,16 @@ class CodexAgent:
     async def milestone(self, title: str, text: str = "") -> None:
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):
             await self.runner.call(
-                p.ReportMilestone, p.Done, goal_id=self.goal_id, title=title[:300], text=_clip(text, 19_000)
+                p.ReportMilestone, p.Done, goal_id=self.goal_id, title=title[:300], text=clip(text, 19_000)
             )
 
     async def submit_report(self, text: str) -> None:
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):
-            await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=_clip(text, 49_000))
+            await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=clip(text, 49_000))
 
     # ---- the campaign ----
 
     async def run(self) -> int:
-        resumed = bool(os.environ.get("GOALTENDER_RESUMED"))
         summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
         handoffs = await self.runner.call(
             p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=1, kind="handoff"
@@ -324,7 +168,7 @@ class CodexAgent:
 
         await self.start_server()
         prompt = first_prompt(brief)
-        previous = await self.previous_thread() if resumed else None
+        previous = await self.previous_thread() if self.resumed else None
         if previous and await self.resume_thread(previous):
             prompt = resume_prompt(brief)
         if self.thread_id is None:
@@ -453,7 +297,7 @@ class CodexAgent:
         )
         self.turn_id = result["turn"]["id"]
         self.turns += 1
-        self.note(f"turn {self.turns} started ({self.turn_id})", _clip(text, 4000))
+        self.note(f"turn {self.turns} started ({self.turn_id})", clip(text, 4000))
         self.last_heard = last_poll = time.monotonic()
         try:
             while True:
@@ -510,7 +354,7 @@ class CodexAgent:
             last = self.turn_messages[-1] if self.turn_messages else ""
             self.note(f"turn {self.turns} {status}" + (f": {error}" if error else ""))
             if last and status == "completed":
-                await self.milestone(f"Codex: {first_line(last)}", _clip(last, 3000))
+                await self.milestone(f"Codex: {first_line(last)}", clip(last, 3000))
             return TurnResult(status=status, error=error, last_message=last)
         return None
 
@@ -533,7 +377,7 @@ class CodexAgent:
             self.note(
                 f"command {item.get('status')} (exit {item.get('exitCode')}, {item.get('durationMs')} ms): "
                 f"{item.get('command', '')}",
-                _clip(output, 4000),
+                clip(output, 4000),
             )
         elif kind == "fileChange":
             paths = ", ".join(c.get("path", "?") for c in item.get("changes") or [])
@@ -586,70 +430,34 @@ class CodexAgent:
             return
         self.outbox.clear()
         self.note(f"steered turn {self.turns} (turn/steer)", text)
-        await self.milestone("Steering passed to Codex", _clip(text, 2000))
+        await self.milestone("Steering passed to Codex", clip(text, 2000))
 
     # ---- approvals: Codex asks, people decide ----
 
     async def on_request(self, method: str, params: dict, request_id: Any) -> Any:
         if method == "item/commandExecution/requestApproval":
-            approved = await self.ask("command", *self.command_question(params))
+            approved = await self.ask("command", *command_question(params, self.workspace))
             return {"decision": "accept" if approved else "decline"}
         if method == "item/fileChange/requestApproval":
-            approved = await self.ask("file", *self.file_question(params))
+            approved = await self.ask(
+                "file", *file_question(params, self.items.get(params.get("itemId", ""), {}))
+            )
             return {"decision": "accept" if approved else "decline"}
         if method == "item/permissions/requestApproval":
-            approved = await self.ask("permissions", *self.permissions_question(params))
+            approved = await self.ask("permissions", *permissions_question(params))
             # The grant has the request's shape; nothing granted is an empty profile.
             return {"permissions": (params.get("permissions") or {}) if approved else {}, "scope": "turn"}
         if method in ("execCommandApproval", "applyPatchApproval"):  # the v1 protocol's forms
             command = params.get("command")
             what = " ".join(command) if isinstance(command, list) else "apply a patch"
-            approved = await self.ask("command", f"Codex wants to run: {what}", json.dumps(params)[:4000])
+            approved = await self.ask(
+                "command", f"Codex wants to run: {what}", json.dumps(params)[:4000], what
+            )
             return {"decision": "approved" if approved else {"denied": {"rejection": "declined by a person"}}}
         if method == "mcpServer/elicitation/request":
             return {"action": "decline", "content": None}
         self.note(f"answered an unsupported request from Codex with an error: {method}")
         raise RpcError(METHOD_NOT_FOUND, f"goaltender's Codex agent does not handle {method}")
-
-    def command_question(self, params: dict) -> tuple[str, str, str]:
-        actions = [a.get("command", "") for a in params.get("commandActions") or [] if a.get("command")]
-        shown = " ; ".join(actions) or params.get("command") or "(a command)"
-        detail = [f"Command: {params.get('command') or shown}", f"In: {params.get('cwd') or self.workspace}"]
-        if reason := params.get("reason"):
-            detail.append(f"Reason: {reason}")
-        if network := params.get("networkApprovalContext"):
-            detail.append(f"Network: {json.dumps(network)}")
-        return f"Codex wants to run: {_clip(shown, 600)}", "\n".join(detail), shown
-
-    def file_question(self, params: dict) -> tuple[str, str, str]:
-        item = self.items.get(params.get("itemId", ""), {})
-        changes = item.get("changes") or []
-        paths = ", ".join(f"{c.get('path')} ({_change_kind(c.get('kind'))})" for c in changes)
-        detail = []
-        if reason := params.get("reason"):
-            detail.append(f"Reason: {reason}")
-        if root := params.get("grantRoot"):
-            detail.append(f"Asks to write under: {root}")
-        detail += [f"--- {c.get('path')}\n{c.get('diff', '')}" for c in changes]
-        what = f"{len(changes)} file(s): {paths}" if changes else "files"
-        return f"Codex wants to change {_clip(what, 600)}", _clip("\n".join(detail), 15_000), what
-
-    def permissions_question(self, params: dict) -> tuple[str, str, str]:
-        wanted = params.get("permissions") or {}
-        parts = []
-        if (wanted.get("network") or {}).get("enabled"):
-            parts.append("network access")
-        fs = wanted.get("fileSystem") or {}
-        for mode in ("write", "read"):
-            if fs.get(mode):
-                parts.append(f"{mode} access to {', '.join(map(str, fs[mode]))}")
-        for entry in fs.get("entries") or []:
-            parts.append(f"{entry.get('access')} access to {json.dumps(entry.get('path'))}")
-        what = "; ".join(parts) or "more permissions"
-        detail = (
-            f"Reason: {params.get('reason') or '(none given)'}\nIn: {params.get('cwd')}\n{json.dumps(wanted)}"
-        )
-        return f"Codex asks for {_clip(what, 600)}", detail, what
 
     async def ask(self, kind: str, question: str, detail: str, what: str) -> bool:
         """A runner approval prompt; True only when a person approved it."""
@@ -686,6 +494,7 @@ class CodexAgent:
     async def stop(self) -> None:
         """Stopped by the runner (SIGTERM): hand in a short report, interrupt the turn. Fast: the
         runner kills the process group after its grace period (the report goes first)."""
+        self.stopped = True
         running = self.turn_id
         last = report_text(self.last_message)
         await self.submit_report(
@@ -707,7 +516,8 @@ class CodexAgent:
                 self.note(f"could not interrupt turn {self.turns} cleanly: {exc}")
         self.note("stopped")
 
-    async def fail(self, reason: str) -> None:
+    async def fail(self, failure: Exception) -> None:
+        reason = str(failure)
         tail = self.server.stderr_tail() if self.server else ""
         self.note(f"failing: {reason}", tail)
         await self.milestone(
@@ -718,44 +528,15 @@ class CodexAgent:
             f"The Codex agent failed: {reason}" + (f"\n\nCodex's last message:\n\n{last}" if last else "")
         )
 
-    async def close(self, grace_s: float = 0.5) -> None:
+    async def close(self) -> None:
         if self.server is not None:
-            await self.server.close(grace_s)
+            await self.server.close(grace_s=0.3 if self.stopped else 1.0)
             self.note(f"{self.server.describe_exit()}")
         self._log.close()
 
 
-async def amain() -> int:
-    goal_id = int(os.environ["GOALTENDER_GOAL_ID"])
-    workspace = Path(os.environ.get("GOALTENDER_WORKSPACE") or os.getcwd())
-    settings = CodexSettings.from_env()
-    runner = await RunnerClient.connect_unix(socket_from_env(), client=f"agent:codex:{goal_id}")
-    agent = CodexAgent(runner, goal_id, workspace, settings)
-    stopped = False
-    main_task = asyncio.current_task()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    try:
-        return await agent.run()
-    except asyncio.CancelledError:
-        stopped = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(agent.stop(), 0.6)
-        return 0
-    except (AgentFailure, AppServerGone, TimeoutError, RpcError) as exc:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(agent.fail(str(exc)), 10)
-        return 1
-    except RunnerUnavailable as exc:
-        print(f"codex-agent: lost the runner: {exc}", file=sys.stderr)
-        return 4
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(agent.close(0.3 if stopped else 1.0))
-        await runner.close()
-
-
 def main() -> None:
-    sys.exit(asyncio.run(amain()))
+    run_agent("codex", "Codex agent", lambda runner, goal: CodexAgent(runner, goal, CodexSettings.from_env()))
 
 
 if __name__ == "__main__":

@@ -26,10 +26,13 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
+
+from goaltender.runner.supervisor import terminate_group
 
 # JSON-RPC error codes used when answering the server.
 METHOD_NOT_FOUND = -32601
@@ -56,20 +59,38 @@ RequestHandler = Callable[[str, dict, Any], Awaitable[Any]]  # (method, params, 
 NotificationObserver = Callable[[str, dict], None]
 
 
-def _death_signal_setter() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when the agent dies, even by SIGKILL
-    (Linux PR_SET_PDEATHSIG). libc is loaded here, before the fork, not in the child."""
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl() -> Callable[..., int] | None:
+    """Linux's prctl(2), or None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 
+
+def _death_signal_setter() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when the agent dies, even by SIGKILL
+    (PR_SET_PDEATHSIG). libc is loaded here, before the fork, not in the child."""
+    if (prctl := _prctl()) is None:
+        return None
+
     def set_death_signal() -> None:
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
     return set_death_signal
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (PR_SET_CHILD_SUBREAPER): a
+    command Codex runs in a session of its own comes back to us, not to init, when the Codex
+    process that started it goes, so close() can still find and end it."""
+    if (prctl := _prctl()) is not None:
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 class AppServer:
@@ -107,6 +128,7 @@ class AppServer:
         """Spawn the server as the leader of its own process group, stdin a pipe we own (its EOF
         ends the server), stdout for the protocol, stderr appended to a log file."""
         self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        _adopt_orphans()
         with self.stderr_path.open("ab") as stderr:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -190,8 +212,9 @@ class AppServer:
                 if not isinstance(message, dict):
                     continue
                 method = message.get("method")
-                if method is None:  # a response to one of ours
-                    future = self._pending.get(message.get("id"))
+                if method is None:  # a response to one of ours (our ids are ints)
+                    request_id = message.get("id")
+                    future = self._pending.get(request_id) if isinstance(request_id, int) else None
                     if future is not None and not future.done():
                         future.set_result(message)
                 elif "id" in message:  # a request from the server: always answered
@@ -257,30 +280,44 @@ class AppServer:
             return ""
 
     async def close(self, grace_s: float = 0.5) -> None:
-        """Close stdin (the server exits on EOF and ends its commands), then SIGTERM and SIGKILL
-        its whole process group if it lingers. Waits until the server has been reaped."""
+        """Close stdin (the server exits on EOF); after `grace_s`, SIGTERM then SIGKILL its whole
+        process group, which also ends what it left there (the node wrapper's children), and the
+        commands it left running. Waits until the server has been reaped."""
         for task in list(self._tasks):
             task.cancel()
         if self.proc is None:
             return
+        # Codex runs each command in a session of its own (its sandbox), which an interrupted or
+        # ended server may leave running: end those with the server, then those it left behind
+        # as it went (adopted by this process, see _adopt_orphans).
+        commands = await asyncio.to_thread(_command_groups, self.proc.pid)
         if self.proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
-        pgid = self.proc.pid
-        deadline = time.monotonic() + grace_s
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.proc.wait(), max(0.05, deadline - time.monotonic()))
-            if self.proc.returncode is not None:
-                break
-            deadline = time.monotonic() + grace_s / 2
-        # The leader is gone; take down anything it left in its group (node wrapper children).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        self.returncode = self.proc.returncode
+        await asyncio.gather(
+            self._end_server(grace_s), *(terminate_group(group, grace_s=grace_s / 2) for group in commands)
+        )
+        left = await asyncio.to_thread(_command_groups)
+        await asyncio.gather(*(terminate_group(group, grace_s=grace_s / 2) for group in left))
+        with contextlib.suppress(TimeoutError):
+            self.returncode = await asyncio.wait_for(self.proc.wait(), 5)
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._reader, 2)
+
+    async def _end_server(self, grace_s: float) -> None:
+        """Its stdin closed, the server exits; if it lingers past `grace_s`, its group is ended."""
+        assert self.proc is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), grace_s)
+        await terminate_group(self.proc.pid, grace_s=grace_s / 2)
+
+
+def _command_groups(*exclude: int) -> set[int]:
+    """The process groups of this process's descendants, but for its own and `exclude`."""
+    groups = set()
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                groups.add(os.getpgid(child.pid))
+    return groups - {os.getpgrp(), *exclude}

@@ -8,26 +8,27 @@ search space, pin or freeze a knob); a diary handoff after every run, so a resta
 up where it left off; a final report with the best config and what to try next.
 
     python -m goaltender.agents.sweep [--task module:attr] [--approve-above SECONDS]
+
+Started by the runner through bootstrap.py: SIGTERM or SIGINT hands in the report so far (exit 0);
+a runner that cannot be reached is exit 4.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import importlib
 import json
 import os
 import re
-import signal
 import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from goaltender.agents.bootstrap import Agent, Goal, run_agent
 from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.runner.client import RunnerClient
 from goaltender.runner.report import format_params
 from goaltender.storage.records import Experiment
 
@@ -122,11 +123,11 @@ class Planner:
         return json.dumps(config, sort_keys=True)
 
     def best(self, ledger: list[Experiment]) -> Experiment | None:
-        kept = [e for e in ledger if e.status == "keep" and e.metric_value is not None]
+        kept = [(e.metric_value, e) for e in ledger if e.status == "keep" and e.metric_value is not None]
         if not kept:
             return None
         pick = max if self.task.direction == "maximize" else min
-        return pick(kept, key=lambda e: e.metric_value)
+        return pick(kept, key=lambda scored: scored[0])[1]
 
     def propose(self, ledger: list[Experiment]) -> Proposal | None:
         """The next experiment: baseline first, then a one-knob move from the best config."""
@@ -142,9 +143,9 @@ class Planner:
             pins = ", ".join(f"{k}={v}" for k, v in self.constraints.pinned.items())
             return Proposal(base, None, 0, f"steered: best config with {pins}")
         for knob, step in self._move_order(ledger, best):
-            config = self._move(base, knob, step)
-            if config is not None and self.key(config) not in tried:
-                return Proposal(config, knob, step, self._describe(base, config, knob, step))
+            moved = self._move(base, knob, step)
+            if moved is not None and self.key(moved) not in tried:
+                return Proposal(moved, knob, step, self._describe(base, moved, knob, step))
         return None
 
     def _move_order(self, ledger: list[Experiment], best: Experiment) -> list[tuple[str, int]]:
@@ -252,10 +253,13 @@ class Planner:
 COVER = 1.25  # an approved cost also covers later runs up to this multiple of it
 
 
-class SweepAgent:
-    def __init__(self, runner: RunnerClient, goal_id: int, task: SweepTask, approve_above_s: float):
+class SweepAgent(Agent):
+    stop_timeout_s = 3.0
+
+    def __init__(self, runner: RunnerClient, goal: Goal, task: SweepTask, approve_above_s: float):
         self.runner = runner
-        self.goal_id = goal_id
+        self.goal_id = goal.id
+        self.resumed = goal.resumed
         self.task = task
         self.planner = Planner(task)
         self.approve_above_s = approve_above_s
@@ -263,11 +267,11 @@ class SweepAgent:
         self.goal_target: float | None = None
         self.end_note = ""
 
-    async def run(self) -> None:
+    async def run(self) -> int:
         summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
         self.ledger = summary.ledger
         self.goal_target = summary.status.goal.target
-        if os.environ.get("GOALTENDER_RESUMED"):
+        if self.resumed:
             await self._resume()
         else:
             await self._milestone(
@@ -312,6 +316,10 @@ class SweepAgent:
             self.ledger.append(reply.experiment)
             await self._after_run(reply)
         await self.finish()
+        return 0
+
+    async def stop(self) -> None:
+        await self.finish(stopped=True)
 
     async def _approved(self, proposal: Proposal) -> bool:
         estimate = self._estimate(proposal.config)
@@ -377,7 +385,7 @@ class SweepAgent:
 
     def _target_reached(self) -> bool:
         best = self.planner.best(self.ledger)
-        if self.goal_target is None or best is None:
+        if self.goal_target is None or best is None or best.metric_value is None:
             return False
         if self.task.direction == "maximize":
             return best.metric_value >= self.goal_target
@@ -458,19 +466,19 @@ class SweepAgent:
     def _effects(self) -> list[str]:
         """The metric change of each one-knob move, measured from the kept config it started from."""
         effects = []
-        kept = [e for e in self.ledger if e.status == "keep" and e.metric_value is not None]
+        kept = [(e.metric_value, e) for e in self.ledger if e.status == "keep" and e.metric_value is not None]
         for e in self.ledger:
             if e.metric_value is None:
                 continue
             parents = [
-                k
-                for k in kept
+                (value, k)
+                for value, k in kept
                 if k.index < e.index and sum(k.params.get(n) != e.params.get(n) for n in self.task.space) == 1
             ]
             if parents:
-                parent = parents[-1]
+                parent_value, parent = parents[-1]
                 knob = next(n for n in self.task.space if parent.params.get(n) != e.params.get(n))
-                delta = e.metric_value - parent.metric_value
+                delta = e.metric_value - parent_value
                 effects.append((abs(delta), f"{knob} {parent.params[knob]}→{e.params[knob]}: {delta:+.3g}"))
         return [text for _, text in sorted(effects, reverse=True)[:4]]
 
@@ -480,26 +488,6 @@ def load_task(spec: str) -> SweepTask:
     module, _, attr = spec.partition(":")
     obj = getattr(importlib.import_module(module), attr or "TASK")
     return obj() if callable(obj) and not isinstance(obj, SweepTask) else obj
-
-
-async def amain(args: argparse.Namespace) -> int:
-    goal_id = int(os.environ["GOALTENDER_GOAL_ID"])
-    task = load_task(args.task)
-    runner = await RunnerClient.connect_unix(socket_from_env(), client=f"agent:sweep:{goal_id}")
-    agent = SweepAgent(runner, goal_id, task, args.approve_above)
-    main_task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
-    try:
-        await agent.run()
-    except asyncio.CancelledError:
-        # Stopped by the runner: hand in the report within the grace period, then go.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(agent.finish(stopped=True), 3)
-        return 0
-    finally:
-        await runner.close()
-    return 0
 
 
 def main() -> None:
@@ -513,7 +501,12 @@ def main() -> None:
         default=float(os.environ.get("GOALTENDER_SWEEP_APPROVE_ABOVE", 60)),
         help="ask before a run estimated to take more seconds than this",
     )
-    sys.exit(asyncio.run(amain(parser.parse_args())))
+    args = parser.parse_args()
+    run_agent(
+        "sweep",
+        "sweep agent",
+        lambda runner, goal: SweepAgent(runner, goal, load_task(args.task), args.approve_above),
+    )
 
 
 if __name__ == "__main__":

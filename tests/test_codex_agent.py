@@ -24,7 +24,9 @@ from conftest import events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.briefing import list_skills
-from goaltender.agents.codex_agent import CodexSettings, report_text, says_done, write_codex_home
+from goaltender.agents.codex_home import write_codex_home
+from goaltender.agents.codex_prompts import report_text, says_done
+from goaltender.agents.settings import CodexSettings, ConfigError
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested, MilestoneReported
@@ -408,22 +410,30 @@ async def test_missing_codex_binary_fails_the_goal_clearly(start_runner, connect
     assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
 
 
-def test_settings_codex_home_and_done_detection(tmp_path):
-    env = {
-        "PATH": str(tmp_path / "empty"),
-        "OPENAI_BASE_URL": "http://127.0.0.1:8000/v1",
-        "GOALTENDER_MODEL": "Qwen/Qwen3-8B",
-        "GOALTENDER_CONTEXT_TOKENS": "65536",
-    }
-    settings = CodexSettings.from_env(env)
+def test_settings_codex_home_and_done_detection(tmp_path, monkeypatch):
+    for var in [v for v in os.environ if v.startswith(("GOALTENDER_", "OPENAI_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("GOALTENDER_MODEL", "Qwen/Qwen3-8B")
+    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "65536")
+    settings = CodexSettings.from_env()
     assert settings.binary == str(CODEX_BIN)  # not on PATH: the copy `make test` installs
     assert (settings.sandbox, settings.approval, settings.network) == ("workspace-write", "untrusted", True)
+    assert (settings.max_turns, settings.idle_timeout_s, settings.retries) == (20, 3600.0, None)
     on_path = tmp_path / "bin" / "codex"
     on_path.parent.mkdir()
     on_path.write_text("#!/bin/sh\n")
     on_path.chmod(0o755)
-    assert CodexSettings.from_env({**env, "PATH": str(on_path.parent)}).binary == str(on_path)
-    assert CodexSettings.from_env({**env, "GOALTENDER_CODEX_BIN": "/opt/codex"}).binary == "/opt/codex"
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert CodexSettings.from_env().binary == str(on_path)
+    monkeypatch.setenv("GOALTENDER_CODEX_BIN", "/opt/codex")
+    assert CodexSettings.from_env().binary == "/opt/codex"
+    monkeypatch.setenv("GOALTENDER_CODEX_NETWORK", "0")
+    assert CodexSettings.from_env().network is False
+    monkeypatch.setenv("GOALTENDER_CODEX_MAX_TURNS", "lots")
+    with pytest.raises(ConfigError, match="GOALTENDER_CODEX_MAX_TURNS='lots' is not a int"):
+        CodexSettings.from_env()
 
     write_codex_home(tmp_path / "home", settings)
     config = tomllib.loads((tmp_path / "home" / "config.toml").read_text())

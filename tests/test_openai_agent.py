@@ -18,15 +18,12 @@ import pytest
 from conftest import events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
-from goaltender.agents.openai_agent import AgentConfig, ConfigError, OpenAIAgent, _groups
-from goaltender.agents.tools import (
-    CommandPolicy,
-    classify_command,
-    redact,
-    secret_values,
-    truncate_file,
-    truncate_middle,
-)
+from goaltender.agents.output import redact, secret_values, truncate_file, truncate_middle
+from goaltender.agents.policy import CommandPolicy, classify_command
+from goaltender.agents.recap import turn_groups
+from goaltender.agents.settings import ConfigError, OpenAIAgentSettings
+from goaltender.agents.tool_specs import Shell
+from goaltender.agents.workspace_tools import WorkspaceTools
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested
@@ -52,7 +49,7 @@ async def fake(monkeypatch):
 
 
 async def file_appears(path: Path, timeout=20.0):
-    return await eventually(lambda: asyncio.sleep(0, path.exists()), timeout)
+    return await eventually(path.exists, timeout)
 
 
 def tool_results(body: dict) -> list[str]:
@@ -275,7 +272,9 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     ws = await workspace_of(client, goal_id)
     await file_appears(ws / "started")
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
-    assert len(group_members(agent_pid)) >= 2  # the agent and its shell command
+    [shell] = psutil.Process(agent_pid).children()  # the shell command, in a process group of its own
+    shell_group = os.getpgid(shell.pid)
+    assert shell_group == shell.pid != agent_pid
 
     started = time.monotonic()
     done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
@@ -288,7 +287,7 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     assert report.end_reason == "stopped by ana: enough"
     assert "**Stopped** by the runner after 2 model turns" in report.text
     assert "Last step:** shell" in report.text and "Interim: baseline pending." in report.text
-    assert group_members(agent_pid) == []
+    assert group_members(agent_pid) == [] and group_members(shell_group) == []
 
 
 async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, monkeypatch):
@@ -442,37 +441,37 @@ def test_entry_point_without_a_goal_says_so():
     assert out.returncode == 2 and "GOALTENDER_GOAL_ID is not set" in out.stderr
 
 
+async def nobody_asked(question: str, detail: str) -> p.Approval:
+    raise AssertionError(f"a person was asked: {question}")
+
+
 async def test_shell_tool_times_out_and_never_hangs(tmp_path):
     # The shell tool needs no runner for allowed commands: drive it directly.
-    config = AgentConfig.from_env({"GOALTENDER_MODEL": "m", "GOALTENDER_SHELL_TIMEOUT_S": "1"})
-    agent = OpenAIAgent(None, 1, config, tmp_path, CommandPolicy())
+    tools = WorkspaceTools(tmp_path, CommandPolicy(), nobody_asked, shell_timeout_s=1, output_limit=16_000)
     started = time.monotonic()
-    out = await agent.t_shell("echo begun; sleep 30 & sleep 30; echo never")
+    out = await tools.shell(Shell(command="echo begun; sleep 30 & sleep 30; echo never"))
     assert out.startswith("timed out after 1s: killed (exit code -15)")
     assert "begun" in out and "never" not in out
     # A background child holding the output pipe open does not hold the tool up.
-    out = await agent.t_shell("(sleep 30; echo late) & echo quick")
+    out = await tools.shell(Shell(command="(sleep 30; echo late) & echo quick"))
     assert out.startswith("exit code 0 (background process ") and "quick" in out
     log = out.split("further output goes to ")[1].split(")")[0]
     assert log == ".agent/shell/0002.log" and (tmp_path / log).exists()
     # A command that leaves nothing behind leaves no log either.
-    assert (await agent.t_shell("echo tidy")) == "exit code 0\ntidy\n"
+    assert (await tools.shell(Shell(command="echo tidy"))) == "exit code 0\ntidy\n"
     assert not (tmp_path / ".agent/shell/0003.log").exists()
     assert time.monotonic() - started < 10
-    # The background sleep outlived its shell, in this process's group: killing it needs no approval,
-    # killing anything else does.
-    left = [
-        pid
-        for pid in group_members(os.getpgrp())
-        if pid != os.getpid() and "sleep" in " ".join(psutil.Process(pid).cmdline())
-    ]
+    # The background sleep outlived its shell, in that command's process group: killing it needs
+    # no approval, killing anything else does.
+    [group] = tools.shell_groups
+    left = group_members(group)
     assert left
-    assert classify_command(f"kill {left[0]}", tmp_path, is_own_pid=agent._is_own_pid).action == "allow"
-    assert classify_command(f"kill {os.getpid()}", tmp_path, is_own_pid=agent._is_own_pid).action == "ask"
-    assert classify_command("kill 1", tmp_path, is_own_pid=agent._is_own_pid).action == "ask"
-    for pid in left:
-        psutil.Process(pid).kill()
-    await agent.client.close()
+    assert classify_command(f"kill {left[0]}", tmp_path, is_own_pid=tools.is_own_pid).action == "allow"
+    assert classify_command(f"kill {os.getpid()}", tmp_path, is_own_pid=tools.is_own_pid).action == "ask"
+    assert classify_command("kill 1", tmp_path, is_own_pid=tools.is_own_pid).action == "ask"
+    # Closing the tools ends what the shell commands left running.
+    await tools.close()
+    assert group_members(group) == []
 
 
 # ---- the command classifier ----
@@ -597,30 +596,34 @@ def test_secrets_are_redacted():
     )
 
 
-def test_config_from_env():
-    with pytest.raises(ConfigError, match="GOALTENDER_MODEL is not set"):
-        AgentConfig.from_env({})
-    cfg = AgentConfig.from_env({"GOALTENDER_MODEL": "m", "OPENAI_BASE_URL": "http://h:8000/v1"})
-    assert (cfg.base_url, cfg.api_key, cfg.context_tokens, cfg.max_turns) == (
+def test_settings_from_env(monkeypatch):
+    for var in [v for v in os.environ if v.startswith(("GOALTENDER_", "OPENAI_"))]:
+        monkeypatch.delenv(var)
+    with pytest.raises(ConfigError, match="GOALTENDER_MODEL is not set: name the model"):
+        OpenAIAgentSettings.from_env()
+    monkeypatch.setenv("GOALTENDER_MODEL", "m")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://h:8000/v1")
+    settings = OpenAIAgentSettings.from_env()
+    assert (settings.base_url, settings.api_key, settings.context_tokens, settings.max_turns) == (
         "http://h:8000/v1",
         "EMPTY",
         128_000,
         200,
     )
-    cfg = AgentConfig.from_env(
-        {
-            "GOALTENDER_MODEL": "m",
-            "GOALTENDER_OPENAI_BASE_URL": "http://a/v1",
-            "OPENAI_BASE_URL": "http://b/v1",
-        }
-    )
-    assert cfg.base_url == "http://a/v1" and cfg.output_limit == 16_000
-    assert (
-        AgentConfig.from_env({"GOALTENDER_MODEL": "m", "GOALTENDER_CONTEXT_TOKENS": "4000"}).output_limit
-        == 1600
-    )
+    monkeypatch.setenv("GOALTENDER_OPENAI_BASE_URL", "http://a/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://b/v1")
+    monkeypatch.setenv("GOALTENDER_SHELL_TIMEOUT_S", "")  # empty: the default
+    settings = OpenAIAgentSettings.from_env()
+    assert settings.base_url == "http://a/v1" and settings.output_limit == 16_000
+    assert settings.shell_timeout_s == 600
+    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "4000")
+    assert OpenAIAgentSettings.from_env().output_limit == 1600
+    monkeypatch.setenv("GOALTENDER_MAX_TURNS", "many")
     with pytest.raises(ConfigError, match="GOALTENDER_MAX_TURNS='many' is not a int"):
-        AgentConfig.from_env({"GOALTENDER_MODEL": "m", "GOALTENDER_MAX_TURNS": "many"})
+        OpenAIAgentSettings.from_env()
+    monkeypatch.setenv("GOALTENDER_MAX_TURNS", "0")
+    with pytest.raises(ConfigError, match="GOALTENDER_MAX_TURNS='0' must be at least 1"):
+        OpenAIAgentSettings.from_env()
 
 
 def test_groups_keep_tool_results_with_their_call():
@@ -632,4 +635,4 @@ def test_groups_keep_tool_results_with_their_call():
         {"role": "user", "content": "Message from ana: hi"},
         {"role": "assistant", "content": "done"},
     ]
-    assert [len(g) for g in _groups(history)] == [1, 3, 1, 1]
+    assert [len(g) for g in turn_groups(history)] == [1, 3, 1, 1]

@@ -1,11 +1,24 @@
-"""The sweep planner: baseline first, one knob per hypothesis, momentum, steering."""
+"""The sweep planner: baseline first, one knob per hypothesis, momentum, steering; and the agent
+bootstrap every agent shares: no runner is exit 4, SIGINT is a graceful stop."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import events_until_report, submit
+from toy_task import AGENT as TOY_AGENT
 from toy_task import TASK
 
 from goaltender.agents.sweep import Constraints, Planner
-from goaltender.storage.records import Experiment
+from goaltender.storage.records import Experiment, ExperimentStarted
+
+TESTS = str(Path(__file__).parent)
 
 
 def row(index, params, status, value):
@@ -74,3 +87,51 @@ def test_steering_words_change_the_space():
 def test_constraints_survive_a_handoff():
     c = Constraints(frozen={"x"}, pinned={"y": 2}, limits={"x": ("<=", 3.0)})
     assert Constraints.from_json(c.to_json()) == c
+
+
+# ---- the bootstrap ----
+
+
+@pytest.mark.parametrize("module", ["sweep", "openai_agent", "codex_agent"])
+def test_an_agent_without_a_runner_exits_4(module, short_dir):
+    nothing = short_dir / "nothing.sock"
+    env = {
+        **os.environ,
+        "GOALTENDER_GOAL_ID": "1",
+        "GOALTENDER_SOCKET": str(nothing),
+        "GOALTENDER_MODEL": "m",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", f"goaltender.agents.{module}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=short_dir,
+        timeout=60,
+    )
+    assert out.returncode == 4, out.stderr
+    assert f"cannot reach the runner: no runner is listening on {nothing}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+async def test_sigint_stops_the_sweep_with_its_report(start_runner, connect, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runner = await start_runner(agents={"toy": TOY_AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "toy sweep, max 5 experiments", agent="toy")
+    watcher = await connect(runner, "watcher")
+    await watcher.subscribe(goal_id=goal_id)
+
+    async def first_experiment_started():
+        async for event in watcher.events():
+            if isinstance(event.data, ExperimentStarted):
+                return
+
+    await asyncio.wait_for(first_experiment_started(), 30)
+    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    os.kill(agent_pid, signal.SIGINT)
+    events = await events_until_report(client, goal_id, timeout=30)
+
+    report = events[-1].data
+    assert report.end_reason == "the agent finished"  # exit 0: a graceful stop, not a crash
+    assert "**Why it ended:** stopped by a person." in report.text

@@ -1,0 +1,112 @@
+"""What the Codex agent says to Codex and to people: the prompts, the `GOAL COMPLETE` marker that
+ends a campaign, and the approval questions made from Codex's requests."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+DONE_MARKER = "GOAL COMPLETE"
+_DONE = re.compile(r"\bgoal complete\b|\bnothing (?:more|else|left) to do\b|\ball done\b", re.I)
+
+
+def says_done(text: str) -> bool:
+    """Does the message end the campaign? The brief asks for a final `GOAL COMPLETE` line."""
+    tail = "\n".join(text.strip().splitlines()[-3:])
+    return bool(_DONE.search(tail))
+
+
+def report_text(text: str) -> str:
+    """Codex's last message as the report: without the done marker."""
+    lines = [line for line in text.strip().splitlines() if line.strip(" *`_#.").upper() != DONE_MARKER]
+    return "\n".join(lines).strip()
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    """The first non-empty line, markdown emphasis stripped, for a title."""
+    line = next((s.strip() for s in text.strip().splitlines() if s.strip()), "")
+    line = line.strip("#* ")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _change_kind(kind: Any) -> str:
+    return str(kind.get("type", kind)) if isinstance(kind, dict) else str(kind)
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters with a note of how many more there were."""
+    return text if len(text) <= limit else text[: limit - 20] + f"\n… ({len(text) - limit + 20} more chars)"
+
+
+HOW_TO_FINISH = (
+    "Commands you run may need a person's approval; if one is declined, take another route. People may "
+    "send steering messages while you work: follow them. When the goal is met, or you cannot make more "
+    "progress, reply with your final report (what you found, the best result, what to try next) and end "
+    f"it with a line `{DONE_MARKER}`."
+)
+
+
+def first_prompt(brief: str) -> str:
+    return (
+        f"{brief}\n---\n\nWork toward this goal now (the brief above is also in AGENTS.md). {HOW_TO_FINISH}"
+    )
+
+
+def resume_prompt(brief: str) -> str:
+    return (
+        "The goaltender runner restarted and interrupted this session. The current brief, with the ledger "
+        f"so far and the latest handoff, follows; pick up where you left off.\n\n{brief}\n---\n\n{HOW_TO_FINISH}"
+    )
+
+
+CONTINUE_PROMPT = (
+    "Continue toward the goal (the runner enforces the budgets; check `goaltender inbox` for steering). "
+    f"If the goal is met or you cannot make more progress, reply with your final report ending with `{DONE_MARKER}`."
+)
+
+
+# ---- approval questions: (question, detail, what) ----
+
+
+def command_question(params: dict, workspace: Path) -> tuple[str, str, str]:
+    actions = [a.get("command", "") for a in params.get("commandActions") or [] if a.get("command")]
+    shown = " ; ".join(actions) or params.get("command") or "(a command)"
+    detail = [f"Command: {params.get('command') or shown}", f"In: {params.get('cwd') or workspace}"]
+    if reason := params.get("reason"):
+        detail.append(f"Reason: {reason}")
+    if network := params.get("networkApprovalContext"):
+        detail.append(f"Network: {json.dumps(network)}")
+    return f"Codex wants to run: {clip(shown, 600)}", "\n".join(detail), shown
+
+
+def file_question(params: dict, item: dict) -> tuple[str, str, str]:
+    changes = item.get("changes") or []
+    paths = ", ".join(f"{c.get('path')} ({_change_kind(c.get('kind'))})" for c in changes)
+    detail = []
+    if reason := params.get("reason"):
+        detail.append(f"Reason: {reason}")
+    if root := params.get("grantRoot"):
+        detail.append(f"Asks to write under: {root}")
+    detail += [f"--- {c.get('path')}\n{c.get('diff', '')}" for c in changes]
+    what = f"{len(changes)} file(s): {paths}" if changes else "files"
+    return f"Codex wants to change {clip(what, 600)}", clip("\n".join(detail), 15_000), what
+
+
+def permissions_question(params: dict) -> tuple[str, str, str]:
+    wanted = params.get("permissions") or {}
+    parts = []
+    if (wanted.get("network") or {}).get("enabled"):
+        parts.append("network access")
+    fs = wanted.get("fileSystem") or {}
+    for mode in ("write", "read"):
+        if fs.get(mode):
+            parts.append(f"{mode} access to {', '.join(map(str, fs[mode]))}")
+    for entry in fs.get("entries") or []:
+        parts.append(f"{entry.get('access')} access to {json.dumps(entry.get('path'))}")
+    what = "; ".join(parts) or "more permissions"
+    detail = (
+        f"Reason: {params.get('reason') or '(none given)'}\nIn: {params.get('cwd')}\n{json.dumps(wanted)}"
+    )
+    return f"Codex asks for {clip(what, 600)}", detail, what
