@@ -165,7 +165,7 @@ class RunnerTools:
             p.ReadDiary,
             p.DiaryReply,
             goal_id=self.goal_id,
-            last=max(1, min(args.last or 5, 100)),
+            last=max(1, min(5 if args.last is None else args.last, 100)),
             kind="handoff" if args.handoff_only else None,
         )
         entries = (f"[{e.ts:%Y-%m-%d %H:%M} {e.kind}] {e.text}" for e in reply.entries)

@@ -210,8 +210,8 @@ class WorkspaceTools:
         if b"\0" in data[:8192]:
             return f"{resolved} is a binary file ({len(data):,} bytes)."
         lines = data.decode(errors="replace").splitlines(keepends=True)
-        start = max(1, args.offset or 1)
-        chosen = lines[start - 1 : start - 1 + max(1, args.limit or 2000)]
+        start = max(1, 1 if args.offset is None else args.offset)
+        chosen = lines[start - 1 : start - 1 + max(1, 2000 if args.limit is None else args.limit)]
         text = "".join(chosen)
         if start > 1 or start - 1 + len(chosen) < len(lines):
             text = f"[lines {start}-{start + len(chosen) - 1} of {len(lines)}]\n" + text
@@ -246,7 +246,7 @@ class WorkspaceTools:
             return refused
         if not resolved.is_dir():
             return f"error: {resolved} is not a directory"
-        lines = _listing(resolved, max(1, args.depth or 2))
+        lines = _listing(resolved, max(1, 2 if args.depth is None else args.depth))
         if len(lines) >= MAX_LISTED:
             lines.append(f"[listing capped at {MAX_LISTED} entries]")
         return f"{resolved}:\n" + ("\n".join(lines) or "(empty)")
