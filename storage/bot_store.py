@@ -364,7 +364,7 @@ class BotStore:
         return row is not None
 
     async def pending_count(self) -> int:
-        row = await self.db.fetchone("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
+        row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])
 
     # ---- Slack event dedupe ----
@@ -397,7 +397,7 @@ async def _queue_write(
     )
     if not changed:
         return None
-    row = await tx.row("SELECT last_insert_rowid()")
+    row = await tx.one("SELECT last_insert_rowid()")
     return int(row[0])
 
 
