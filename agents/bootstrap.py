@@ -1,25 +1,21 @@
-"""One bootstrap for every agent process the runner starts (the sweep, the built-in agent, Codex).
+"""How every agent process starts and ends: the sweep, the built-in agent and the Codex agent.
 
-    def main() -> None:
-        run_agent("sweep", "sweep agent", lambda runner, goal: SweepAgent(runner, goal, ...))
+The runner starts an agent in the goal's workspace with GOALTENDER_GOAL_ID, GOALTENDER_SOCKET,
+GOALTENDER_WORKSPACE and, after a runner restart, GOALTENDER_RESUMED. `run_agent` connects to the
+runner, builds the agent and runs it; the exit code tells the runner how it went:
 
-It reads the goal from the environment the runner sets (GOALTENDER_GOAL_ID, GOALTENDER_WORKSPACE,
-GOALTENDER_RESUMED), connects to the runner (GOALTENDER_SOCKET), runs the agent, and turns what
-happens into the exit code the runner reads:
+- 0: the campaign ended, or it was stopped: SIGTERM (the runner's stop) or SIGINT cancels the run
+  and the agent's `stop()` hands in a short report, well inside the runner's grace period;
+- 1: the agent failed (it raised AgentFailure): `fail()` says why in a milestone and the report;
+- 2: misconfigured (Misconfigured, e.g. a bad environment variable): a milestone says what to fix;
+- 4: the runner cannot be reached, or the link to it dropped.
 
-- 0: the agent is done, or was stopped: SIGTERM or SIGINT cancels it, and it hands in a short
-  report (Agent.stop) within the runner's grace period;
-- 1: the goal fails: the agent raised one of its `failures`, and told people why (Agent.fail);
-- 2: misconfigured: no goal id, or a ConfigError, reported as a milestone;
-- 4: the runner cannot be reached, or went away.
-
-Agents log through `logging` under goaltender.agents; the bootstrap sends those lines to stderr,
-which the runner keeps as the goal's agent.log.
+Agent settings come from the environment through pydantic-settings (`read_settings`), with
+messages that name the variable and what is wrong with its value.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import logging
@@ -29,120 +25,174 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, ClassVar, NoReturn, TypeVar
 
-from goaltender.agents.settings import ConfigError
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from goaltender.agents.tool_output import one_line
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
-
-log = logging.getLogger(__name__)
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
 EXIT_MISCONFIGURED = 2
 EXIT_NO_RUNNER = 4
-FAIL_TIMEOUT_S = 10.0
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class Misconfigured(ValueError):
+    """Settings the agent cannot run with; the message says which and what is wrong."""
+
+
+class AgentFailure(Exception):
+    """The agent cannot go on: `title` (and `detail`) go into a milestone, the process exits 1."""
+
+    def __init__(self, title: str, detail: str = ""):
+        super().__init__(title)
+        self.title = title
+        self.detail = detail
 
 
 @dataclass(frozen=True)
 class Goal:
-    """The goal an agent process was started for."""
+    """The goal an agent process was started for, and its link to the runner."""
 
     id: int
     workspace: Path
-    resumed: bool  # started again after a runner restart
+    resumed: bool
+    runner: RunnerClient
 
 
-class Agent(abc.ABC):
-    failures: tuple[type[Exception], ...] = ()  # what fails the goal (exit 1, after fail())
-    stop_timeout_s = 2.5  # stop() must be done within the runner's grace period
+class GoalAgent:
+    """What every agent has: its goal and runner, a way to report, and the ends of its life."""
 
-    @abc.abstractmethod
-    async def run(self) -> int:
-        """Pursue the goal; the exit code."""
+    # How long stop() may take: its report must reach the runner before the grace period ends.
+    stop_within_s: ClassVar[float] = 2.5
 
-    @abc.abstractmethod
+    def __init__(self, goal: Goal):
+        self.goal = goal
+        self.goal_id = goal.id
+        self.runner = goal.runner
+        self.workspace = goal.workspace
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
     async def stop(self) -> None:
-        """Stopped by the runner (or Ctrl-C): hand in a short report, fast."""
+        """Stopped by a signal: hand in a short report, fast."""
 
-    async def fail(self, reason: Exception) -> None:  # noqa: B027 -- agents without failures need none
-        """The goal fails because of `reason`: tell people why (a milestone, the report)."""
+    async def fail(self, failure: AgentFailure) -> None:
+        await self.milestone(failure.title, failure.detail)
 
-    async def close(self) -> None:  # noqa: B027 -- agents that hold nothing need none
-        """Release what the agent holds (processes, connections); called however it ended."""
+    async def close(self) -> None:
+        """Whatever the ending: release what the agent holds (child processes, clients)."""
+
+    async def milestone(self, title: str, text: str = "") -> None:
+        await self.runner.call(
+            p.ReportMilestone, p.Done, goal_id=self.goal_id, title=one_line(title, 300), text=text[:20_000]
+        )
+
+    async def submit_report(self, text: str) -> None:
+        await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=text[:50_000])
 
 
-MakeAgent = Callable[[RunnerClient, Goal], Agent]  # may raise ConfigError
+def agent_log(name: str) -> logging.Logger:
+    """The agent's lines in agent.log (the runner keeps an agent's stderr there)."""
+    return logging.getLogger(f"{name}-agent")
 
 
-def run_agent(kind: str, label: str, make: MakeAgent) -> NoReturn:
-    """Run the agent `make` builds for the goal in the environment; exit with its code. `kind`
-    names it to the runner (client `agent:<kind>:<goal>`) and in its log lines; `label` in the
-    milestone about a bad configuration ("The <label> is misconfigured")."""
-    _log_to_stderr(f"{kind}-agent")
-    goal_id = os.environ.get("GOALTENDER_GOAL_ID", "").strip()
-    if not goal_id:
-        log.error("GOALTENDER_GOAL_ID is not set; the runner starts this agent for a goal")
+def read_settings(settings: type[S]) -> S:
+    """`settings` from the environment; Misconfigured says which variable is wrong and how."""
+    try:
+        return settings()
+    except ValidationError as exc:
+        raise Misconfigured("; ".join(_problem(settings, error) for error in exc.errors())) from None
+
+
+def _problem(settings: type[BaseSettings], error: Any) -> str:
+    where = str(error["loc"][0]) if error["loc"] else ""
+    field = settings.model_fields.get(where)
+    if field is not None:  # not an alias: the variable is the prefix and the field's name
+        where = f"{settings.model_config.get('env_prefix', '')}{where}".upper()
+    kind, value = error["type"], error.get("input")
+    if kind == "missing":
+        hint = field.description if field is not None else None
+        return f"{where} is not set" + (f": {hint}" if hint else "")
+    if kind.endswith("_parsing"):
+        return f"{where}={value!r} is not a {kind.removesuffix('_parsing')}"
+    if kind == "greater_than_equal":
+        return f"{where}={value!r} must be at least {error['ctx']['ge']}"
+    if kind == "greater_than":
+        return f"{where}={value!r} must be more than {error['ctx']['gt']}"
+    return f"{where}={value!r}: {error['msg']}"
+
+
+def run_agent(name: str, label: str, build: Callable[[Goal], GoalAgent]) -> NoReturn:
+    """The entry point of an agent process. `name` is how the runner and agent.log know it
+    ("openai" -> client `agent:openai:<goal>`, lines `openai-agent: ...`), `label` how people do
+    ("The built-in agent"); `build` makes the agent once the runner is connected, and may raise
+    Misconfigured."""
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    agent_log(name).setLevel(logging.INFO)
+    raw_goal = os.environ.get("GOALTENDER_GOAL_ID", "")
+    if not raw_goal.isdigit():
+        agent_log(name).error(
+            "GOALTENDER_GOAL_ID is not set (to a goal number); the runner starts this agent for a goal"
+        )
         sys.exit(EXIT_MISCONFIGURED)
-    goal = Goal(
-        id=int(goal_id),
-        workspace=Path(os.environ.get("GOALTENDER_WORKSPACE") or os.getcwd()),
-        resumed=bool(os.environ.get("GOALTENDER_RESUMED")),
-    )
-    sys.exit(asyncio.run(_serve(kind, label, make, goal)))
+    sys.exit(asyncio.run(_serve(name, label, build, int(raw_goal))))
 
 
-async def _serve(kind: str, label: str, make: MakeAgent, goal: Goal) -> int:
+async def _serve(name: str, label: str, build: Callable[[Goal], GoalAgent], goal_id: int) -> int:
+    log = agent_log(name)
     main = asyncio.current_task()
     assert main is not None  # asyncio.run runs us in a task
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, main.cancel)
-    runner: RunnerClient | None = None
-    agent: Agent | None = None
+    path = socket_from_env()
     try:
-        runner = await RunnerClient.connect_unix(socket_from_env(), client=f"agent:{kind}:{goal.id}")
-        try:
-            agent = make(runner, goal)
-        except ConfigError as exc:
-            log.error("misconfigured: %s", exc)
-            await runner.call(
-                p.ReportMilestone,
-                p.Done,
-                goal_id=goal.id,
-                title=f"The {label} is misconfigured",
-                text=str(exc),
-            )
-            return EXIT_MISCONFIGURED
-        return await agent.run()
+        runner = await RunnerClient.connect_unix(path, client=f"agent:{name}:{goal_id}")
     except asyncio.CancelledError:
-        log.info("stopped: handing in the report")
-        if agent is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(agent.stop(), agent.stop_timeout_s)
+        return EXIT_DONE
+    except OSError as exc:  # RunnerUnavailable, or a socket path that cannot work
+        log.error("cannot reach the runner at %s: %s", path, exc)
+        return EXIT_NO_RUNNER
+    workspace = Path(os.environ.get("GOALTENDER_WORKSPACE") or os.getcwd())
+    goal = Goal(goal_id, workspace, resumed=bool(os.environ.get("GOALTENDER_RESUMED")), runner=runner)
+    try:
+        return await _run(build, goal, label, log)
+    except asyncio.CancelledError:  # a second signal while stopping, or one while misconfigured
         return EXIT_DONE
     except RunnerUnavailable as exc:
-        log.error("%s: %s", "lost the runner" if runner is not None else "cannot reach the runner", exc)
+        log.error("lost the runner: %s", exc)
         return EXIT_NO_RUNNER
-    except Exception as exc:
-        if agent is None or not isinstance(exc, agent.failures):
-            raise
-        log.error("failed: %s", exc)
+    finally:
+        await runner.close()
+
+
+async def _run(build: Callable[[Goal], GoalAgent], goal: Goal, label: str, log: logging.Logger) -> int:
+    try:
+        agent = build(goal)
+    except Misconfigured as exc:
+        log.error("misconfigured: %s", exc)
+        title = f"{label} is misconfigured"
+        await goal.runner.call(p.ReportMilestone, p.Done, goal_id=goal.id, title=title, text=str(exc))
+        return EXIT_MISCONFIGURED
+    try:
+        await agent.run()
+        return EXIT_DONE
+    except asyncio.CancelledError:
+        log.info("stopped by a signal: handing in the report")
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(agent.fail(exc), FAIL_TIMEOUT_S)
+            await asyncio.wait_for(agent.stop(), agent.stop_within_s)
+        return EXIT_DONE
+    except AgentFailure as failure:
+        log.error("%s%s", failure.title, f" ({failure.detail})" if failure.detail else "")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(agent.fail(failure), 10)
         return EXIT_FAILED
     finally:
-        if agent is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(agent.close())
-        if runner is not None:
-            await runner.close()
-
-
-def _log_to_stderr(name: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {name}: %(message)s", "%H:%M:%S"))
-    # `python -m goaltender.agents.x` runs the agent's own module as __main__.
-    for logger in (logging.getLogger("goaltender.agents"), logging.getLogger("__main__")):
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+        with contextlib.suppress(Exception):
+            await asyncio.shield(agent.close())

@@ -12,15 +12,10 @@ commands), starts `codex app-server`, opens a thread in the workspace — or res
 - Codex's approval requests (commands, file changes, permissions) -> runner `ask` prompts; approved
   is `accept`, rejected or expired is `decline` (a rejection's comment is passed on to Codex);
 - SIGTERM (stop) -> `turn/interrupt`, a short report, the app-server ended, exit 0;
-- the app-server dying, a failed turn or a silent Codex -> a milestone with the reason, exit 1
-  (bootstrap.py turns these into exit codes).
+- the app-server dying, a failed turn or a silent Codex -> a milestone with the reason, exit 1.
 
-Configuration (environment, read by settings.py): GOALTENDER_CODEX_BIN, GOALTENDER_MODEL, OPENAI_BASE_URL and
-OPENAI_API_KEY (a Responses API endpoint, e.g. vLLM), GOALTENDER_CONTEXT_TOKENS,
-GOALTENDER_CODEX_SANDBOX (workspace-write), GOALTENDER_CODEX_APPROVAL (untrusted),
-GOALTENDER_CODEX_NETWORK (1: commands may use the network and the runner's socket),
-GOALTENDER_CODEX_MAX_TURNS (20), GOALTENDER_CODEX_APPROVAL_TIMEOUT_S (the runner's default),
-GOALTENDER_CODEX_IDLE_TIMEOUT_S (3600), GOALTENDER_CODEX_RETRIES (Codex's default).
+Its configuration (environment variables, CODEX_HOME) is in codex_config.py; how it starts and
+stops, in bootstrap.py.
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
-import logging
 import re
 import shutil
 import time
@@ -38,9 +32,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from goaltender.agents.bootstrap import Agent, Goal, run_agent
+from goaltender.agents.bootstrap import AgentFailure, Goal, GoalAgent, agent_log, read_settings, run_agent
 from goaltender.agents.briefing import goal_brief, prepare_workspace
-from goaltender.agents.codex_home import CODEX_HOME_DIR, codex_environment, write_codex_home
+from goaltender.agents.codex_config import CodexSettings, codex_environment, write_codex_home
 from goaltender.agents.codex_prompts import (
     CONTINUE_PROMPT,
     clip,
@@ -54,15 +48,15 @@ from goaltender.agents.codex_prompts import (
     says_done,
 )
 from goaltender.agents.codex_rpc import METHOD_NOT_FOUND, AppServer, AppServerGone, RpcError
-from goaltender.agents.settings import CodexSettings
 from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.runner.client import RunnerUnavailable
 
-log = logging.getLogger(__name__)
+log = agent_log("codex")
 
 THREAD_FILE = ".codex-thread"  # the Codex thread id, for thread/resume after a restart
 PID_FILE = ".codex-app-server.pid"
 LOG_FILE = "codex.log"  # everything Codex said and ran, for humans
+CODEX_HOME_DIR = ".codex"
 _DIARY_THREAD = re.compile(r"codex thread: (\S+)")
 
 # Streaming noise the agent has no use for.
@@ -82,10 +76,6 @@ RPC_TIMEOUT_S = 60.0
 INBOX_POLL_S = 1.0
 
 
-class AgentFailure(Exception):
-    """Codex cannot go on: the reason goes into a milestone and the agent exits non-zero."""
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("goaltender")
@@ -103,18 +93,13 @@ class TurnResult:
 # ---- the agent ----
 
 
-class CodexAgent(Agent):
-    failures = (AgentFailure, AppServerGone, TimeoutError, RpcError)
-    stop_timeout_s = 0.6
+class CodexAgent(GoalAgent):
+    stop_within_s = 0.6  # the report goes first; the interrupt gets what is left
 
-    def __init__(self, runner: RunnerClient, goal: Goal, settings: CodexSettings):
-        self.runner = runner
-        self.goal_id = goal.id
-        self.workspace = goal.workspace
-        self.resumed = goal.resumed
+    def __init__(self, goal: Goal, settings: CodexSettings):
+        super().__init__(goal)
         self.settings = settings
-        self.stopped = False
-        self.home = goal.workspace / CODEX_HOME_DIR
+        self.home = self.workspace / CODEX_HOME_DIR
         self.server: AppServer | None = None
         self.thread_id: str | None = None
         self.turn_id: str | None = None  # the running turn, None between turns
@@ -128,14 +113,15 @@ class CodexAgent(Agent):
         self.last_heard = time.monotonic()
         self.usage_step = 0
         self.window_noted = False
-        self._log = (goal.workspace / LOG_FILE).open("a", encoding="utf-8")
+        self.stopped = False
+        self._log = (self.workspace / LOG_FILE).open("a", encoding="utf-8")
 
     # ---- logging ----
 
     def note(self, line: str, verbose: str = "") -> None:
         """One line to agent.log (stderr) and codex.log; `verbose` to codex.log only."""
         stamp = datetime.now(UTC).strftime("%H:%M:%S")
-        log.info(line)
+        log.info("%s", line)
         self._log.write(f"{stamp} {line}\n")
         if verbose:
             self._log.write("".join(f"    {v}\n" for v in verbose.rstrip().splitlines()))
@@ -143,17 +129,21 @@ class CodexAgent(Agent):
 
     async def milestone(self, title: str, text: str = "") -> None:
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):
-            await self.runner.call(
-                p.ReportMilestone, p.Done, goal_id=self.goal_id, title=title[:300], text=clip(text, 19_000)
-            )
+            await super().milestone(title, clip(text, 19_000))
 
     async def submit_report(self, text: str) -> None:
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):
-            await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=clip(text, 49_000))
+            await super().submit_report(clip(text, 49_000))
 
     # ---- the campaign ----
 
-    async def run(self) -> int:
+    async def run(self) -> None:
+        try:
+            await self._campaign()
+        except (AppServerGone, TimeoutError, RpcError) as exc:
+            raise AgentFailure(str(exc)) from exc
+
+    async def _campaign(self) -> None:
         summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
         handoffs = await self.runner.call(
             p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=1, kind="handoff"
@@ -168,7 +158,7 @@ class CodexAgent(Agent):
 
         await self.start_server()
         prompt = first_prompt(brief)
-        previous = await self.previous_thread() if self.resumed else None
+        previous = await self.previous_thread() if self.goal.resumed else None
         if previous and await self.resume_thread(previous):
             prompt = resume_prompt(brief)
         if self.thread_id is None:
@@ -184,7 +174,7 @@ class CodexAgent(Agent):
                     report_text(result.last_message) or "Codex finished without a report."
                 )
                 self.note(f"done after {self.turns} turn(s)")
-                return 0
+                return
             if self.turns >= self.settings.max_turns:
                 why = f"Codex used its {self.settings.max_turns} turns without saying the goal is complete."
                 await self.submit_report(
@@ -192,7 +182,7 @@ class CodexAgent(Agent):
                 )
                 await self.milestone("Codex turn limit reached", why)
                 self.note(why)
-                return 0
+                return
             prompt = "\n\n".join(self.outbox) if self.outbox else CONTINUE_PROMPT
             self.outbox.clear()
 
@@ -317,9 +307,7 @@ class CodexAgent(Agent):
                 silent = time.monotonic() - self.last_heard
                 if self.approvals_waiting == 0 and silent > self.settings.idle_timeout_s:
                     with contextlib.suppress(Exception):
-                        await self.server.request(
-                            "turn/interrupt", {"threadId": self.thread_id, "turnId": self.turn_id}, wait_s=5
-                        )
+                        await self.server.interrupt(self.thread_id, self.turn_id, wait_s=5)
                     raise AgentFailure(f"no word from Codex for {silent:.0f}s in turn {self.turns}")
         except asyncio.CancelledError:
             raise  # stopped: stop() interrupts the turn, so it keeps its id
@@ -504,9 +492,7 @@ class CodexAgent(Agent):
         if running and self.server is not None and not self.server.gone.is_set():
             deadline = time.monotonic() + 0.4
             try:
-                await self.server.request(
-                    "turn/interrupt", {"threadId": self.thread_id, "turnId": running}, wait_s=0.3
-                )
+                await self.server.interrupt(self.thread_id, running, wait_s=0.3)
                 while (left := deadline - time.monotonic()) > 0:
                     message = await self.server.next_notification(wait_s=left)
                     if message and message[0] == "turn/completed":
@@ -516,8 +502,8 @@ class CodexAgent(Agent):
                 self.note(f"could not interrupt turn {self.turns} cleanly: {exc}")
         self.note("stopped")
 
-    async def fail(self, failure: Exception) -> None:
-        reason = str(failure)
+    async def fail(self, failure: AgentFailure) -> None:
+        reason = failure.title
         tail = self.server.stderr_tail() if self.server else ""
         self.note(f"failing: {reason}", tail)
         await self.milestone(
@@ -530,13 +516,17 @@ class CodexAgent(Agent):
 
     async def close(self) -> None:
         if self.server is not None:
-            await self.server.close(grace_s=0.3 if self.stopped else 1.0)
+            await self.server.close(0.3 if self.stopped else 1.0)
             self.note(f"{self.server.describe_exit()}")
         self._log.close()
 
 
+def build(goal: Goal) -> CodexAgent:
+    return CodexAgent(goal, read_settings(CodexSettings))
+
+
 def main() -> None:
-    run_agent("codex", "Codex agent", lambda runner, goal: CodexAgent(runner, goal, CodexSettings.from_env()))
+    run_agent("codex", "The Codex agent", build)
 
 
 if __name__ == "__main__":

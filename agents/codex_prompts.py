@@ -1,5 +1,6 @@
-"""What the Codex agent says to Codex and to people: the prompts, the `GOAL COMPLETE` marker that
-ends a campaign, and the approval questions made from Codex's requests."""
+"""The words between the Codex agent, Codex and people: the prompts Codex's turns start with, how
+its messages are read (is the goal done? what is the report?), and its approval requests as
+questions for people."""
 
 from __future__ import annotations
 
@@ -19,24 +20,20 @@ def says_done(text: str) -> bool:
 
 
 def report_text(text: str) -> str:
-    """Codex's last message as the report: without the done marker."""
+    """The message without its `GOAL COMPLETE` line: Codex's words for the final report."""
     lines = [line for line in text.strip().splitlines() if line.strip(" *`_#.").upper() != DONE_MARKER]
     return "\n".join(lines).strip()
 
 
 def first_line(text: str, limit: int = 160) -> str:
-    """The first non-empty line, markdown emphasis stripped, for a title."""
+    """The first non-empty line, without Markdown heading or emphasis marks: a milestone title."""
     line = next((s.strip() for s in text.strip().splitlines() if s.strip()), "")
     line = line.strip("#* ")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _change_kind(kind: Any) -> str:
-    return str(kind.get("type", kind)) if isinstance(kind, dict) else str(kind)
-
-
 def clip(text: str, limit: int) -> str:
-    """`text`, or its first `limit` characters with a note of how many more there were."""
+    """At most `limit` characters, saying how many were cut."""
     return text if len(text) <= limit else text[: limit - 20] + f"\n… ({len(text) - limit + 20} more chars)"
 
 
@@ -67,10 +64,11 @@ CONTINUE_PROMPT = (
 )
 
 
-# ---- approval questions: (question, detail, what) ----
+# ---- approval requests ----
 
 
 def command_question(params: dict, workspace: Path) -> tuple[str, str, str]:
+    """(question, detail, what) for a command Codex wants to run."""
     actions = [a.get("command", "") for a in params.get("commandActions") or [] if a.get("command")]
     shown = " ; ".join(actions) or params.get("command") or "(a command)"
     detail = [f"Command: {params.get('command') or shown}", f"In: {params.get('cwd') or workspace}"]
@@ -82,6 +80,7 @@ def command_question(params: dict, workspace: Path) -> tuple[str, str, str]:
 
 
 def file_question(params: dict, item: dict) -> tuple[str, str, str]:
+    """(question, detail, what) for a file change (`item`, as Codex announced it) it wants to make."""
     changes = item.get("changes") or []
     paths = ", ".join(f"{c.get('path')} ({_change_kind(c.get('kind'))})" for c in changes)
     detail = []
@@ -95,6 +94,7 @@ def file_question(params: dict, item: dict) -> tuple[str, str, str]:
 
 
 def permissions_question(params: dict) -> tuple[str, str, str]:
+    """(question, detail, what) for more permissions Codex asks for."""
     wanted = params.get("permissions") or {}
     parts = []
     if (wanted.get("network") or {}).get("enabled"):
@@ -110,3 +110,7 @@ def permissions_question(params: dict) -> tuple[str, str, str]:
         f"Reason: {params.get('reason') or '(none given)'}\nIn: {params.get('cwd')}\n{json.dumps(wanted)}"
     )
     return f"Codex asks for {clip(what, 600)}", detail, what
+
+
+def _change_kind(kind: Any) -> str:
+    return str(kind.get("type", kind)) if isinstance(kind, dict) else str(kind)

@@ -59,38 +59,20 @@ RequestHandler = Callable[[str, dict, Any], Awaitable[Any]]  # (method, params, 
 NotificationObserver = Callable[[str, dict], None]
 
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def _prctl() -> Callable[..., int] | None:
-    """Linux's prctl(2), or None elsewhere."""
+def _death_signal_setter() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when the agent dies, even by SIGKILL
+    (Linux PR_SET_PDEATHSIG). libc is loaded here, before the fork, not in the child."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
 
-
-def _death_signal_setter() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when the agent dies, even by SIGKILL
-    (PR_SET_PDEATHSIG). libc is loaded here, before the fork, not in the child."""
-    if (prctl := _prctl()) is None:
-        return None
-
     def set_death_signal() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
     return set_death_signal
-
-
-def _adopt_orphans() -> None:
-    """Make this process the reaper of its descendants' orphans (PR_SET_CHILD_SUBREAPER): a
-    command Codex runs in a session of its own comes back to us, not to init, when the Codex
-    process that started it goes, so close() can still find and end it."""
-    if (prctl := _prctl()) is not None:
-        prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 class AppServer:
@@ -119,6 +101,7 @@ class AppServer:
         self._reader: asyncio.Task | None = None
         self._write_lock = asyncio.Lock()
         self.gone = asyncio.Event()
+        self._command_groups: set[int] = set()  # see interrupt()
 
     @property
     def pid(self) -> int | None:
@@ -128,7 +111,6 @@ class AppServer:
         """Spawn the server as the leader of its own process group, stdin a pipe we own (its EOF
         ends the server), stdout for the protocol, stderr appended to a log file."""
         self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
-        _adopt_orphans()
         with self.stderr_path.open("ab") as stderr:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -163,6 +145,13 @@ class AppServer:
             error = message["error"] or {}
             raise RpcError(error.get("code", 0), error.get("message", "unknown error"), error.get("data"))
         return message.get("result") or {}
+
+    async def interrupt(self, thread_id: str | None, turn_id: str | None, *, wait_s: float) -> dict:
+        """turn/interrupt. Codex runs each command in a process group of its own, and an
+        interrupt can leave one orphaned: the groups running now are remembered for close()."""
+        if self.proc is not None:
+            self._command_groups |= await asyncio.to_thread(_descendant_groups, self.proc.pid)
+        return await self.request("turn/interrupt", {"threadId": thread_id, "turnId": turn_id}, wait_s=wait_s)
 
     async def notify(self, method: str, params: dict | None = None) -> None:
         message: dict[str, Any] = {"method": method}
@@ -212,9 +201,8 @@ class AppServer:
                 if not isinstance(message, dict):
                     continue
                 method = message.get("method")
-                if method is None:  # a response to one of ours (our ids are ints)
-                    request_id = message.get("id")
-                    future = self._pending.get(request_id) if isinstance(request_id, int) else None
+                if method is None:  # a response to one of ours
+                    future = self._pending.get(message.get("id", -1))
                     if future is not None and not future.done():
                         future.set_result(message)
                 elif "id" in message:  # a request from the server: always answered
@@ -280,44 +268,39 @@ class AppServer:
             return ""
 
     async def close(self, grace_s: float = 0.5) -> None:
-        """Close stdin (the server exits on EOF); after `grace_s`, SIGTERM then SIGKILL its whole
-        process group, which also ends what it left there (the node wrapper's children), and the
-        commands it left running. Waits until the server has been reaped."""
+        """Close stdin (the server exits on EOF and ends its commands); if it lingers past
+        `grace_s`, SIGTERM its whole process group and SIGKILL it after another `grace_s`. Anything
+        it left in its group (node wrapper children) goes too, and so do the commands it runs in
+        groups of their own, should it not have ended them. Waits until the server is reaped."""
         for task in list(self._tasks):
             task.cancel()
         if self.proc is None:
             return
-        # Codex runs each command in a session of its own (its sandbox), which an interrupted or
-        # ended server may leave running: end those with the server, then those it left behind
-        # as it went (adopted by this process, see _adopt_orphans).
-        commands = await asyncio.to_thread(_command_groups, self.proc.pid)
+        commands = self._command_groups | await asyncio.to_thread(_descendant_groups, self.proc.pid)
         if self.proc.stdin is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
+        exited = asyncio.ensure_future(self.proc.wait())
+        await asyncio.wait({exited}, timeout=grace_s)
         await asyncio.gather(
-            self._end_server(grace_s), *(terminate_group(group, grace_s=grace_s / 2) for group in commands)
+            terminate_group(self.proc.pid, exited, grace_s),
+            *(terminate_group(pgid, grace_s=grace_s) for pgid in commands),
         )
-        left = await asyncio.to_thread(_command_groups)
-        await asyncio.gather(*(terminate_group(group, grace_s=grace_s / 2) for group in left))
-        with contextlib.suppress(TimeoutError):
-            self.returncode = await asyncio.wait_for(self.proc.wait(), 5)
+        await asyncio.wait({exited}, timeout=2)  # already reaped when its group was gone at once
+        self.returncode = self.proc.returncode
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._reader, 2)
 
-    async def _end_server(self, grace_s: float) -> None:
-        """Its stdin closed, the server exits; if it lingers past `grace_s`, its group is ended."""
-        assert self.proc is not None
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), grace_s)
-        await terminate_group(self.proc.pid, grace_s=grace_s / 2)
 
-
-def _command_groups(*exclude: int) -> set[int]:
-    """The process groups of this process's descendants, but for its own and `exclude`."""
+def _descendant_groups(pid: int) -> set[int]:
+    """The process groups of `pid`'s descendants, other than its own and ours."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return set()
     groups = set()
-    with contextlib.suppress(psutil.Error):
-        for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error, ProcessLookupError):
-                groups.add(os.getpgid(child.pid))
-    return groups - {os.getpgrp(), *exclude}
+    for proc in descendants:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(proc.pid))
+    return groups - {pid, os.getpgrp()}

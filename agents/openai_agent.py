@@ -1,10 +1,10 @@
 """The built-in agent: a tool-calling loop on any OpenAI-compatible Chat Completions endpoint.
 
-The runner starts it for a goal (see bootstrap.py; cwd = the workspace). The model gets the goal's
-brief as its system message and works through function tools (tool_specs.py): a shell and file
-tools in the workspace (workspace_tools.py; risky commands wait for a person's approval, see
-policy.py), the skills, and every runner verb (runner_tools.py: run an experiment, milestone,
-metrics, ask, inbox, diary, report) plus `finish`.
+The runner starts it for a goal (see bootstrap.py). The model gets the goal's brief as its system
+message and works through function tools (tool_schemas.py): a shell and file tools in the
+workspace (workspace_tools.py; risky commands wait for a person's approval, see policy.py), the
+skills, every runner verb (runner_verbs.py: run an experiment, milestone, metrics, ask, inbox,
+diary, report), and `finish`.
 
 Each turn boundary: steering from the inbox becomes user messages; when the conversation passes
 ~75% of the context window, older turns are replaced by a recap (recap.py) and the brief (goal,
@@ -15,52 +15,50 @@ model's summary.
 
     python -m goaltender.agents.openai_agent
 
-Environment (settings.py): GOALTENDER_MODEL (required), OPENAI_BASE_URL or
-GOALTENDER_OPENAI_BASE_URL, OPENAI_API_KEY or GOALTENDER_OPENAI_API_KEY (default "EMPTY"),
-GOALTENDER_CONTEXT_TOKENS (128000), GOALTENDER_MAX_TURNS (200), GOALTENDER_OPENAI_MAX_RETRIES (3),
-GOALTENDER_OPENAI_TIMEOUT_S (300), GOALTENDER_SHELL_TIMEOUT_S (600), GOALTENDER_TOOL_OUTPUT_CHARS
-(16000), GOALTENDER_COMPACT_AT (0.75), GOALTENDER_COMMAND_POLICY (inline JSON or a .json/.toml
-file; see policy.py).
+Environment: GOALTENDER_MODEL (required), OPENAI_BASE_URL or GOALTENDER_OPENAI_BASE_URL,
+OPENAI_API_KEY or GOALTENDER_OPENAI_API_KEY (default "EMPTY"), GOALTENDER_CONTEXT_TOKENS (128000),
+GOALTENDER_MAX_TURNS (200), GOALTENDER_OPENAI_MAX_RETRIES (3), GOALTENDER_OPENAI_TIMEOUT_S (300),
+GOALTENDER_SHELL_TIMEOUT_S (600), GOALTENDER_TOOL_OUTPUT_CHARS (16000), GOALTENDER_COMPACT_AT
+(0.75), GOALTENDER_COMMAND_POLICY (inline JSON or a .json/.toml file; see policy.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
-import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import ValidationError
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from goaltender.agents import briefing
-from goaltender.agents.bootstrap import Agent, Goal, run_agent
-from goaltender.agents.output import one_line, redact, secret_values, truncate_middle
-from goaltender.agents.policy import CommandPolicy
-from goaltender.agents.recap import (
-    Message,
-    estimate_tokens,
-    recap_lines,
-    recap_text,
-    split_history,
-    turn_groups,
+from goaltender.agents import briefing, recap
+from goaltender.agents.bootstrap import (
+    AgentFailure,
+    Goal,
+    GoalAgent,
+    Misconfigured,
+    agent_log,
+    read_settings,
+    run_agent,
 )
-from goaltender.agents.runner_tools import Handler, RunnerTools, ask_person, steer_text
-from goaltender.agents.settings import ConfigError, OpenAIAgentSettings
-from goaltender.agents.tool_specs import TOOLS, Finish, tool_specs
+from goaltender.agents.policy import CommandPolicy
+from goaltender.agents.runner_verbs import RunnerVerbs, steer_text
+from goaltender.agents.tool_output import one_line, redact, secret_values, truncate_middle
+from goaltender.agents.tool_schemas import Finish, Tool, function_tool
 from goaltender.agents.workspace_tools import WorkspaceTools
 from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.records import MetricPoint
 
 if TYPE_CHECKING:
-    from openai.types.chat import ChatCompletion, ChatCompletionMessage, ChatCompletionMessageParam
+    from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+    from openai.types.chat.chat_completion import Choice
     from openai.types.completion_usage import CompletionUsage
 
-log = logging.getLogger(__name__)
+log = agent_log("openai")
 
 PREAMBLE = """\
 You are goaltender's built-in research agent. You pursue the goal below as a budgeted campaign on \
@@ -95,120 +93,149 @@ RESUME = (
     "gone. The brief above has the ledger so far and your latest diary handoff; check the "
     "workspace, then go on from where the handoff says you were."
 )
-OUTPUT_LIMIT_HIT = "Your reply hit the output limit; go on, more briefly."
-EMPTY_REPLY = "You replied with nothing. Go on with the next step, or call finish."
 
 
-class EndpointFailure(Exception):
+class AgentConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GOALTENDER_", extra="ignore", env_ignore_empty=True)
+
+    model: str = Field(
+        description="name the model the endpoint serves (and set OPENAI_BASE_URL / OPENAI_API_KEY "
+        "for the endpoint: vLLM, NIM, OpenAI, ...)"
+    )
+    base_url: str | None = Field(
+        None, validation_alias=AliasChoices("GOALTENDER_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+    )
+    api_key: str = Field(
+        "EMPTY", validation_alias=AliasChoices("GOALTENDER_OPENAI_API_KEY", "OPENAI_API_KEY")
+    )
+    context_tokens: int = Field(128_000, ge=256)
+    max_turns: int = Field(200, ge=1)
+    max_retries: int = Field(3, ge=0, validation_alias="GOALTENDER_OPENAI_MAX_RETRIES")
+    timeout_s: float = Field(300.0, ge=0.1, validation_alias="GOALTENDER_OPENAI_TIMEOUT_S")
+    shell_timeout_s: float = Field(600.0, ge=0.1)
+    output_chars: int = Field(16_000, ge=200, validation_alias="GOALTENDER_TOOL_OUTPUT_CHARS")
+    compact_at: float = Field(0.75, ge=0.1)
+    command_policy: str | None = None  # inline JSON, or a .json / .toml file (policy.py)
+    home: Path | None = None  # the runner's home: a command-policy file there applies by default
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url or "https://api.openai.com/v1"
+
+    @property
+    def output_limit(self) -> int:
+        """Bytes of one tool result: the configured cap, and never more than ~10% of the window."""
+        return max(200, min(self.output_chars, self.context_tokens * 4 // 10))
+
+
+class EndpointFailure(AgentFailure):
     """The model endpoint cannot serve us: the goal fails with this message."""
 
-    def __init__(self, title: str, detail: str = ""):
-        super().__init__(f"{title} ({detail})" if detail else title)
-        self.title = title
-        self.detail = detail
 
-
-class OpenAIAgent(Agent):
-    failures = (EndpointFailure,)
-
-    def __init__(
-        self, runner: RunnerClient, goal: Goal, settings: OpenAIAgentSettings, policy: CommandPolicy
-    ):
+class OpenAIAgent(GoalAgent):
+    def __init__(self, goal: Goal, config: AgentConfig, policy: CommandPolicy):
         import openai  # slow to import: after the signal handlers and the runner connection
 
-        self.runner = runner
-        self.goal_id = goal.id
-        self.settings = settings
-        self.resumed = goal.resumed
+        super().__init__(goal)
+        self.cfg = config
         self.client = openai.AsyncOpenAI(
-            base_url=settings.base_url,
-            api_key=settings.api_key,
-            max_retries=settings.openai_max_retries,
-            timeout=openai.Timeout(settings.openai_timeout_s, connect=min(10.0, settings.openai_timeout_s)),
+            base_url=config.base_url,
+            api_key=config.api_key,
+            max_retries=config.max_retries,
+            timeout=openai.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
         )
         self.secrets = secret_values(os.environ)
-        self.tools = WorkspaceTools(
+        self.workspace_tools = WorkspaceTools(
             goal.workspace,
             policy,
-            functools.partial(ask_person, runner, goal.id),
-            shell_timeout_s=settings.shell_timeout_s,
-            output_limit=settings.output_limit,
+            ask=self._ask,
+            shell_timeout_s=config.shell_timeout_s,
+            output_limit=config.output_limit,
         )
-        self.verbs = RunnerTools(runner, goal.id, self.secrets, self.tools.gate_command)
-        self.handlers: dict[str, Handler] = {
-            **self.tools.handlers(),
-            **self.verbs.handlers(),
-            "finish": self.finish,
-        }
-        self.specs = tool_specs()
-        self.messages: list[Message] = []
+        self.verbs = RunnerVerbs(
+            goal,
+            gate=self.workspace_tools.gate_command,
+            ask=self._ask,
+            milestone=self.milestone,
+            secrets=self.secrets,
+        )
+        tools = [*self.workspace_tools.tools(), *self.verbs.tools(), Tool("finish", Finish, self.finish)]
+        self.tools = {tool.name: tool for tool in tools}
+        self.tool_specs = [function_tool(tool) for tool in tools]
+        self.messages: list[recap.Message] = []
         self.turn = 0
         self.input_total = 0
         self.output_total = 0
         self.measured: tuple[int, int] | None = None  # (messages counted, tokens) from the last usage
         # What a request costs beyond its messages (the tool schemas, the chat template), measured
         # as the last usage minus our estimate of the messages sent; the schemas' estimate at first.
-        self.overhead = estimate_tokens(self.specs)
+        self.overhead = recap.estimate_tokens(self.tool_specs)
         self.compactions = 0
-        self.unseen_steers: list[str] = []  # unread at a restart: shown at the first turn boundary
+        self.pending_steers: list[p.InboxMessage] = []
         self.recap_lines: list[str] = []
-        self.recap_message: Message | None = None
+        self.recap_message: recap.Message | None = None
         self.final_text = ""
         self.finished = False
         self.last_step = ""
 
-    # ---- the campaign ----
+    # ---- the loop ----
 
-    async def run(self) -> int:
+    async def run(self) -> None:
+        await self._begin()
+        log.info(
+            "goal #%d: model %s at %s, window %d",
+            self.goal_id,
+            self.cfg.model,
+            self.cfg.endpoint,
+            self.cfg.context_tokens,
+        )
+        ending = await self._converse()
+        log.info("done after %d turns: %s", self.turn, ending)
+        await self.submit_report(self._report(ending))
+
+    async def _begin(self) -> None:
+        """The brief (system message) and the first instruction; after a restart, the steering
+        so far: read messages into the brief, unread ones as messages."""
         summary = await self._summary()
         handoff = await self._handoff()
-        briefing.prepare_workspace(self.tools.workspace, briefing.goal_brief(summary, handoff))
-        if self.resumed:
-            await self._recall_inbox()
+        briefing.prepare_workspace(self.workspace, briefing.goal_brief(summary, handoff))
+        if self.goal.resumed:
+            inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id, all=True)
+            for message in inbox.messages:
+                if message.read_at is None:
+                    self.pending_steers.append(message)
+                else:
+                    self.verbs.steers.append(steer_text(message))
         self.messages = [
             {"role": "system", "content": self._system_text(summary, handoff)},
-            {"role": "user", "content": (RESUME if self.resumed else START).format(goal_id=self.goal_id)},
+            {
+                "role": "user",
+                "content": (RESUME if self.goal.resumed else START).format(goal_id=self.goal_id),
+            },
         ]
-        if self.resumed:
-            await self.verbs.post_milestone(
+        if self.goal.resumed:
+            await self.milestone(
                 "Resumed after a restart",
                 "The brief was rebuilt from the runner's ledger"
                 + (" and the diary's latest handoff" if handoff else " (no diary handoff found)")
                 + f"; {len(summary.ledger)} experiments so far.",
             )
-        log.info(
-            "goal #%s: model %s at %s, window %s",
-            self.goal_id,
-            self.settings.model,
-            self.settings.endpoint,
-            self.settings.context_tokens,
-        )
-        ending = await self._converse()
-        log.info("done after %s turns: %s", self.turn, ending)
-        await self.verbs.hand_in(self._report(ending))
-        return 0
 
     async def _converse(self) -> str:
-        """Model turns until the model is done or the turn cap; returns why it ended."""
+        """Turns until the model is done or the turn cap; returns why it ended."""
         nudged = False
-        while self.turn < self.settings.max_turns:
+        while self.turn < self.cfg.max_turns:
             await self._inject_inbox()
-            if self.context_tokens() > self.settings.compact_at * self.settings.context_tokens:
+            if self.context_tokens() > self.cfg.compact_at * self.cfg.context_tokens:
                 await self.compact()
-            response = await self._complete()
-            self.turn += 1
-            choice = response.choices[0]
-            calls = self._record(choice.message)
-            await self._account(response.usage)
-            if choice.message.content:
-                self.final_text = choice.message.content
+            choice, calls = await self._next_turn()
             if not calls:
                 if choice.finish_reason == "length":
-                    self.messages.append({"role": "user", "content": OUTPUT_LIMIT_HIT})
+                    self._say("Your reply hit the output limit; go on, more briefly.")
                     continue
                 if not (choice.message.content or "").strip() and not nudged:
                     nudged = True
-                    self.messages.append({"role": "user", "content": EMPTY_REPLY})
+                    self._say("You replied with nothing. Go on with the next step, or call finish.")
                     continue
                 return "the model gave its final answer"
             for call_id, name, arguments in calls:
@@ -218,24 +245,45 @@ class OpenAIAgent(Agent):
                 return "the model called finish"
         cap = f"**Stopped after {self.turn} model turns** (the GOALTENDER_MAX_TURNS cap)."
         self.final_text = f"{cap}\n\n{self.final_text}" if self.final_text else cap
-        return f"the turn cap ({self.settings.max_turns}) was reached"
+        return f"the turn cap ({self.cfg.max_turns}) was reached"
 
-    def _record(self, message: ChatCompletionMessage) -> list[tuple[str, str, str]]:
-        """Append the model's reply to the conversation; its function calls as (id, name, arguments)."""
-        named = []
-        for i, call in enumerate(message.tool_calls or []):
-            if (function := getattr(call, "function", None)) is None:
-                continue  # a custom tool's call: there are none of ours
-            call_id = call.id or f"call_{self.turn}_{i}"  # some servers omit the ids
-            named.append((call_id, function.name, function.arguments or "{}"))
-        assistant: Message = {"role": "assistant", "content": message.content or ("" if not named else None)}
-        if named:
+    def _say(self, text: str) -> None:
+        self.messages.append({"role": "user", "content": text})
+
+    async def _next_turn(self) -> tuple[Choice, list[tuple[str, str, str]]]:
+        """One model reply, recorded; returns it with its tool calls as (id, name, arguments)."""
+        response = await self._complete()
+        if not getattr(response, "choices", None):
+            raise EndpointFailure(
+                f"Model endpoint returned no answer: {self.cfg.endpoint}: a reply without choices",
+                f"model {self.cfg.model}: {one_line(response, 300)}",
+            )
+        self.turn += 1
+        choice = response.choices[0]
+        message = choice.message
+        calls = [
+            (
+                c.id or f"call_{self.turn}_{i}",
+                c.function.name,
+                c.function.arguments or "{}",
+            )  # ids: not all servers send them
+            for i, c in enumerate(message.tool_calls or [])
+            if c.type == "function"
+        ]
+        assistant: recap.Message = {
+            "role": "assistant",
+            "content": message.content or ("" if not calls else None),
+        }
+        if calls:
             assistant["tool_calls"] = [
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-                for call_id, name, arguments in named
+                for call_id, name, arguments in calls
             ]
         self.messages.append(assistant)
-        return named
+        await self._account(response.usage)
+        if message.content:
+            self.final_text = message.content
+        return choice, calls
 
     def _report(self, ending: str) -> str:
         parts = [t.strip() for t in (self.verbs.report_text, self.final_text) if t and t.strip()]
@@ -243,140 +291,91 @@ class OpenAIAgent(Agent):
             parts = parts[:1]
         return "\n\n".join(parts) or f"The agent ended without a summary ({ending})."
 
-    async def stop(self) -> None:
-        lines = [f"**Stopped** by the runner after {self.turn} model turns."]
-        if self.last_step:
-            lines.append(f"**Last step:** {self.last_step}")
-        if self.verbs.report_text:
-            lines.append(self.verbs.report_text.strip())
-        elif self.final_text:
-            lines.append(f"**Last note from the model:** {one_line(self.final_text, 1500)}")
-        await self.verbs.hand_in("\n\n".join(lines))
-
-    async def fail(self, reason: Exception) -> None:
-        title = reason.title if isinstance(reason, EndpointFailure) else str(reason)
-        detail = reason.detail if isinstance(reason, EndpointFailure) else ""
-        await self.verbs.post_milestone(
-            title, f"{title}\n{detail}\nThe goal fails: the agent cannot work without its model."
-        )
-        await self.verbs.hand_in(f"**The agent failed:** {title}.\n\n{self._report('the endpoint failed')}")
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.close(), 2)
-        await self.tools.close()
-
-    # ---- the model ----
-
     async def _complete(self) -> ChatCompletion:
         import openai
 
         retried_context = False
         while True:
             try:
-                response = await self.client.chat.completions.create(
-                    model=self.settings.model,
-                    # Our messages are the plain dicts these TypedDicts describe.
+                return await self.client.chat.completions.create(
+                    model=self.cfg.model,
                     messages=cast("list[ChatCompletionMessageParam]", self.messages),
-                    tools=self.specs,
+                    tools=self.tool_specs,
                     tool_choice="auto",
                 )
             except openai.BadRequestError as exc:
                 text = str(exc).lower()
-                if not retried_context and any(
-                    w in text for w in ("context", "too long", "maximum", "token")
-                ):
-                    log.info("the endpoint refused the request as too long; compacting (%s)", exc)
-                    retried_context = True
-                    await self.compact(force=True)
-                    continue
-                raise EndpointFailure(
-                    f"Model endpoint refused the request: {self.settings.endpoint}: {exc}"
-                ) from exc
+                if retried_context or not any(w in text for w in ("context", "too long", "maximum", "token")):
+                    raise EndpointFailure(
+                        f"Model endpoint refused the request: {self.cfg.endpoint}: {exc}"
+                    ) from exc
+                log.info("the endpoint refused the request as too long; compacting (%s)", exc)
+                retried_context = True
+                await self.compact(force=True)
             except openai.APIConnectionError as exc:  # also APITimeoutError
                 raise EndpointFailure(
-                    f"Model endpoint unreachable: {self.settings.endpoint}: {_error_text(exc)}",
-                    f"after {self.settings.openai_max_retries} retries; the model was {self.settings.model}",
+                    f"Model endpoint unreachable: {self.cfg.endpoint}: {_error_text(exc)}",
+                    f"after {self.cfg.max_retries} retries; the model was {self.cfg.model}",
                 ) from exc
             except openai.APIStatusError as exc:
-                busy = exc.status_code == 429 or exc.status_code >= 500
-                what = "unreachable" if busy else "refused the request"
+                unreachable = exc.status_code == 429 or exc.status_code >= 500
+                how = "unreachable" if unreachable else "refused the request"
                 raise EndpointFailure(
-                    f"Model endpoint {what}: {self.settings.endpoint}: {_error_text(exc)}",
-                    f"HTTP {exc.status_code} after {self.settings.openai_max_retries} retries; "
-                    f"model {self.settings.model}",
+                    f"Model endpoint {how}: {self.cfg.endpoint}: {_error_text(exc)}",
+                    f"HTTP {exc.status_code} after {self.cfg.max_retries} retries; model {self.cfg.model}",
                 ) from exc
-            if not getattr(response, "choices", None):
-                raise EndpointFailure(
-                    f"Model endpoint returned no answer: {self.settings.endpoint}: a reply without choices",
-                    f"model {self.settings.model}: {one_line(response, 300)}",
-                )
-            return response
 
     async def _account(self, usage: CompletionUsage | None) -> None:
+        """Token usage as metric series; the measured size of the context for the next turn."""
         if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens or 0
-            self.overhead = prompt - estimate_tokens(self.messages[:-1])
+            self.overhead = prompt - recap.estimate_tokens(self.messages[:-1])
         else:
-            prompt, completion = estimate_tokens(self.messages[:-1]), estimate_tokens(self.messages[-1])
+            prompt = recap.estimate_tokens(self.messages[:-1])
+            completion = recap.estimate_tokens(self.messages[-1])
         self.measured = (len(self.messages), prompt + completion)
         self.input_total += prompt
         self.output_total += completion
-        await self._log_metrics(
-            ("agent/input_tokens", self.input_total),
-            ("agent/output_tokens", self.output_total),
-            ("agent/context_tokens", prompt + completion),
-        )
-
-    async def _log_metrics(self, *points: tuple[str, float]) -> None:
+        points = [
+            MetricPoint(name="agent/input_tokens", value=self.input_total, step=self.turn),
+            MetricPoint(name="agent/output_tokens", value=self.output_total, step=self.turn),
+            MetricPoint(name="agent/context_tokens", value=prompt + completion, step=self.turn),
+        ]
         try:
-            await self.runner.call(
-                p.LogMetrics,
-                p.Done,
-                goal_id=self.goal_id,
-                points=[MetricPoint(name=name, value=value, step=self.turn) for name, value in points],
-            )
+            await self.runner.call(p.LogMetrics, p.Done, goal_id=self.goal_id, points=points)
         except p.ProtocolError as exc:
-            log.info("could not log %s: %s", ", ".join(name for name, _ in points), exc)
+            log.info("could not log token metrics: %s", exc)
 
     def context_tokens(self) -> int:
         """Tokens the next request will carry: the last measured usage plus estimates of what came
         after it; before any reply (or after a compaction), an estimate of everything."""
         if self.measured is not None and self.measured[0] <= len(self.messages):
             count, tokens = self.measured
-            return tokens + (estimate_tokens(self.messages[count:]) if count < len(self.messages) else 0)
-        return estimate_tokens(self.messages) + self.overhead
+            return tokens + (
+                recap.estimate_tokens(self.messages[count:]) if count < len(self.messages) else 0
+            )
+        return recap.estimate_tokens(self.messages) + self.overhead
 
-    # ---- steering ----
-
-    async def _recall_inbox(self) -> None:
-        """After a restart: messages already read go into the brief, unread ones come as messages."""
-        inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id, all=True)
-        for message in inbox.messages:
-            if message.read_at is None:
-                self.unseen_steers.append(steer_text(message))
-            else:
-                self.verbs.steers.append(steer_text(message))
+    # ---- steering and the brief ----
 
     async def _inject_inbox(self) -> None:
-        texts, self.unseen_steers = self.unseen_steers, []
-        self.verbs.steers += texts
+        messages, self.pending_steers = self.pending_steers, []
         try:
-            texts += await self.verbs.new_messages()
+            messages += (await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)).messages
         except p.ProtocolError as exc:
             log.info("could not read the inbox: %s", exc)
-        for text in texts:
-            self.messages.append({"role": "user", "content": text})
+        for message in messages:
+            text = steer_text(message)
+            self.verbs.steers.append(text)
+            self._say(text)
             log.info("steer: %s", one_line(text, 200))
-
-    # ---- context management ----
 
     def _system_text(self, summary: p.SummaryReply, handoff: str | None) -> str:
         parts = [PREAMBLE, briefing.goal_brief(summary, handoff)]
-        if self.tools.loaded_skills:
+        if skills := dict.fromkeys(self.workspace_tools.loaded_skills):
             parts.append(
                 "## Skills you loaded\n\n"
-                + "\n".join(f"- `{name}`" for name in dict.fromkeys(self.tools.loaded_skills))
+                + "\n".join(f"- `{name}`" for name in skills)
                 + "\n\n(load_skill again for their full text.)"
             )
         if self.verbs.steers:
@@ -401,48 +400,47 @@ class OpenAIAgent(Agent):
         before = self.context_tokens()
         summary = await self._summary()
         handoff = await self._handoff()
-        window = self.settings.context_tokens
+        window = self.cfg.context_tokens
         history = [m for m in self.messages[1:] if m is not self.recap_message]
-        old, keep = split_history(turn_groups(history), window // (8 if force else 4))
-        self.recap_lines += [line for group in old for line in recap_lines(group)]
+        lines, kept, recapped = recap.compact(history, window, force)
+        self.recap_lines += lines
         self.compactions += 1
         ledger = summary.text if summary.ledger else None
-        self.recap_message = {
-            "role": "user",
-            "content": recap_text(
-                self.recap_lines, ledger=ledger, turn=self.turn, compaction=self.compactions, window=window
-            ),
-        }
-        system = {"role": "system", "content": self._system_text(summary, handoff)}
-        self.messages = [system, self.recap_message, *(m for group in keep for m in group)]
+        text = recap.recap_text(
+            self.recap_lines, ledger, turn=self.turn, compactions=self.compactions, window=window
+        )
+        self.recap_message = {"role": "user", "content": text}
+        self.messages = [
+            {"role": "system", "content": self._system_text(summary, handoff)},
+            self.recap_message,
+            *kept,
+        ]
         self.measured = None
         log.info(
-            "compacted the context: ~%s -> ~%s tokens (window %s), %s turns recapped",
+            "compacted the context: ~%d -> ~%d tokens (window %d), %d turns recapped",
             before,
             self.context_tokens(),
             window,
-            len(old),
+            recapped,
         )
-        await self._log_metrics(("agent/compactions", self.compactions))
+        with contextlib.suppress(p.ProtocolError):
+            point = MetricPoint(name="agent/compactions", value=self.compactions, step=self.turn)
+            await self.runner.call(p.LogMetrics, p.Done, goal_id=self.goal_id, points=[point])
 
     # ---- tools ----
 
     async def _execute(self, name: str, raw_arguments: str) -> str:
-        handler = self.handlers.get(name)
-        if handler is None:
-            return f"error: there is no tool {name!r}; the tools are: {', '.join(self.handlers)}"
+        tool = self.tools.get(name)
+        if tool is None:
+            return f"error: there is no tool {name!r}; the tools are: {', '.join(self.tools)}"
         try:
-            arguments = json.loads(raw_arguments)
-            if not isinstance(arguments, dict):
-                raise ValueError("the arguments must be a JSON object")
+            arguments = _json_object(raw_arguments)
         except ValueError as exc:
             return f"error: the arguments of {name} are not valid JSON ({exc}); send a JSON object"
         self.last_step = f"{name}({one_line(raw_arguments, 200)})"
-        log.info("turn %s: %s", self.turn, self.last_step)
+        log.info("turn %d: %s", self.turn, self.last_step)
         try:
-            result = await handler(TOOLS[name].model_validate(arguments))
-        except ValidationError as exc:
-            result = f"error: bad arguments for {name}: {_argument_errors(exc)}"
+            result = await self._run_tool(tool, arguments)
         except p.ProtocolError as exc:
             result = f"error: the runner refused {name}: {exc.error.code}: {exc.error.message}"
             if exc.error.code in ("budget_exhausted", "conflict"):
@@ -451,19 +449,76 @@ class OpenAIAgent(Agent):
             raise
         except Exception as exc:  # a tool failure is the model's business, never the loop's
             result = f"error: {name} failed: {type(exc).__name__}: {exc}"
-        return truncate_middle(redact(str(result), self.secrets), self.settings.output_limit)
+        return truncate_middle(redact(result, self.secrets), self.cfg.output_limit)
+
+    @staticmethod
+    async def _run_tool(tool: Tool[Any], arguments: dict[str, Any]) -> str:
+        try:
+            valid = tool.arguments.model_validate(arguments)
+        except ValidationError as exc:
+            return f"error: bad arguments for {tool.name}: {_validation_text(exc)}"
+        return await tool.run(valid)
+
+    async def _ask(self, question: str, detail: str, kind: str) -> p.Approval:
+        reply = await self.runner.call(
+            p.Ask,
+            p.DecisionReply,
+            goal_id=self.goal_id,
+            question=question[:3000],
+            detail=detail[:20_000],
+            kind=kind,
+        )
+        return reply.approval
+
+    async def milestone(self, title: str, text: str = "") -> None:
+        await super().milestone(redact(title, self.secrets), redact(text, self.secrets))
 
     async def finish(self, args: Finish) -> str:
         self.finished = True
         self.final_text = args.summary
         return "finishing: the report is being handed in"
 
+    # ---- endings ----
 
-def _argument_errors(exc: ValidationError) -> str:
-    """'timeout_s: Input should be a valid number; extra: Extra inputs are not permitted'."""
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors(include_url=False)
-    )
+    async def stop(self) -> None:
+        """Stopped by the runner: the short report, fast."""
+        lines = [f"**Stopped** by the runner after {self.turn} model turns."]
+        if self.last_step:
+            lines.append(f"**Last step:** {self.last_step}")
+        if self.verbs.report_text:
+            lines.append(self.verbs.report_text.strip())
+        elif self.final_text:
+            lines.append(f"**Last note from the model:** {one_line(self.final_text, 1500)}")
+        await self.submit_report("\n\n".join(lines))
+
+    async def fail(self, failure: AgentFailure) -> None:
+        detail = (
+            f"{failure.title}\n{failure.detail}\nThe goal fails: the agent cannot work without its model."
+        )
+        await asyncio.wait_for(self.milestone(failure.title, detail), 5)
+        report = f"**The agent failed:** {failure.title}.\n\n{self._report('the endpoint failed')}"
+        await asyncio.wait_for(self.submit_report(report), 5)
+
+    async def close(self) -> None:
+        await self.workspace_tools.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.close(), 2)
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    arguments = json.loads(raw)
+    if not isinstance(arguments, dict):
+        raise ValueError("the arguments must be a JSON object")
+    return arguments
+
+
+def _validation_text(exc: ValidationError) -> str:
+    """'command: Field required; timeout_s: Input should be a valid number': the first problem of
+    each argument."""
+    problems: dict[str, str] = {}
+    for error in exc.errors():
+        problems.setdefault(str(error["loc"][0]) if error["loc"] else "arguments", error["msg"])
+    return "; ".join(f"{name}: {problem}" for name, problem in problems.items())
 
 
 def _error_text(exc: BaseException) -> str:
@@ -477,19 +532,17 @@ def _error_text(exc: BaseException) -> str:
     return one_line(text, 500)
 
 
-def start(runner: RunnerClient, goal: Goal) -> OpenAIAgent:
-    """The agent for the goal, configured from the environment (ConfigError if it cannot be)."""
-    settings = OpenAIAgentSettings.from_env()
-    home = Path(os.environ["GOALTENDER_HOME"]) if os.environ.get("GOALTENDER_HOME") else None
+def build(goal: Goal) -> OpenAIAgent:
+    config = read_settings(AgentConfig)
     try:
-        policy = CommandPolicy.load(os.environ.get("GOALTENDER_COMMAND_POLICY"), home)
+        policy = CommandPolicy.load(config.command_policy, config.home)
     except (ValueError, OSError) as exc:
-        raise ConfigError(f"{type(exc).__name__}: {exc}") from exc
-    return OpenAIAgent(runner, goal, settings, policy)
+        raise Misconfigured(f"{type(exc).__name__}: {exc}") from exc
+    return OpenAIAgent(goal, config, policy)
 
 
 def main() -> None:
-    run_agent("openai", "built-in agent", start)
+    run_agent("openai", "The built-in agent", build)
 
 
 if __name__ == "__main__":

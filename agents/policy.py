@@ -8,8 +8,8 @@
 - **allow** is everything else, and whatever the file's `allow` patterns match (an allow pattern
   overrides the built-in ask rules, never a deny).
 
-Each simple command of the text (shell_syntax.py finds them) is looked up by name in CHECKS, a
-table of small checkers, one per command family; wrappers (`sudo`, `timeout`, `bash -c`, ...)
+Each simple command of the text (shell_words.py finds them) is looked up by name in CHECKS, a
+table of small checkers, one per command family; wrappers (`timeout`, `sudo`, `bash -c`, ...)
 check the command they run in turn. It is a guard against accidents, not a sandbox: a program the
 agent writes can still do anything its user may do. The policy file (JSON or TOML, named by
 GOALTENDER_COMMAND_POLICY, which may also hold the JSON inline) looks like:
@@ -29,13 +29,13 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from goaltender.agents.shell_syntax import (
+from goaltender.agents.shell_words import (
     FORK_BOMB,
-    PLACEHOLDER,
+    SUBSTITUTED,
     options_and_args,
     simple_commands,
     substitutions,
@@ -44,7 +44,7 @@ from goaltender.agents.shell_syntax import (
 
 Action = Literal["allow", "ask", "deny"]
 _RANK: dict[Action, int] = {"allow": 0, "ask": 1, "deny": 2}
-_MAX_DEPTH = 5  # nested shells and substitutions deeper than this are not followed
+_MAX_DEPTH = 5  # shells in shells in substitutions ... deeper than this are not followed
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,7 @@ class CommandPolicy:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CommandPolicy:
         known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
+        if unknown := set(data) - known:
             raise ValueError(
                 f"unknown command-policy keys: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
             )
@@ -83,10 +82,14 @@ class CommandPolicy:
         """`spec`: inline JSON, or the path of a .json / .toml file. Without one, a
         command-policy.toml / .json in `home` (GOALTENDER_HOME) if present, else the defaults."""
         if spec is None and home is not None:
-            for name in ("command-policy.toml", "command-policy.json"):
-                if (home / name).is_file():
-                    spec = str(home / name)
-                    break
+            spec = next(
+                (
+                    str(home / n)
+                    for n in ("command-policy.toml", "command-policy.json")
+                    if (home / n).is_file()
+                ),
+                None,
+            )
         if not spec or not spec.strip():
             return cls()
         spec = spec.strip()
@@ -97,14 +100,16 @@ class CommandPolicy:
         return cls.from_dict(tomllib.loads(text) if path.suffix == ".toml" else json.loads(text))
 
 
+DEFAULT_POLICY = CommandPolicy()
+
+
 def classify_command(
     command: str,
     workspace: str | Path,
-    policy: CommandPolicy | None = None,
+    policy: CommandPolicy = DEFAULT_POLICY,
     is_own_pid: Callable[[int], bool] = lambda pid: False,
 ) -> Verdict:
     """allow / ask / deny for a shell command about to run in `workspace`, with the reason."""
-    policy = policy or CommandPolicy()
     command = command.strip()
     if not command:
         return Verdict("allow")
@@ -112,10 +117,13 @@ def classify_command(
         if re.search(pattern, command):
             return Verdict("deny", f"matches the policy's deny rule {pattern!r}")
     ws = os.path.normpath(str(workspace))
-    writable = [ws, *(os.path.normpath(os.path.expanduser(w)) for w in policy.writable_paths)]
-    scan = Scan(writable=writable, is_own_pid=is_own_pid, base=ws)
-    scan.text(command)
-    builtin = _worst(scan.verdicts)
+    scope = Scope(
+        writable=[ws, *(os.path.normpath(os.path.expanduser(w)) for w in policy.writable_paths)],
+        is_own_pid=is_own_pid,
+        base=ws,
+    )
+    check_text(command, scope)
+    builtin = _worst(scope.verdicts)
     if builtin.action == "deny":
         return builtin
     for pattern in policy.ask:
@@ -128,7 +136,7 @@ def classify_command(
 
 
 def _worst(verdicts: list[Verdict]) -> Verdict:
-    """The most severe action found, with every reason given for it."""
+    """The strictest action, with every reason given for it (in order, once each)."""
     if not verdicts:
         return Verdict("allow")
     action = max((v.action for v in verdicts), key=_RANK.__getitem__)
@@ -136,17 +144,12 @@ def _worst(verdicts: list[Verdict]) -> Verdict:
     return Verdict(action, "; ".join(reasons))
 
 
-# ---- walking the command line ----
-
-# Words that only shape how the real command runs: skipped to find it.
-_KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "case", "esac", "!", "{", "}", "time"}  # fmt: skip
-_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
-_DEVICES_OK = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero", "/dev/fd/", "/dev/shm/")
+# ---- walking the text ----
 
 
 @dataclass
-class Scan:
-    """One command line being checked: where relative paths point, and the verdicts so far."""
+class Scope:
+    """Where the commands run and what they may write; the verdicts found so far."""
 
     writable: list[str]
     is_own_pid: Callable[[int], bool]
@@ -160,89 +163,92 @@ class Scan:
     def deny(self, reason: str) -> None:
         self.verdicts.append(Verdict("deny", reason))
 
-    def text(self, text: str) -> None:
-        """Check shell text: its command substitutions, then each simple command in turn."""
-        if self.depth > _MAX_DEPTH:
-            self.ask("commands nested too deeply to check")
-            return
-        if FORK_BOMB.search(text):
-            self.deny("a fork bomb")
-            return
-        text = without_data(text)
-        for inner in substitutions(text):
-            self.nested(inner)
-        try:
-            commands = simple_commands(text)
-        except ValueError as exc:
-            self.ask(f"could not parse the command ({exc})")
-            return
-        for command in commands:
-            self.command(command.words, command.writes_to)
-
-    def nested(self, text: str) -> None:
-        """Check text another shell runs: its `cd` does not move this one."""
-        Scan(self.writable, self.is_own_pid, self.base, self.verdicts, self.depth + 1).text(text)
-
-    def command(self, words: list[str], writes_to: Iterable[str] = ()) -> None:
-        """Check one simple command: its output redirections, then its checker, found by name."""
-        for target in writes_to:
-            if (where := self.outside(target)) is not None:
-                self.ask(f"writes outside the workspace ({where})")
-        while words and (words[0] in _KEYWORDS or _ASSIGNMENT.match(words[0])):
-            words = words[1:]
-        if not words or words[0] in ("for", "select"):
-            return  # `for x in a b c` names values, not a command; the loop body comes after `do`
-        name = os.path.basename(words[0].lstrip("\\"))
-        if check := CHECKS.get(_family_name(name)):
-            check(self, name, words[1:])
-
-    def resolve(self, word: str) -> str | None:
-        """The absolute path a word names, or None when it cannot be known (variables, `cd $X`)."""
-        if "$" in word or PLACEHOLDER in word or "`" in word:
-            return None
-        if word.startswith("~"):
-            word = os.path.expanduser(word)
-            if word.startswith("~"):
-                return None
-        if not os.path.isabs(word):
-            if self.base is None:
-                return None
-            word = os.path.join(self.base, word)
-        return os.path.normpath(word)
+    def nested(self) -> Scope:
+        """A scope for commands run by a command (same verdicts; a `cd` in there stays there)."""
+        return replace(self, depth=self.depth + 1)
 
     def outside(self, word: str) -> str | None:
         """The path `word` names when it is outside the writable roots (or unknowable), else None."""
-        if word.startswith(_DEVICES_OK) or word in ("/dev/null", "-"):
+        if word.startswith(HARMLESS_DEVICES) or word == "-":
             return None
-        path = self.resolve(word)
+        path = resolve(word, self.base)
         if path is None:
             return word
-        return None if _under(path, self.writable) else path
+        return None if under(path, self.writable) else path
 
-    def check_writes(self, words: Iterable[str], what: str) -> None:
-        """Ask about each word naming a path outside the workspace: "<what> (<path>)"."""
+    def ask_if_outside(self, words: Iterable[str], what: str) -> None:
+        """Ask, saying `what (path)`, for each word naming a path outside the writable roots."""
         for word in words:
             if (where := self.outside(word)) is not None:
                 self.ask(f"{what} ({where})")
 
 
-def _under(path: str, roots: Iterable[str]) -> bool:
+def check_text(text: str, scope: Scope) -> None:
+    if scope.depth > _MAX_DEPTH:
+        scope.ask("commands nested too deeply to check")
+        return
+    if FORK_BOMB.search(text):
+        scope.deny("a fork bomb")
+        return
+    text = without_data(text)
+    for inner in substitutions(text):
+        check_text(inner, scope.nested())
+    try:
+        commands = simple_commands(text)
+    except ValueError as exc:
+        scope.ask(f"could not parse the command ({exc})")
+        return
+    for command in commands:
+        scope.ask_if_outside(command.writes_to, "writes outside the workspace")
+        check_words(command.words, scope)
+
+
+def check_words(words: list[str], scope: Scope) -> None:
+    """One simple command: its name picks the checker."""
+    while words and (words[0] in _KEYWORDS or _ASSIGNMENT.match(words[0])):
+        words = words[1:]
+    if not words or words[0] in ("for", "select"):
+        return  # `for x in a b c` names values, not a command; the loop body comes after `do`
+    name = os.path.basename(words[0].lstrip("\\"))
+    if checker := checker_for(name):
+        checker(name, words[1:], scope)
+
+
+def resolve(word: str, base: str | None) -> str | None:
+    """The absolute path a word names, or None when it cannot be known (variables, `cd $X`)."""
+    if "$" in word or SUBSTITUTED in word or "`" in word:
+        return None
+    if word.startswith("~"):
+        word = os.path.expanduser(word)
+        if word.startswith("~"):
+            return None
+    if not os.path.isabs(word):
+        if base is None:
+            return None
+        word = os.path.join(base, word)
+    return os.path.normpath(word)
+
+
+def under(path: str, roots: Iterable[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
-def _family_name(name: str) -> str:
-    """The name CHECKS knows a command by: `python3.11` is `python`, `mkfs.ext4` is `mkfs`."""
-    if re.fullmatch(r"python[\d.]*", name):
-        return "python"
-    return "mkfs" if name.startswith("mkfs.") else name
+# ---- the command families ----
 
-
-# ---- the checkers: one per command family ----
-
-Checker = Callable[[Scan, str, list[str]], None]
-
-# name: (options that take a value, positional words before the command)
-_WRAPPERS: dict[str, tuple[set[str], int]] = {
+# Words that only shape how the real command runs: skipped to find it.
+_KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "case", "esac", "!", "{", "}", "time"}  # fmt: skip
+_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+HARMLESS_DEVICES = (
+    "/dev/null",
+    "/dev/stdout",
+    "/dev/stderr",
+    "/dev/tty",
+    "/dev/zero",
+    "/dev/fd/",
+    "/dev/shm/",
+)
+WRAPPERS: dict[str, tuple[set[str], int]] = {
+    # name: (options that take a value, positional words before the command)
     "env": ({"-u", "--unset", "-C", "--chdir"}, 0),
     "nohup": (set(), 0),
     "nice": ({"-n", "--adjustment"}, 0),
@@ -258,123 +264,10 @@ _WRAPPERS: dict[str, tuple[set[str], int]] = {
     "watch": ({"-n", "--interval"}, 0),
     "xargs": ({"-n", "-I", "-i", "-d", "-P", "-L", "-s", "-a", "-E", "--max-args", "--max-procs"}, 0),
 }
-_DELETE = {"rm", "rmdir", "unlink", "shred", "srm"}
-_KILL_BY_NAME = {"pkill", "killall", "killall5", "skill", "slay"}
-
-
-def _wrapped(name: str, args: list[str]) -> list[str]:
-    """The command a wrapper runs: its words after the wrapper's options (and positionals)."""
-    with_value, positional_before = _WRAPPERS[name]
-    rest = list(args)
-    while rest and (rest[0].startswith("-") or (name == "env" and _ASSIGNMENT.match(rest[0]))):
-        option = rest.pop(0)
-        if option in with_value and rest:
-            rest.pop(0)
-    return rest[positional_before:]
-
-
-def run_wrapped(scan: Scan, name: str, args: list[str]) -> None:
-    """env, nohup, timeout, ...: the command they run is what counts."""
-    if rest := _wrapped(name, args):
-        scan.command(rest)
-
-
-def xargs(scan: Scan, name: str, args: list[str]) -> None:
-    """xargs runs its command on names read from its input: deleting or killing those is unknowable."""
-    rest = _wrapped(name, args)
-    if rest and os.path.basename(rest[0]) in _DELETE | _KILL_BY_NAME | {"kill"}:
-        scan.ask(f"xargs {rest[0]}: acts on names read from its input, which cannot be checked")
-    if rest:
-        scan.command(rest)
-
-
-def run_as_other_user(scan: Scan, name: str, args: list[str]) -> None:
-    """sudo, su, doas, ...: always asked; the command they run is checked too (su takes none)."""
-    scan.ask(f"runs as another user ({name})")
-    _, rest = options_and_args(args, {"-u", "-g", "-C", "-p", "-c"})
-    if name != "su" and rest:
-        scan.command(rest)
-
-
-def nested_shell(scan: Scan, name: str, args: list[str]) -> None:
-    """bash -c '...' is checked as shell text; a script is fine inside the workspace only."""
-    if "-c" in args and args.index("-c") + 1 < len(args):
-        scan.nested(args[args.index("-c") + 1])
-    elif args:
-        script = scan.resolve(args[0])
-        if script is None or not _under(script, scan.writable):
-            scan.ask(f"runs a script from outside the workspace ({args[0]})")
-
-
-def evaluate(scan: Scan, name: str, args: list[str]) -> None:
-    """eval builds its command at run time."""
-    scan.ask("eval: what it runs cannot be checked before it runs")
-
-
-def change_directory(scan: Scan, name: str, args: list[str]) -> None:
-    """cd moves where the later relative paths of this command line point."""
-    target = args[0] if args else "~"
-    scan.base = None if target == "-" else scan.resolve(target)
-
-
-def python_module(scan: Scan, name: str, args: list[str]) -> None:
-    """python -m pip / huggingface_hub: checked as pip / huggingface-cli."""
-    if len(args) < 2 or args[0] != "-m":
-        return
-    module = args[1]
-    if module in ("pip", "pip3") or module.startswith("pip."):
-        scan.command(["pip", *args[2:]])
-    elif module in ("huggingface_hub.commands.huggingface_cli", "huggingface_hub"):
-        scan.command(["huggingface-cli", *args[2:]])
-
-
-_UV_INSTALLS = {"add", "remove", "sync", "tool", "python"}
-
-
-def uv(scan: Scan, name: str, args: list[str]) -> None:
-    """uv run checks the command it runs; uv add / sync / pip install change packages."""
-    _, positional = options_and_args(args)
-    first = positional[0] if positional else ""
-    if first == "run":
-        _, inner = options_and_args(positional[1:], {"--with", "--python", "-p", "--project", "--directory"})
-        if inner:
-            scan.command(inner)
-    elif first == "pip" and positional[1:2] and positional[1] in {"install", "uninstall", "sync"}:
-        scan.ask(f"installs or removes packages (uv pip {positional[1]})")
-    elif first in _UV_INSTALLS:
-        scan.ask(f"installs or removes packages (uv {first})")
-
-
-def take_machine_down(scan: Scan, name: str, args: list[str]) -> None:
-    """shutdown, reboot, halt, poweroff."""
-    scan.deny(f"{name} would take the machine down")
-
-
-def change_runlevel(scan: Scan, name: str, args: list[str]) -> None:
-    """init 0 / init 6 halt or reboot."""
-    if args[:1] in (["0"], ["6"]):
-        take_machine_down(scan, name, args)
-
-
-def wipe_disk(scan: Scan, name: str, args: list[str]) -> None:
-    """mkfs, fdisk, parted, ..."""
-    scan.deny(f"{name} formats or repartitions disks")
-
-
-def write_with_dd(scan: Scan, name: str, args: list[str]) -> None:
-    """dd of=<device> is denied; of=<file outside the workspace> is asked."""
-    for arg in args:
-        if not arg.startswith("of="):
-            continue
-        target = arg[3:]
-        if target.startswith("/dev/") and not target.startswith(_DEVICES_OK):
-            scan.deny(f"dd onto a device ({target})")
-        else:
-            scan.check_writes([target], "writes outside the workspace")
-
-
-# name: subcommands that install/remove (None: every use)
-_INSTALLS: dict[str, set[str] | None] = {
+PRIVILEGE = {"sudo", "su", "doas", "pkexec", "runuser"}
+SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
+INSTALLS: dict[str, set[str] | None] = {
+    # name: subcommands that install/remove (None: every use)
     "pip": {"install", "uninstall", "download"},
     "pip3": {"install", "uninstall", "download"},
     "pipx": {"install", "uninstall", "run", "inject", "upgrade"},
@@ -406,24 +299,12 @@ _INSTALLS: dict[str, set[str] | None] = {
     "go": {"install", "get"},
     "gem": {"install", "uninstall", "update"},
 }
-
-
-def install_packages(scan: Scan, name: str, args: list[str]) -> None:
-    """Package managers: their install / remove / update subcommands (or options) are asked."""
-    subcommands = _INSTALLS[name]
-    _, positional = options_and_args(args)
-    first = positional[0] if positional else ""
-    if subcommands is None:
-        scan.ask(f"installs or fetches packages ({name})")
-    elif first in subcommands or any(a in subcommands for a in args if a.startswith("-")):
-        scan.ask(f"installs or removes packages ({name} {first or args[0]})".rstrip())
-
-
-_NETWORK_ALWAYS = {
+UV_INSTALLS = {"add", "remove", "sync", "tool", "python"}
+NETWORK_TOOLS = {
     "curl", "wget", "aria2c", "axel", "scp", "sftp", "ssh", "nc", "ncat", "netcat", "telnet",
     "ftp", "lftp", "gsutil", "gcloud", "aws", "az", "s3cmd", "rclone", "kaggle", "modelscope",
 }  # fmt: skip
-_NETWORK_SUBCOMMANDS = {
+NETWORK_SUBCOMMANDS = {
     "git": {"clone", "fetch", "pull", "push", "ls-remote", "submodule", "remote"},
     "huggingface-cli": {
         "download",
@@ -439,85 +320,177 @@ _NETWORK_SUBCOMMANDS = {
     "ollama": {"pull", "push", "run"},
     "wandb": {"sync", "login", "artifact"},
 }
+KILLS_BY_NAME = {"pkill", "killall", "killall5", "skill", "slay"}
+SYSTEM_TOOLS = {
+    "systemctl", "service", "crontab", "mount", "umount", "chroot", "iptables", "nft", "ufw",
+    "useradd", "userdel", "usermod", "groupadd", "passwd", "chpasswd", "visudo", "modprobe",
+    "insmod", "rmmod", "sysctl", "swapoff", "swapon", "nvidia-smi-reset",
+}  # fmt: skip
+MACHINE_DOWN = {"shutdown", "reboot", "halt", "poweroff", "init", "telinit"}
+DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "mkswap"}
+DELETES = {"rm", "rmdir", "unlink", "shred", "srm"}
+WRITES_EVERY_ARG = {"touch", "mkdir", "tee", "truncate", "mv"}
+WRITES_TARGET = {"cp", "ln", "install"}
+CHANGES_MODE = {"chmod", "chown", "chgrp"}
+_WRITE_OPTIONS_WITH_VALUE = {"-t", "--target-directory", "-s", "--size", "-m", "--mode", "-o", "-g", "-e"}
 _REMOTE = re.compile(r"^[\w.@-]+:")  # host:path
 
 
-def use_network(scan: Scan, name: str, args: list[str]) -> None:
-    """curl, wget, ssh, cloud CLIs: every use goes over the network."""
-    scan.ask(f"uses the network ({name})")
+def run_wrapped(name: str, args: list[str], scope: Scope) -> None:
+    """env, nohup, timeout, xargs, ...: the command they run is checked."""
+    with_value, positional_before = WRAPPERS[name]
+    rest = list(args)
+    while rest and (rest[0].startswith("-") or (name == "env" and _ASSIGNMENT.match(rest[0]))):
+        option = rest.pop(0)
+        if option in with_value and rest:
+            rest.pop(0)
+    rest = rest[positional_before:]
+    if name == "xargs" and rest and os.path.basename(rest[0]) in DELETES | KILLS_BY_NAME | {"kill"}:
+        scope.ask(f"xargs {rest[0]}: acts on names read from its input, which cannot be checked")
+    check_words(rest, scope)
 
 
-def use_network_subcommand(scan: Scan, name: str, args: list[str]) -> None:
-    """git clone / push, hf download, docker pull, ...: only these subcommands use the network."""
+def guard_privilege(name: str, args: list[str], scope: Scope) -> None:
+    scope.ask(f"runs as another user ({name})")
+    _, rest = options_and_args(args, {"-u", "-g", "-C", "-p", "-c"})
+    if name != "su":
+        check_words(rest, scope)
+
+
+def guard_nested_shell(name: str, args: list[str], scope: Scope) -> None:
+    """`bash -c '...'` is checked like the outer text; a script must come from the workspace."""
+    if "-c" in args and args.index("-c") + 1 < len(args):
+        check_text(args[args.index("-c") + 1], scope.nested())
+    elif args and name in SHELLS:
+        script = resolve(args[0], scope.base)
+        if script is None or not under(script, scope.writable):
+            scope.ask(f"runs a script from outside the workspace ({args[0]})")
+
+
+def guard_eval(name: str, args: list[str], scope: Scope) -> None:
+    scope.ask("eval: what it runs cannot be checked before it runs")
+
+
+def follow_cd(name: str, args: list[str], scope: Scope) -> None:
+    """Not a risk: it moves where the next commands' relative paths point."""
+    target = args[0] if args else "~"
+    scope.base = None if target == "-" else resolve(target, scope.base)
+
+
+def guard_python_module(name: str, args: list[str], scope: Scope) -> None:
+    """`python -m pip ...` is pip; `python -m huggingface_hub ...` is huggingface-cli."""
+    if len(args) < 2 or args[0] != "-m":
+        return
+    module = args[1]
+    if module in ("pip", "pip3") or module.startswith("pip."):
+        check_words(["pip", *args[2:]], scope)
+    elif module in ("huggingface_hub.commands.huggingface_cli", "huggingface_hub"):
+        check_words(["huggingface-cli", *args[2:]], scope)
+
+
+def guard_uv(name: str, args: list[str], scope: Scope) -> None:
+    _, positional = options_and_args(args)
+    if positional[:1] == ["run"]:
+        _, inner = options_and_args(positional[1:], {"--with", "--python", "-p", "--project", "--directory"})
+        check_words(inner, scope)
+    elif positional[:1] == ["pip"] and positional[1:2] and positional[1] in {"install", "uninstall", "sync"}:
+        scope.ask(f"installs or removes packages (uv pip {positional[1]})")
+    elif positional[:1] and positional[0] in UV_INSTALLS:
+        scope.ask(f"installs or removes packages (uv {positional[0]})")
+
+
+def guard_machine_down(name: str, args: list[str], scope: Scope) -> None:
+    if name not in ("init", "telinit") or args[:1] in (["0"], ["6"]):
+        scope.deny(f"{name} would take the machine down")
+
+
+def guard_disk_wipe(name: str, args: list[str], scope: Scope) -> None:
+    scope.deny(f"{name} formats or repartitions disks")
+
+
+def guard_dd(name: str, args: list[str], scope: Scope) -> None:
+    for target in (arg[3:] for arg in args if arg.startswith("of=")):
+        if target.startswith("/dev/") and not target.startswith(HARMLESS_DEVICES):
+            scope.deny(f"dd onto a device ({target})")
+        else:
+            scope.ask_if_outside([target], "writes outside the workspace")
+
+
+def guard_package_install(name: str, args: list[str], scope: Scope) -> None:
+    subcommands = INSTALLS[name]
+    if subcommands is None:
+        scope.ask(f"installs or fetches packages ({name})")
+        return
+    _, positional = options_and_args(args)
+    first = positional[0] if positional else ""
+    if first in subcommands or any(a in subcommands for a in args if a.startswith("-")):
+        scope.ask(f"installs or removes packages ({name} {first or args[0]})".rstrip())
+
+
+def guard_network(name: str, args: list[str], scope: Scope) -> None:
+    scope.ask(f"uses the network ({name})")
+
+
+def guard_network_subcommand(name: str, args: list[str], scope: Scope) -> None:
+    """git clone, docker pull, hf download, ...: the subcommand says whether it goes online."""
     _, positional = options_and_args(args, {"-C", "-c"})
-    if positional and positional[0] in _NETWORK_SUBCOMMANDS[name]:
-        scan.ask(f"uses the network ({name} {positional[0]})")
+    if positional and positional[0] in NETWORK_SUBCOMMANDS[name]:
+        scope.ask(f"uses the network ({name} {positional[0]})")
 
 
-def rsync(scan: Scan, name: str, args: list[str]) -> None:
-    """rsync to or from another host uses the network; its local target may be outside."""
+def guard_rsync(name: str, args: list[str], scope: Scope) -> None:
     _, positional = options_and_args(args)
     if any(_REMOTE.match(a) or a.startswith("rsync://") for a in positional):
-        scan.ask("uses the network (rsync to or from another host)")
-    write_last_arg(scan, name, args)
+        scope.ask("uses the network (rsync to or from another host)")
+    local = [target for target in _copy_targets(args) if not _REMOTE.match(target)]
+    scope.ask_if_outside(local, f"{name} writes outside the workspace")
 
 
-def kill(scan: Scan, name: str, args: list[str]) -> None:
-    """kill is fine for the agent's own processes and jobs; any other target is asked."""
+def guard_kill(name: str, args: list[str], scope: Scope) -> None:
+    """Killing a process this agent started is fine; any other needs a person."""
     if "-l" in args or "-L" in args:
         return
     _, targets = options_and_args(args, {"-s", "-n"})
     for target in targets:
         if target.startswith("%") or target in ("$!", "${!}"):
             continue  # a job of this same shell
-        if target.lstrip("-").isdigit():
-            pid = int(target)
-            if pid <= 0 or not scan.is_own_pid(pid):
-                scan.ask(f"kill {target}: not a process this agent started")
-        else:
-            scan.ask(f"kill {target}: which process cannot be checked before it runs")
+        if not target.lstrip("-").isdigit():
+            scope.ask(f"kill {target}: which process cannot be checked before it runs")
+        elif int(target) <= 0 or not scope.is_own_pid(int(target)):
+            scope.ask(f"kill {target}: not a process this agent started")
 
 
-def kill_by_name(scan: Scan, name: str, args: list[str]) -> None:
-    """pkill, killall: a name may match processes the agent did not start."""
-    scan.ask(f"{name} kills processes by name, which may hit processes the agent did not start")
+def guard_kill_by_name(name: str, args: list[str], scope: Scope) -> None:
+    scope.ask(f"{name} kills processes by name, which may hit processes the agent did not start")
 
 
-_SYSTEM = {
-    "systemctl", "service", "crontab", "mount", "umount", "chroot", "iptables", "nft", "ufw",
-    "useradd", "userdel", "usermod", "groupadd", "passwd", "chpasswd", "visudo", "modprobe",
-    "insmod", "rmmod", "sysctl", "swapoff", "swapon", "nvidia-smi-reset",
-}  # fmt: skip
+def guard_system_config(name: str, args: list[str], scope: Scope) -> None:
+    scope.ask(f"changes system configuration ({name})")
 
 
-def configure_system(scan: Scan, name: str, args: list[str]) -> None:
-    """systemctl, mount, iptables, useradd, sysctl, ..."""
-    scan.ask(f"changes system configuration ({name})")
-
-
-def delete(scan: Scan, name: str, args: list[str]) -> None:
-    """rm and friends: recursive deletes of / , top-level directories or home are denied; deletes
-    outside the workspace are asked."""
+def guard_delete(name: str, args: list[str], scope: Scope) -> None:
+    """A recursive delete of /, home or a top-level directory is refused; outside the workspace asks."""
     options, positional = options_and_args(args)
     recursive = any(
         o in ("-r", "-R", "--recursive") or (not o.startswith("--") and "r" in o.lower()) for o in options
     )
     home = os.path.normpath(os.path.expanduser("~"))
     for arg in positional:
-        path = scan.resolve(arg)
+        path = resolve(arg, scope.base)
         if recursive and path is not None and (path.count("/") <= 1 or path in (home, home + "/*")):
-            scan.deny(f"recursive delete of {path}")
+            scope.deny(f"recursive delete of {path}")
         elif recursive and arg.rstrip("/") in ("~", "$HOME", "${HOME}", "/*", "~/*"):
-            scan.deny(f"recursive delete of {arg}")
+            scope.deny(f"recursive delete of {arg}")
         else:
-            scan.check_writes([arg], "deletes outside the workspace")
+            scope.ask_if_outside([arg], "deletes outside the workspace")
 
 
-def find(scan: Scan, name: str, args: list[str]) -> None:
-    """find -delete, or -exec rm / mv / chmod, is asked when it starts outside the workspace."""
-    runs = {args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-exec", "-execdir", "-ok")}
+def guard_find(name: str, args: list[str], scope: Scope) -> None:
+    """`find -delete` or `-exec rm` (mv, chmod, ...) outside the workspace asks."""
     changes = "-delete" in args or any(
-        os.path.basename(r) in _DELETE | {"mv", "chmod", "chown"} for r in runs
+        os.path.basename(args[i + 1]) in DELETES | {"mv", "chmod", "chown"}
+        for i, a in enumerate(args[:-1])
+        if a in ("-exec", "-execdir", "-ok")
     )
     if not changes:
         return
@@ -526,77 +499,85 @@ def find(scan: Scan, name: str, args: list[str]) -> None:
         if arg.startswith(("-", "(", "!")):
             break
         starts.append(arg)
-    scan.check_writes(starts or ["."], "find deletes or changes files outside the workspace")
+    scope.ask_if_outside(starts or ["."], "find deletes or changes files outside the workspace")
 
 
-_WRITE_OPTIONS = {"-t", "--target-directory", "-s", "--size", "-m", "--mode", "-o", "-g", "-e"}
+def guard_write_args(name: str, args: list[str], scope: Scope) -> None:
+    """touch, mkdir, tee, ...: every argument is written."""
+    _, positional = options_and_args(args, _WRITE_OPTIONS_WITH_VALUE)
+    scope.ask_if_outside(positional, f"{name} writes outside the workspace")
 
 
-def write_every_arg(scan: Scan, name: str, args: list[str]) -> None:
-    """touch, mkdir, tee, truncate, mv: every path they are given is written."""
-    _, positional = options_and_args(args, _WRITE_OPTIONS)
-    scan.check_writes(positional, f"{name} writes outside the workspace")
+def guard_copy_target(name: str, args: list[str], scope: Scope) -> None:
+    """cp, ln, install: the target (-t, or the last argument) is written."""
+    scope.ask_if_outside(_copy_targets(args), f"{name} writes outside the workspace")
 
 
-def write_last_arg(scan: Scan, name: str, args: list[str]) -> None:
-    """cp, ln, install, rsync: the target (-t, or the last path) is written."""
-    options, positional = options_and_args(args, _WRITE_OPTIONS)
-    targets = [options[i + 1] for i, o in enumerate(options[:-1]) if o in ("-t", "--target-directory")]
-    targets = targets or positional[-1:]
-    if name == "rsync":
-        targets = [a for a in targets if not _REMOTE.match(a)]
-    scan.check_writes(targets, f"{name} writes outside the workspace")
+def _copy_targets(args: list[str]) -> list[str]:
+    options, positional = options_and_args(args, _WRITE_OPTIONS_WITH_VALUE)
+    named = [options[i + 1] for i, o in enumerate(options[:-1]) if o in ("-t", "--target-directory")]
+    return named or positional[-1:]
 
 
-def change_mode(scan: Scan, name: str, args: list[str]) -> None:
-    """chmod, chown, chgrp: the paths after the mode or owner are changed."""
-    _, positional = options_and_args(args, _WRITE_OPTIONS)
-    scan.check_writes(positional[1:], f"{name} writes outside the workspace")
+def guard_mode_change(name: str, args: list[str], scope: Scope) -> None:
+    """chmod, chown, chgrp: the files after the mode (or owner) are changed."""
+    _, positional = options_and_args(args, _WRITE_OPTIONS_WITH_VALUE)
+    scope.ask_if_outside(positional[1:], f"{name} writes outside the workspace")
 
 
-def edit_in_place(scan: Scan, name: str, args: list[str]) -> None:
+def guard_in_place_edit(name: str, args: list[str], scope: Scope) -> None:
     """sed -i, perl -i: the files they edit."""
     if not any(a.startswith("-i") or a == "--in-place" for a in args):
         return
     options, positional = options_and_args(args, {"-e", "-f"})
-    files = positional if ("-e" in options or "-f" in options) else positional[1:]
-    scan.check_writes(files, f"{name} -i edits a file outside the workspace")
+    files = positional if ("-e" in options or "-f" in options) else positional[1:]  # else: the script
+    scope.ask_if_outside(files, f"{name} -i edits a file outside the workspace")
 
 
-def extract(scan: Scan, name: str, args: list[str]) -> None:
+def guard_extract(name: str, args: list[str], scope: Scope) -> None:
     """tar -C, unzip -d: where the archive is extracted."""
     flags = ("-C", "--directory") if name == "tar" else ("-d",)
     targets = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in flags]
-    scan.check_writes(targets, f"{name} extracts outside the workspace")
+    scope.ask_if_outside(targets, f"{name} extracts outside the workspace")
 
 
-_FAMILIES: list[tuple[Iterable[str], Checker]] = [
-    (set(_WRAPPERS) - {"xargs"}, run_wrapped),
-    ({"xargs"}, xargs),
-    ({"sudo", "su", "doas", "pkexec", "runuser"}, run_as_other_user),
-    ({"sh", "bash", "zsh", "dash", "ksh"}, nested_shell),
-    ({"eval"}, evaluate),
-    ({"cd"}, change_directory),
-    ({"python"}, python_module),
-    ({"uv"}, uv),
-    ({"shutdown", "reboot", "halt", "poweroff"}, take_machine_down),
-    ({"init", "telinit"}, change_runlevel),
-    ({"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "mkswap"}, wipe_disk),
-    ({"dd"}, write_with_dd),
-    (_INSTALLS, install_packages),
-    (_NETWORK_ALWAYS, use_network),
-    (_NETWORK_SUBCOMMANDS, use_network_subcommand),
-    ({"rsync"}, rsync),
-    ({"kill"}, kill),
-    (_KILL_BY_NAME, kill_by_name),
-    (_SYSTEM, configure_system),
-    (_DELETE, delete),
-    ({"find"}, find),
-    ({"touch", "mkdir", "tee", "truncate", "mv"}, write_every_arg),
-    ({"cp", "ln", "install"}, write_last_arg),
-    ({"chmod", "chown", "chgrp"}, change_mode),
-    ({"sed", "perl"}, edit_in_place),
-    ({"tar", "unzip"}, extract),
+Checker = Callable[[str, list[str], Scope], None]
+
+CHECKS: dict[str, Checker] = {
+    **dict.fromkeys(WRAPPERS, run_wrapped),
+    **dict.fromkeys(PRIVILEGE, guard_privilege),
+    **dict.fromkeys([*SHELLS, "source", "."], guard_nested_shell),
+    "eval": guard_eval,
+    "cd": follow_cd,
+    "uv": guard_uv,
+    **dict.fromkeys(MACHINE_DOWN, guard_machine_down),
+    **dict.fromkeys(DISK_TOOLS, guard_disk_wipe),
+    "dd": guard_dd,
+    **dict.fromkeys(INSTALLS, guard_package_install),
+    **dict.fromkeys(NETWORK_TOOLS, guard_network),
+    **dict.fromkeys(NETWORK_SUBCOMMANDS, guard_network_subcommand),
+    "rsync": guard_rsync,
+    "kill": guard_kill,
+    **dict.fromkeys(KILLS_BY_NAME, guard_kill_by_name),
+    **dict.fromkeys(SYSTEM_TOOLS, guard_system_config),
+    **dict.fromkeys(DELETES, guard_delete),
+    "find": guard_find,
+    **dict.fromkeys(WRITES_EVERY_ARG, guard_write_args),
+    **dict.fromkeys(WRITES_TARGET, guard_copy_target),
+    **dict.fromkeys(CHANGES_MODE, guard_mode_change),
+    "sed": guard_in_place_edit,
+    "perl": guard_in_place_edit,
+    "tar": guard_extract,
+    "unzip": guard_extract,
+}
+# Families whose names vary: mkfs.ext4, python3.11, ...
+_NAME_PATTERNS: list[tuple[re.Pattern[str], Checker]] = [
+    (re.compile(r"mkfs\..+"), guard_disk_wipe),
+    (re.compile(r"python[\d.]*"), guard_python_module),
 ]
-# Command name -> its checker. Commands without one are allowed.
-CHECKS: dict[str, Checker] = {name: check for names, check in _FAMILIES for name in names}
+
+
+def checker_for(name: str) -> Checker | None:
+    if checker := CHECKS.get(name):
+        return checker
+    return next((checker for pattern, checker in _NAME_PATTERNS if pattern.fullmatch(name)), None)

@@ -1,9 +1,9 @@
 """Context compaction for the built-in agent, as pure functions over Chat Completions messages.
 
-When the conversation nears the model's window, the agent keeps the latest turns verbatim and
-replaces the older ones by a recap: one line per step (what the model said, each tool call and
-its result, each message from a person), under the runner's ledger. The brief in the system
-message is rebuilt separately (openai_agent.py), so the goal and the latest handoff survive.
+When the conversation nears the model's window, the latest turns stay verbatim and the older
+ones are replaced by a recap: one line per step (what the model said, each tool call with its
+result, each message from a person) under the runner's ledger. The brief in the system message
+is rebuilt by the agent, so the goal and the latest diary handoff survive every compaction.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from goaltender.agents.output import one_line, truncate_middle
+from goaltender.agents.tool_output import one_line, truncate_middle
 
 Message = dict[str, Any]
-Group = list[Message]
 
 COMPACT_NOTE = "[Context compacted"
 
@@ -24,10 +23,10 @@ def estimate_tokens(obj: Any) -> int:
     return len(json.dumps(obj, ensure_ascii=False)) // 4 + 1
 
 
-def turn_groups(history: list[Message]) -> list[Group]:
+def turn_groups(history: list[Message]) -> list[list[Message]]:
     """Messages grouped so that a tool result never leaves its assistant call: each group starts
     at a user or assistant message."""
-    groups: list[Group] = []
+    groups: list[list[Message]] = []
     for message in history:
         if message["role"] == "tool" and groups:
             groups[-1].append(message)
@@ -36,36 +35,39 @@ def turn_groups(history: list[Message]) -> list[Group]:
     return groups
 
 
-def split_history(groups: list[Group], tail_tokens: int) -> tuple[list[Group], list[Group]]:
-    """(older groups to recap, latest groups to keep verbatim within `tail_tokens`). When even the
-    last group is over the budget, it is kept with its long contents cut down."""
-    keep: list[Group] = []
+def compact(history: list[Message], window: int, force: bool = False) -> tuple[list[str], list[Message], int]:
+    """Split `history` (no system message, no earlier recap) into recap lines for the older turns
+    and the latest turns kept verbatim: up to a quarter of the window, an eighth when `force`d
+    (the endpoint refused the request as too long). Returns (lines, kept messages, turns recapped)."""
+    groups = turn_groups(history)
+    budget = window // (8 if force else 4)
+    kept: list[list[Message]] = []
     used = 0
     for group in reversed(groups):
-        cost = estimate_tokens(group)
-        if used + cost > tail_tokens:
+        used += estimate_tokens(group)
+        if used > budget:
             break
-        keep.insert(0, group)
-        used += cost
-    if not keep and groups:
-        keep = [shrink(groups[-1], tail_tokens * 4)]
-    return groups[: len(groups) - len(keep)], keep
+        kept.insert(0, group)
+    if not kept and groups:
+        kept = [shrink(groups[-1], budget * 4)]  # the latest turn always stays, cut to fit
+    older = groups[: len(groups) - len(kept)]
+    lines = [line for group in older for line in recap_lines(group)]
+    return lines, [message for group in kept for message in group], len(older)
 
 
-def shrink(group: Group, budget_chars: int) -> Group:
-    """The group with each long text content cut to its share of `budget_chars`."""
+def shrink(group: list[Message], budget_chars: int) -> list[Message]:
+    """The group with each long text cut in the middle, to fit ~`budget_chars` in all."""
     share = max(200, budget_chars // max(1, len(group)))
-    shrunk = []
-    for message in group:
-        if isinstance(message.get("content"), str) and len(message["content"]) > share:
-            message = {**message, "content": truncate_middle(message["content"], share)}
-        shrunk.append(message)
-    return shrunk
+    return [
+        {**m, "content": truncate_middle(m["content"], share)}
+        if isinstance(m.get("content"), str) and len(m["content"]) > share
+        else m
+        for m in group
+    ]
 
 
-def recap_lines(group: Group) -> list[str]:
-    """One group of turns as recap lines: a person's message, an instruction, or what the model
-    said and each tool call with its result."""
+def recap_lines(group: list[Message]) -> list[str]:
+    """One turn in a line or a few: a person's message, or what the model said and called."""
     first = group[0]
     if first["role"] == "user":
         content = first.get("content") or ""
@@ -77,33 +79,29 @@ def recap_lines(group: Group) -> list[str]:
         lines.append(f"- you said: {one_line(first['content'], 400)}")
     results = {m.get("tool_call_id"): m.get("content", "") for m in group[1:]}
     for call in first.get("tool_calls") or []:
-        fn = call["function"]
+        name, arguments = call["function"]["name"], one_line(call["function"]["arguments"], 240)
         result = one_line(results.get(call["id"], "(no result)"), 360)
-        lines.append(f"- {fn['name']}({one_line(fn['arguments'], 240)}) → {result}")
+        lines.append(f"- {name}({arguments}) → {result}")
     return lines
 
 
-def recap_text(lines: list[str], *, ledger: str | None, turn: int, compaction: int, window: int) -> str:
-    """The user message that stands in for the older turns: the ledger, then the recap lines
-    (the oldest dropped first when they pass ~20% of the window)."""
+def recap_text(lines: list[str], ledger: str | None, *, turn: int, compactions: int, window: int) -> str:
+    """The message that stands for the older turns: the runner's ledger, then the latest recap
+    lines that fit ~20% of the window (`ledger` None: no experiments yet)."""
     budget = window * 4 // 5  # ~20% of the window, in characters
     lines = list(lines)
     omitted = 0
     while lines and sum(len(line) + 1 for line in lines) > budget:
         lines.pop(0)
         omitted += 1
-    head = (
-        f"{COMPACT_NOTE} at turn {turn} (#{compaction}): the older part of this "
-        "conversation was replaced by the recap below. The system message holds the current "
-        "brief: goal, stop rule, budgets, skills, steering and your latest diary handoff.]"
-    )
-    ledger_text = truncate_middle(ledger, window * 4 // 7) if ledger else "(no experiments yet)"
     body = [
-        head,
+        f"{COMPACT_NOTE} at turn {turn} (#{compactions}): the older part of this conversation was "
+        "replaced by the recap below. The system message holds the current brief: goal, stop rule, "
+        "budgets, skills, steering and your latest diary handoff.]",
         "",
         "## Ledger (from the runner)",
         "",
-        ledger_text,
+        truncate_middle(ledger, window * 4 // 7) if ledger is not None else "(no experiments yet)",
         "",
         "## Earlier steps (oldest first)",
         "",

@@ -8,9 +8,6 @@ search space, pin or freeze a knob); a diary handoff after every run, so a resta
 up where it left off; a final report with the best config and what to try next.
 
     python -m goaltender.agents.sweep [--task module:attr] [--approve-above SECONDS]
-
-Started by the runner through bootstrap.py: SIGTERM or SIGINT hands in the report so far (exit 0);
-a runner that cannot be reached is exit 4.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from goaltender.agents.bootstrap import Agent, Goal, run_agent
+from goaltender.agents.bootstrap import Goal, GoalAgent, Misconfigured, run_agent
 from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 from goaltender.runner.report import format_params
 from goaltender.storage.records import Experiment
 
@@ -112,6 +108,11 @@ class Constraints:
         return value <= bound if op == "<=" else value >= bound
 
 
+def kept_scores(ledger: list[Experiment]) -> list[tuple[Experiment, float]]:
+    """The kept rows with their headline values."""
+    return [(e, e.metric_value) for e in ledger if e.status == "keep" and e.metric_value is not None]
+
+
 class Planner:
     def __init__(self, task: SweepTask):
         self.task = task
@@ -123,11 +124,16 @@ class Planner:
         return json.dumps(config, sort_keys=True)
 
     def best(self, ledger: list[Experiment]) -> Experiment | None:
-        kept = [(e.metric_value, e) for e in ledger if e.status == "keep" and e.metric_value is not None]
+        scored = self.best_scored(ledger)
+        return scored[0] if scored else None
+
+    def best_scored(self, ledger: list[Experiment]) -> tuple[Experiment, float] | None:
+        """The best kept row, with its headline value."""
+        kept = kept_scores(ledger)
         if not kept:
             return None
         pick = max if self.task.direction == "maximize" else min
-        return pick(kept, key=lambda scored: scored[0])[1]
+        return pick(kept, key=lambda pair: pair[1])
 
     def propose(self, ledger: list[Experiment]) -> Proposal | None:
         """The next experiment: baseline first, then a one-knob move from the best config."""
@@ -253,13 +259,11 @@ class Planner:
 COVER = 1.25  # an approved cost also covers later runs up to this multiple of it
 
 
-class SweepAgent(Agent):
-    stop_timeout_s = 3.0
+class SweepAgent(GoalAgent):
+    stop_within_s = 3.0
 
-    def __init__(self, runner: RunnerClient, goal: Goal, task: SweepTask, approve_above_s: float):
-        self.runner = runner
-        self.goal_id = goal.id
-        self.resumed = goal.resumed
+    def __init__(self, goal: Goal, task: SweepTask, approve_above_s: float):
+        super().__init__(goal)
         self.task = task
         self.planner = Planner(task)
         self.approve_above_s = approve_above_s
@@ -267,14 +271,14 @@ class SweepAgent(Agent):
         self.goal_target: float | None = None
         self.end_note = ""
 
-    async def run(self) -> int:
+    async def run(self) -> None:
         summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
         self.ledger = summary.ledger
         self.goal_target = summary.status.goal.target
-        if self.resumed:
+        if self.goal.resumed:
             await self._resume()
         else:
-            await self._milestone(
+            await self.milestone(
                 f"Plan: {self.task.name} sweep on {self.task.metric}",
                 f"Baseline first, then one knob at a time from the best config.\n"
                 f"Search space: {self._space_text()}\n"
@@ -316,10 +320,6 @@ class SweepAgent(Agent):
             self.ledger.append(reply.experiment)
             await self._after_run(reply)
         await self.finish()
-        return 0
-
-    async def stop(self) -> None:
-        await self.finish(stopped=True)
 
     async def _approved(self, proposal: Proposal) -> bool:
         estimate = self._estimate(proposal.config)
@@ -338,7 +338,7 @@ class SweepAgent(Agent):
             self.approve_above_s = max(self.approve_above_s, estimate * COVER)
             return True
         self.planner.rejected.add(self.planner.key(proposal.config))
-        await self._milestone(
+        await self.milestone(
             f"Skipped: {proposal.description.split(':')[0]} ({reply.approval.state})",
             f"{reply.approval.decided_by or 'nobody'} said no"
             + (f": {reply.approval.comment}" if reply.approval.comment else "")
@@ -361,7 +361,7 @@ class SweepAgent(Agent):
         if reply.new_best:
             previous = [x for x in self.ledger[:-1] if x.status == "keep"]
             before = f" (was {previous[-1].metric_value:.4g})" if previous else ""
-            await self._milestone(
+            await self.milestone(
                 f"New best: {self.task.metric} {e.metric_value:.4g}{before}",
                 f"#{e.index} {e.description}\nConfig: {format_params(e.params)}\n{reply.stop_status}",
             )
@@ -379,17 +379,17 @@ class SweepAgent(Agent):
                     "'only <knob>', 'freeze <knob>', '<knob>=<value>', '<knob> under <value>'; budget "
                     "changes ('+2m', 'max 10 experiments') are applied by the runner."
                 )
-            await self._milestone(f"Steer from {message.author}: “{message.text}”", text)
+            await self.milestone(f"Steer from {message.author}: “{message.text}”", text)
         if inbox.messages:
             await self._handoff("after steering")
 
     def _target_reached(self) -> bool:
-        best = self.planner.best(self.ledger)
-        if self.goal_target is None or best is None or best.metric_value is None:
+        best = self.planner.best_scored(self.ledger)
+        if self.goal_target is None or best is None:
             return False
         if self.task.direction == "maximize":
-            return best.metric_value >= self.goal_target
-        return best.metric_value <= self.goal_target
+            return best[1] >= self.goal_target
+        return best[1] <= self.goal_target
 
     def _space_text(self) -> str:
         parts = []
@@ -403,9 +403,6 @@ class SweepAgent(Agent):
                 allowed = [v for v in values if c.allows(knob, v)]
                 parts.append(f"{knob} ∈ {allowed}")
         return "; ".join(parts)
-
-    async def _milestone(self, title: str, text: str = "") -> None:
-        await self.runner.call(p.ReportMilestone, p.Done, goal_id=self.goal_id, title=title[:300], text=text)
 
     async def _handoff(self, stop_status: str) -> None:
         best = self.planner.best(self.ledger)
@@ -437,12 +434,15 @@ class SweepAgent(Agent):
             self.planner.rejected = set(state["rejected"])
             restored = f"handoff restored ({state['attempted']} attempted at the time)"
         best = self.planner.best(self.ledger)
-        await self._milestone(
+        await self.milestone(
             "Resumed after a restart",
             f"{restored}; the ledger has {len(self.ledger)} rows"
             + (f", best #{best.index} {self.task.metric} {best.metric_value:.4g}" if best else "")
             + ".",
         )
+
+    async def stop(self) -> None:
+        await self.finish(stopped=True)
 
     async def finish(self, stopped: bool = False) -> None:
         best = self.planner.best(self.ledger)
@@ -459,24 +459,24 @@ class SweepAgent(Agent):
         crashes = [e for e in self.ledger if e.status == "crash"]
         if crashes:
             lines.append(f"**Crashes:** {len(crashes)} (see the ledger notes and the run logs).")
-        await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text="\n\n".join(lines))
+        await self.submit_report("\n\n".join(lines))
         if not stopped:
-            await self._milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
+            await self.milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
 
     def _effects(self) -> list[str]:
         """The metric change of each one-knob move, measured from the kept config it started from."""
         effects = []
-        kept = [(e.metric_value, e) for e in self.ledger if e.status == "keep" and e.metric_value is not None]
+        kept = kept_scores(self.ledger)
         for e in self.ledger:
             if e.metric_value is None:
                 continue
             parents = [
-                (value, k)
-                for value, k in kept
+                (k, value)
+                for k, value in kept
                 if k.index < e.index and sum(k.params.get(n) != e.params.get(n) for n in self.task.space) == 1
             ]
             if parents:
-                parent_value, parent = parents[-1]
+                parent, parent_value = parents[-1]
                 knob = next(n for n in self.task.space if parent.params.get(n) != e.params.get(n))
                 delta = e.metric_value - parent_value
                 effects.append((abs(delta), f"{knob} {parent.params[knob]}→{e.params[knob]}: {delta:+.3g}"))
@@ -486,12 +486,15 @@ class SweepAgent(Agent):
 def load_task(spec: str) -> SweepTask:
     """'module:attr' naming a SweepTask or a function returning one."""
     module, _, attr = spec.partition(":")
-    obj = getattr(importlib.import_module(module), attr or "TASK")
+    try:
+        obj = getattr(importlib.import_module(module), attr or "TASK")
+    except (ImportError, AttributeError) as exc:
+        raise Misconfigured(f"--task {spec}: {type(exc).__name__}: {exc}") from exc
     return obj() if callable(obj) and not isinstance(obj, SweepTask) else obj
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="goaltender-sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="goaltender-sweep", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--task", default="goaltender.agents.sweep:star_count_task", help="module:attr of a SweepTask"
     )
@@ -503,9 +506,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     run_agent(
-        "sweep",
-        "sweep agent",
-        lambda runner, goal: SweepAgent(runner, goal, load_task(args.task), args.approve_above),
+        "sweep", "The sweep agent", lambda goal: SweepAgent(goal, load_task(args.task), args.approve_above)
     )
 
 

@@ -15,18 +15,20 @@ import re
 import signal
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
 import psutil
 import pytest
+from agent_settings import settings_from
 from conftest import events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
+from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.briefing import list_skills
-from goaltender.agents.codex_home import write_codex_home
+from goaltender.agents.codex_config import CodexSettings, write_codex_home
 from goaltender.agents.codex_prompts import report_text, says_done
-from goaltender.agents.settings import CodexSettings, ConfigError
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import ApprovalRequested, MilestoneReported
@@ -112,11 +114,17 @@ def workspace(runner, goal_id: int = 1) -> Path:
     return runner.settings.workspaces / f"goal-{goal_id}"
 
 
-def processes_with(needle: str) -> list[psutil.Process]:
+def processes_with(needle: str, cwd: Path) -> list[psutil.Process]:
+    """Live processes running in `cwd` (this test's workspace, not another test's) whose command
+    line holds `needle`."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         try:
-            if needle in " ".join(proc.info["cmdline"] or []) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if (
+                needle in " ".join(proc.info["cmdline"] or [])
+                and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and proc.cwd() == str(cwd)
+            ):
                 found.append(proc)
         except psutil.Error:
             pass
@@ -216,7 +224,8 @@ async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
     def model(body: dict) -> Turn:
         if "STEER-LR-ONLY" in json.dumps(body):
             return Turn(text="Understood: only lr from now on.\nGOAL COMPLETE")
-        return shell("sleep 2", "call_wait")
+        # Holds the turn open until the test has seen the steer go in.
+        return shell("for i in $(seq 600); do [ -f steered ] && break; sleep 0.05; done", "call_wait")
 
     fake.default = model
     client = await connect(runner)
@@ -226,9 +235,16 @@ async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
     async def steer_after_approving(_):
         await ana.call(p.Steer, p.Done, goal_id=goal_id, text="STEER-LR-ONLY please", author="bob")
 
+    async def release_the_turn_once_steered():
+        log = workspace(runner) / "codex.log"
+        await eventually(lambda: log.exists() and "steered turn 1 (turn/steer)" in log.read_text(), 30)
+        (workspace(runner) / "steered").touch()
+
     deciding = asyncio.ensure_future(decide(ana, goal_id, [(True, None)], then=steer_after_approving))
-    events = await events_until_report(client, goal_id, timeout=30)
+    releasing = asyncio.ensure_future(release_the_turn_once_steered())
+    events = await events_until_report(client, goal_id, timeout=40)
     await asyncio.wait_for(deciding, 5)
+    await asyncio.wait_for(releasing, 5)
 
     steered = [t for t in requests_text(fake) if "STEER-LR-ONLY" in t]
     assert steered and "bob" in steered[0]
@@ -240,17 +256,23 @@ async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
 
 
 async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, connect, fake):
-    runner = await start_runner(agents={"codex": AGENT})
-    fake.default = lambda body: shell("sleep 31 && touch late-marker", "call_long")
+    runner = await start_runner(agents={"codex": AGENT}, stop_grace_s=4.0)
+    fake.default = lambda body: shell("sleep 31", "call_long")
     client = await connect(runner)
     goal_id = await submit(client, "a long one, max 3 experiments", agent="codex")
     await asyncio.wait_for(decide(await connect(runner, "ana"), goal_id, [(True, None)]), 20)
-    await eventually(lambda: processes_with("sleep 31"))
     ws = workspace(runner)
+    # The command itself, not just the sandbox that is starting it (a stop in between is Codex's
+    # own race: what its interrupted sandbox starts later is in no group known yet).
+    await eventually(
+        lambda: [p for p in processes_with("sleep 31", ws) if p.info["cmdline"] == ["sleep", "31"]]
+    )
     server_pid = int((ws / ".codex-app-server.pid").read_text())
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
 
+    started = time.monotonic()
     done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    assert time.monotonic() - started < 4.0  # the agent went on SIGTERM, not at SIGKILL
     assert "stopped by ana: enough" in done.message
 
     summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
@@ -260,7 +282,7 @@ async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, conn
     assert group_members(agent_pid) == []
     await eventually(lambda: group_members(server_pid) == [], timeout=5)
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
-    assert processes_with("sleep 31") == []  # the sandboxed command ended with the agent
+    assert processes_with("sleep 31", ws) == []
     log = (ws / "codex.log").read_text()
     assert "turn 1 interrupted" in log and "stopped" in log
 
@@ -409,30 +431,32 @@ async def test_missing_codex_binary_fails_the_goal_clearly(start_runner, connect
     assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
 
 
+def codex_settings(monkeypatch, **env) -> CodexSettings:
+    return settings_from(monkeypatch, CodexSettings, **env)
+
+
 def test_settings_codex_home_and_done_detection(tmp_path, monkeypatch):
-    for var in [v for v in os.environ if v.startswith(("GOALTENDER_", "OPENAI_"))]:
-        monkeypatch.delenv(var)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
-    monkeypatch.setenv("GOALTENDER_MODEL", "Qwen/Qwen3-8B")
-    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "65536")
-    settings = CodexSettings.from_env()
+    env = {
+        "PATH": str(tmp_path / "empty"),
+        "OPENAI_BASE_URL": "http://127.0.0.1:8000/v1",
+        "GOALTENDER_MODEL": "Qwen/Qwen3-8B",
+        "GOALTENDER_CONTEXT_TOKENS": "65536",
+    }
+    settings = codex_settings(monkeypatch, **env)
     assert settings.binary == str(CODEX_BIN)  # not on PATH: the copy `make test` installs
     assert (settings.sandbox, settings.approval, settings.network) == ("workspace-write", "untrusted", True)
-    assert (settings.max_turns, settings.idle_timeout_s, settings.retries) == (20, 3600.0, None)
+    assert (settings.max_turns, settings.idle_timeout_s, settings.retries) == (20, 3600, None)
     on_path = tmp_path / "bin" / "codex"
     on_path.parent.mkdir()
     on_path.write_text("#!/bin/sh\n")
     on_path.chmod(0o755)
-    monkeypatch.setenv("PATH", str(on_path.parent))
-    assert CodexSettings.from_env().binary == str(on_path)
-    monkeypatch.setenv("GOALTENDER_CODEX_BIN", "/opt/codex")
-    assert CodexSettings.from_env().binary == "/opt/codex"
-    monkeypatch.setenv("GOALTENDER_CODEX_NETWORK", "0")
-    assert CodexSettings.from_env().network is False
-    monkeypatch.setenv("GOALTENDER_CODEX_MAX_TURNS", "lots")
-    with pytest.raises(ConfigError, match="GOALTENDER_CODEX_MAX_TURNS='lots' is not a int"):
-        CodexSettings.from_env()
+    assert codex_settings(monkeypatch, **{**env, "PATH": str(on_path.parent)}).binary == str(on_path)
+    assert codex_settings(monkeypatch, **env, GOALTENDER_CODEX_BIN="/opt/codex").binary == "/opt/codex"
+    assert codex_settings(monkeypatch, **env, GOALTENDER_CODEX_NETWORK="0").network is False
+    with pytest.raises(Misconfigured, match="GOALTENDER_CODEX_MAX_TURNS='lots' is not a int"):
+        codex_settings(monkeypatch, **env, GOALTENDER_CODEX_MAX_TURNS="lots")
+    with pytest.raises(Misconfigured, match="GOALTENDER_CODEX_IDLE_TIMEOUT_S='0' must be more than 0"):
+        codex_settings(monkeypatch, **env, GOALTENDER_CODEX_IDLE_TIMEOUT_S="0")
 
     write_codex_home(tmp_path / "home", settings)
     config = tomllib.loads((tmp_path / "home" / "config.toml").read_text())
@@ -448,6 +472,9 @@ def test_settings_codex_home_and_done_detection(tmp_path, monkeypatch):
         config["allow_login_shell"] is False and config["sandbox_workspace_write"]["network_access"] is True
     )
     assert "approval_policy" not in config  # Codex 0.171 refuses "untrusted" there; it goes in thread/start
+    write_codex_home(tmp_path / "home", codex_settings(monkeypatch, **env, GOALTENDER_CODEX_RETRIES="2"))
+    provider = tomllib.loads((tmp_path / "home" / "config.toml").read_text())["model_providers"]["goaltender"]
+    assert (provider["request_max_retries"], provider["stream_max_retries"]) == (2, 2)
     rules = (tmp_path / "home" / "rules" / "goaltender.rules").read_text()
     assert 'pattern = ["goaltender", "milestone"]' in rules and '"experiment"' not in rules
 

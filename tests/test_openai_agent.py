@@ -1,10 +1,11 @@
 """The built-in OpenAI agent end to end: the real runner, the real agent process, the real `openai`
 client against a fake OpenAI-compatible server that scripts the model's turns. Plus unit tests of
-the command policy and output truncation."""
+the workspace tools, the command policy, the tool specs, compaction and output truncation."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -15,14 +16,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from agent_settings import settings_from
 from conftest import events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
-from goaltender.agents.output import redact, secret_values, truncate_file, truncate_middle
+from goaltender.agents.bootstrap import Misconfigured
+from goaltender.agents.openai_agent import AgentConfig
 from goaltender.agents.policy import CommandPolicy, classify_command
-from goaltender.agents.recap import turn_groups
-from goaltender.agents.settings import ConfigError, OpenAIAgentSettings
-from goaltender.agents.tool_specs import Shell
+from goaltender.agents.recap import compact, recap_text, turn_groups
+from goaltender.agents.tool_output import redact, secret_values, truncate_file, truncate_middle
+from goaltender.agents.tool_schemas import Shell
 from goaltender.agents.workspace_tools import WorkspaceTools
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
@@ -261,9 +264,20 @@ async def test_approvals_and_the_command_policy(start_runner, connect, fake, mon
     assert status.goal.state == "finished" and status.pending_approvals == []
 
 
+def process_groups(needle: str) -> set[int]:
+    """The process groups of the live processes whose command line holds `needle`."""
+    groups = set()
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if needle in " ".join(proc.info["cmdline"] or []) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                groups.add(os.getpgid(proc.pid))
+    return groups
+
+
 async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     fake.add(
         Turn(tool_calls=[ToolCall("submit_report", {"text": "Interim: baseline pending."})]),
+        Turn(tool_calls=[ToolCall("shell", {"command": "sleep 61 & echo left behind"})]),
         Turn(tool_calls=[ToolCall("shell", {"command": "touch started; sleep 60"})]),
     )
     runner = await start_runner(agents=AGENTS, stop_grace_s=4.0)
@@ -272,9 +286,10 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     ws = await workspace_of(client, goal_id)
     await file_appears(ws / "started")
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
-    [shell] = psutil.Process(agent_pid).children()  # the shell command, in a process group of its own
-    shell_group = os.getpgid(shell.pid)
-    assert shell_group == shell.pid != agent_pid
+    # Each shell command leads its own process group: the running one, and the background job
+    # an earlier one left behind.
+    shells = await eventually(lambda: process_groups("sleep 61") | process_groups("sleep 60"))
+    assert len(shells) == 2 and agent_pid not in shells
 
     started = time.monotonic()
     done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
@@ -285,9 +300,11 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     assert summary.status.goal.state == "stopped"
     report = events[-1].data
     assert report.end_reason == "stopped by ana: enough"
-    assert "**Stopped** by the runner after 2 model turns" in report.text
+    assert "**Stopped** by the runner after 3 model turns" in report.text
     assert "Last step:** shell" in report.text and "Interim: baseline pending." in report.text
-    assert group_members(agent_pid) == [] and group_members(shell_group) == []
+    # The agent ended both groups before it exited (the runner waited for that).
+    assert group_members(agent_pid) == []
+    assert all(group_members(pgid) == [] for pgid in shells)
 
 
 async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, monkeypatch):
@@ -441,18 +458,20 @@ def test_entry_point_without_a_goal_says_so():
     assert out.returncode == 2 and "GOALTENDER_GOAL_ID is not set" in out.stderr
 
 
-async def nobody_asked(question: str, detail: str) -> p.Approval:
-    raise AssertionError(f"a person was asked: {question}")
+async def no_person(question, detail, kind):
+    raise AssertionError(f"nobody should be asked here: {question}")
 
 
 async def test_shell_tool_times_out_and_never_hangs(tmp_path):
     # The shell tool needs no runner for allowed commands: drive it directly.
-    tools = WorkspaceTools(tmp_path, CommandPolicy(), nobody_asked, shell_timeout_s=1, output_limit=16_000)
+    tools = WorkspaceTools(tmp_path, CommandPolicy(), ask=no_person, shell_timeout_s=1, output_limit=16_000)
     started = time.monotonic()
     out = await tools.shell(Shell(command="echo begun; sleep 30 & sleep 30; echo never"))
     assert out.startswith("timed out after 1s: killed (exit code -15)")
     assert "begun" in out and "never" not in out
-    # A background child holding the output pipe open does not hold the tool up.
+    [timed_out] = tools.shell_groups
+    assert group_members(timed_out) == []  # the background sleep went with its shell
+    # A background child holding the output file open does not hold the tool up.
     out = await tools.shell(Shell(command="(sleep 30; echo late) & echo quick"))
     assert out.startswith("exit code 0 (background process ") and "quick" in out
     log = out.split("further output goes to ")[1].split(")")[0]
@@ -461,16 +480,28 @@ async def test_shell_tool_times_out_and_never_hangs(tmp_path):
     assert (await tools.shell(Shell(command="echo tidy"))) == "exit code 0\ntidy\n"
     assert not (tmp_path / ".agent/shell/0003.log").exists()
     assert time.monotonic() - started < 10
-    # The background sleep outlived its shell, in that command's process group: killing it needs
-    # no approval, killing anything else does.
-    [group] = tools.shell_groups
-    left = group_members(group)
-    assert left
+    # The background sleep outlived its shell, in that shell's process group: killing it needs no
+    # approval, killing anything else does.
+    left = [pid for pgid in tools.shell_groups for pid in group_members(pgid)]
+    assert left and all("sleep" in " ".join(psutil.Process(pid).cmdline()) for pid in left)
     assert classify_command(f"kill {left[0]}", tmp_path, is_own_pid=tools.is_own_pid).action == "allow"
     assert classify_command(f"kill {os.getpid()}", tmp_path, is_own_pid=tools.is_own_pid).action == "ask"
     assert classify_command("kill 1", tmp_path, is_own_pid=tools.is_own_pid).action == "ask"
-    # Closing the tools ends what the shell commands left running.
+    # The agent's last act: no background job outlives it.
     await tools.close()
+    assert all(group_members(pgid) == [] for pgid in tools.shell_groups)
+
+
+async def test_a_stopped_shell_command_takes_its_children_along(tmp_path):
+    tools = WorkspaceTools(tmp_path, CommandPolicy(), ask=no_person, shell_timeout_s=60, output_limit=16_000)
+    running = asyncio.ensure_future(tools.shell(Shell(command="sleep 50 & sleep 51 & touch started; wait")))
+    await eventually((tmp_path / "started").exists)
+    [group] = tools.shell_groups
+    await eventually(lambda: len(group_members(group)) == 3)  # bash and both sleeps
+    running.cancel()  # how a stop reaches a running tool
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await tools.close()  # what the agent does last
     assert group_members(group) == []
 
 
@@ -596,34 +627,40 @@ def test_secrets_are_redacted():
     )
 
 
-def test_settings_from_env(monkeypatch):
-    for var in [v for v in os.environ if v.startswith(("GOALTENDER_", "OPENAI_"))]:
-        monkeypatch.delenv(var)
-    with pytest.raises(ConfigError, match="GOALTENDER_MODEL is not set: name the model"):
-        OpenAIAgentSettings.from_env()
-    monkeypatch.setenv("GOALTENDER_MODEL", "m")
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://h:8000/v1")
-    settings = OpenAIAgentSettings.from_env()
-    assert (settings.base_url, settings.api_key, settings.context_tokens, settings.max_turns) == (
+def test_config_from_env(monkeypatch):
+    with pytest.raises(Misconfigured, match="GOALTENDER_MODEL is not set: name the model"):
+        settings_from(monkeypatch, AgentConfig)
+    cfg = settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", OPENAI_BASE_URL="http://h:8000/v1")
+    assert (cfg.base_url, cfg.api_key, cfg.context_tokens, cfg.max_turns) == (
         "http://h:8000/v1",
         "EMPTY",
         128_000,
         200,
     )
-    monkeypatch.setenv("GOALTENDER_OPENAI_BASE_URL", "http://a/v1")
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://b/v1")
-    monkeypatch.setenv("GOALTENDER_SHELL_TIMEOUT_S", "")  # empty: the default
-    settings = OpenAIAgentSettings.from_env()
-    assert settings.base_url == "http://a/v1" and settings.output_limit == 16_000
-    assert settings.shell_timeout_s == 600
-    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "4000")
-    assert OpenAIAgentSettings.from_env().output_limit == 1600
-    monkeypatch.setenv("GOALTENDER_MAX_TURNS", "many")
-    with pytest.raises(ConfigError, match="GOALTENDER_MAX_TURNS='many' is not a int"):
-        OpenAIAgentSettings.from_env()
-    monkeypatch.setenv("GOALTENDER_MAX_TURNS", "0")
-    with pytest.raises(ConfigError, match="GOALTENDER_MAX_TURNS='0' must be at least 1"):
-        OpenAIAgentSettings.from_env()
+    assert (cfg.max_retries, cfg.timeout_s, cfg.shell_timeout_s, cfg.compact_at) == (3, 300, 600, 0.75)
+    cfg = settings_from(
+        monkeypatch,
+        AgentConfig,
+        GOALTENDER_MODEL="m",
+        GOALTENDER_OPENAI_BASE_URL="http://a/v1",
+        OPENAI_BASE_URL="http://b/v1",
+        OPENAI_API_KEY="sk-x",
+        GOALTENDER_OPENAI_MAX_RETRIES="0",
+        GOALTENDER_TOOL_OUTPUT_CHARS="5000",
+    )
+    assert (cfg.base_url, cfg.api_key, cfg.max_retries, cfg.output_limit) == ("http://a/v1", "sk-x", 0, 5000)
+    assert (
+        settings_from(
+            monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_CONTEXT_TOKENS="4000"
+        ).output_limit
+        == 1600
+    )
+    with pytest.raises(Misconfigured, match="GOALTENDER_MAX_TURNS='many' is not a int"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_MAX_TURNS="many")
+    with pytest.raises(Misconfigured, match="GOALTENDER_CONTEXT_TOKENS='100' must be at least 256"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_CONTEXT_TOKENS="100")
+    with pytest.raises(Misconfigured, match="GOALTENDER_OPENAI_TIMEOUT_S='soon' is not a float"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_OPENAI_TIMEOUT_S="soon")
 
 
 def test_groups_keep_tool_results_with_their_call():
@@ -636,3 +673,97 @@ def test_groups_keep_tool_results_with_their_call():
         {"role": "assistant", "content": "done"},
     ]
     assert [len(g) for g in turn_groups(history)] == [1, 3, 1, 1]
+
+
+def test_compaction_recaps_older_turns_and_keeps_the_latest():
+    def turn(i):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "shell", "arguments": f'{{"n": {i}}}'},
+        }
+        return [
+            {"role": "assistant", "content": f"step {i}", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "x" * 400},
+        ]
+
+    history = [{"role": "user", "content": "Message from ana: lr only"}] + [
+        m for i in range(8) for m in turn(i)
+    ]
+    lines, kept, recapped = compact(history, window=2000)
+    assert recapped + len(turn_groups(kept)) == 9 and kept[-1] == history[-1]
+    assert lines[0] == "- Message from ana: lr only"
+    assert lines[1] == "- you said: step 0" and lines[2].startswith('- shell({"n": 0}) → xxx')
+    forced_lines, forced_kept, _ = compact(history, window=2000, force=True)
+    assert len(forced_kept) < len(kept) and len(forced_lines) > len(lines)
+    # Nothing fits: the latest turn stays anyway, cut in the middle.
+    _, [call, result], _ = compact(history, window=100)
+    assert call == history[-2] and "bytes cut from the middle" in result["content"]
+    text = recap_text(lines, None, turn=9, compactions=1, window=20_000)
+    assert text.startswith("[Context compacted at turn 9 (#1)") and "replaced by the recap below" in text
+    assert "(no experiments yet)" in text and "- Message from ana: lr only" in text
+
+
+# ---- the tool specs ----
+
+# Tool -> (its arguments, the required ones): what prompts and models rely on.
+TOOL_ARGUMENTS = {
+    "shell": ({"command", "timeout_s"}, {"command"}),
+    "read_file": ({"path", "offset", "limit"}, {"path"}),
+    "write_file": ({"path", "content"}, {"path", "content"}),
+    "edit_file": ({"path", "old_string", "new_string"}, {"path", "old_string", "new_string"}),
+    "list_files": ({"path", "depth"}, set()),
+    "load_skill": ({"name"}, {"name"}),
+    "run_experiment": (
+        {"command", "description", "params", "metric", "direction", "timeout_s", "eval_command"},
+        {"command", "description"},
+    ),
+    "milestone": ({"title", "text"}, {"title"}),
+    "log_metrics": ({"metrics", "step", "experiment_id"}, {"metrics"}),
+    "ask_approval": ({"question", "detail", "kind"}, {"question"}),
+    "read_inbox": (set(), set()),
+    "write_diary": ({"text", "handoff"}, {"text"}),
+    "read_diary": ({"last", "handoff_only"}, set()),
+    "submit_report": ({"text"}, {"text"}),
+    "finish": ({"summary"}, {"summary"}),
+}
+
+
+async def test_tool_specs_keep_their_names_and_arguments(start_runner, connect, fake):
+    fake.add(Turn(text="Nothing to do."))
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "look at the tools, max 1 experiments", agent="openai")
+    await events_until_report(client, goal_id, timeout=20)
+    specs = {t["function"]["name"]: t["function"] for t in fake.requests[0].body["tools"]}
+    assert set(specs) == set(TOOL_ARGUMENTS)
+    for name, (arguments, required) in TOOL_ARGUMENTS.items():
+        parameters = specs[name]["parameters"]
+        assert parameters["type"] == "object" and parameters["additionalProperties"] is False, name
+        assert set(parameters["properties"]) == arguments, name
+        assert set(parameters.get("required", [])) == required, name
+        assert specs[name]["description"] and "\n" not in specs[name]["description"], name
+    shell = specs["shell"]["parameters"]["properties"]
+    assert shell["timeout_s"] == {"type": "number", "description": "seconds before it is killed"}
+    command = specs["run_experiment"]["parameters"]["properties"]["command"]
+    assert {"type": "string"} in command["anyOf"] and {
+        "type": "array",
+        "items": {"type": "string"},
+    } in command["anyOf"]
+
+
+async def test_bad_tool_arguments_go_back_to_the_model(start_runner, connect, fake):
+    fake.add(
+        Turn(tool_calls=[ToolCall("shell", {"timeout_s": "soon"})]),
+        Turn(tool_calls=[ToolCall("no_such_tool", {})]),
+        Turn(text="Understood."),
+    )
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "call tools badly, max 1 experiments", agent="openai")
+    await events_until_report(client, goal_id, timeout=20)
+    [bad] = tool_results(fake.requests[1].body)
+    assert bad.startswith("error: bad arguments for shell:")
+    assert "command: Field required" in bad and "timeout_s: Input should be a valid number" in bad
+    [unknown] = tool_results(fake.requests[2].body)
+    assert unknown.startswith("error: there is no tool 'no_such_tool'") and "shell" in unknown

@@ -1,24 +1,19 @@
-"""The sweep planner: baseline first, one knob per hypothesis, momentum, steering; and the agent
-bootstrap every agent shares: no runner is exit 4, SIGINT is a graceful stop."""
+"""The sweep planner: baseline first, one knob per hypothesis, momentum, steering; and the
+sweep process's exits when it cannot work (no runner, no task)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
 from conftest import events_until_report, submit
-from toy_task import AGENT as TOY_AGENT
 from toy_task import TASK
 
 from goaltender.agents.sweep import Constraints, Planner
-from goaltender.storage.records import Experiment, ExperimentStarted
+from goaltender.storage.records import Experiment
 
-TESTS = str(Path(__file__).parent)
+SWEEP = [sys.executable, "-m", "goaltender.agents.sweep"]
 
 
 def row(index, params, status, value):
@@ -89,49 +84,20 @@ def test_constraints_survive_a_handoff():
     assert Constraints.from_json(c.to_json()) == c
 
 
-# ---- the bootstrap ----
-
-
-@pytest.mark.parametrize("module", ["sweep", "openai_agent", "codex_agent"])
-def test_an_agent_without_a_runner_exits_4(module, short_dir):
-    nothing = short_dir / "nothing.sock"
-    env = {
-        **os.environ,
-        "GOALTENDER_GOAL_ID": "1",
-        "GOALTENDER_SOCKET": str(nothing),
-        "GOALTENDER_MODEL": "m",
-    }
-    out = subprocess.run(
-        [sys.executable, "-m", f"goaltender.agents.{module}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=short_dir,
-        timeout=60,
-    )
+def test_without_a_runner_the_sweep_exits_4(tmp_path):
+    socket = tmp_path / "nothing-listens.sock"
+    env = {**os.environ, "GOALTENDER_GOAL_ID": "1", "GOALTENDER_SOCKET": str(socket)}
+    out = subprocess.run(SWEEP, capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 4, out.stderr
-    assert f"cannot reach the runner: no runner is listening on {nothing}" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert f"sweep-agent: cannot reach the runner at {socket}: no runner is listening" in out.stderr
 
 
-async def test_sigint_stops_the_sweep_with_its_report(start_runner, connect, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runner = await start_runner(agents={"toy": TOY_AGENT})
+async def test_a_task_that_cannot_load_fails_the_goal_clearly(start_runner, connect):
+    runner = await start_runner(agents={"sweep": [*SWEEP, "--task", "no_such_module:TASK"]})
     client = await connect(runner)
-    goal_id = await submit(client, "toy sweep, max 5 experiments", agent="toy")
-    watcher = await connect(runner, "watcher")
-    await watcher.subscribe(goal_id=goal_id)
-
-    async def first_experiment_started():
-        async for event in watcher.events():
-            if isinstance(event.data, ExperimentStarted):
-                return
-
-    await asyncio.wait_for(first_experiment_started(), 30)
-    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
-    os.kill(agent_pid, signal.SIGINT)
+    goal_id = await submit(client, "sweep nothing, max 1 experiments", agent="sweep")
     events = await events_until_report(client, goal_id, timeout=30)
-
-    report = events[-1].data
-    assert report.end_reason == "the agent finished"  # exit 0: a graceful stop, not a crash
-    assert "**Why it ended:** stopped by a person." in report.text
+    [milestone] = [e.data for e in events if e.data.kind == "milestone"]
+    assert milestone.title == "The sweep agent is misconfigured"
+    assert "--task no_such_module:TASK: ModuleNotFoundError" in milestone.text
+    assert "the agent exited with code 2" in events[-1].data.end_reason

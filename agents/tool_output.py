@@ -1,5 +1,6 @@
-"""What the built-in agent passes on of text it did not write: tool output cut to fit the model's
-window (head and tail kept), secrets from the environment redacted, one-line excerpts for logs."""
+"""What the built-in agent passes on of text it did not write: output cut to fit the model's
+window (head and tail kept, the tail holds the errors), secrets from the environment redacted,
+and one-line excerpts for logs and titles."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
+
 
 def truncate_middle(text: str | bytes, limit: int) -> str:
-    """Keep the head and the tail of `text` (tails hold the errors), at most ~`limit` bytes in all,
-    with a marker saying how much was cut from the middle."""
+    """Keep the head and the tail of `text`, at most ~`limit` bytes in all, with a marker saying
+    how much was cut from the middle."""
     data = text.encode(errors="replace") if isinstance(text, str) else text
     if len(data) <= limit:
         return data.decode(errors="replace")
-    return _render(data[: limit * 2 // 5], data[len(data) - (limit - limit * 2 // 5) :], len(data))
+    head = limit * 2 // 5
+    return _join(data[:head], data[len(data) - (limit - head) :], len(data))
 
 
 def truncate_file(path: Path, limit: int) -> str:
@@ -28,22 +32,13 @@ def truncate_file(path: Path, limit: int) -> str:
             return f.read().decode(errors="replace")
         head = f.read(limit * 2 // 5)
         f.seek(size - (limit - len(head)))
-        return _render(head, f.read(), size)
+        return _join(head, f.read(), size)
 
 
-def _render(head: bytes, tail: bytes, total: int) -> str:
+def _join(head: bytes, tail: bytes, total: int) -> str:
     cut = total - len(head) - len(tail)
     marker = f"\n[... {cut:,} bytes cut from the middle of {total:,} bytes of output ...]\n"
     return head.decode(errors="replace") + marker + tail.decode(errors="replace")
-
-
-def one_line(text: Any, limit: int) -> str:
-    """`text` on one line, whitespace collapsed, at most `limit` characters."""
-    text = " ".join(str(text or "").split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
 
 
 def secret_values(environ: Mapping[str, str]) -> list[str]:
@@ -60,3 +55,9 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     for value in secrets:
         text = text.replace(value, "[redacted]")
     return text
+
+
+def one_line(text: Any, limit: int) -> str:
+    """`text` with its whitespace collapsed, cut to `limit` characters."""
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

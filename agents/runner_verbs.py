@@ -1,0 +1,160 @@
+"""The runner's verbs as the built-in agent's tools: run an experiment, post a milestone, log
+metrics, ask for approval, read the inbox, keep the diary, hand in the report.
+
+They are what `goaltender <verb>` does for the other agents, called over the runner connection
+directly. An experiment's command passes the same command policy as the shell tool; what goes to
+the runner is redacted of the environment's secrets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from goaltender.agents.bootstrap import Goal
+from goaltender.agents.tool_output import redact
+from goaltender.agents.tool_schemas import (
+    AskApproval,
+    LogMetrics,
+    Milestone,
+    ReadDiary,
+    ReadInbox,
+    RunExperiment,
+    SubmitReport,
+    Tool,
+    WriteDiary,
+)
+from goaltender.agents.workspace_tools import Ask, decision
+from goaltender.runner import protocol as p
+from goaltender.storage.records import MetricPoint
+
+# (command, what it is for) -> (may run, a note for the tool result)
+Gate = Callable[[str, str], Awaitable[tuple[bool, str]]]
+PostMilestone = Callable[[str, str], Awaitable[None]]
+
+
+def steer_text(message: p.InboxMessage) -> str:
+    """A person's message as the model sees it."""
+    return f"Message from {message.author}: {message.text}"
+
+
+class RunnerVerbs:
+    def __init__(self, goal: Goal, *, gate: Gate, ask: Ask, milestone: PostMilestone, secrets: list[str]):
+        self.goal_id = goal.id
+        self.runner = goal.runner
+        self.gate = gate
+        self.ask = ask
+        self.milestone = milestone
+        self.secrets = secrets
+        self.steers: list[str] = []  # every message from people so far, oldest first
+        self.report_text = ""  # the model's words for the final report
+
+    def tools(self) -> list[Tool[Any]]:
+        return [
+            Tool("run_experiment", RunExperiment, self.run_experiment),
+            Tool("milestone", Milestone, self.post_milestone),
+            Tool("log_metrics", LogMetrics, self.log_metrics),
+            Tool("ask_approval", AskApproval, self.ask_approval),
+            Tool("read_inbox", ReadInbox, self.read_inbox),
+            Tool("write_diary", WriteDiary, self.write_diary),
+            Tool("read_diary", ReadDiary, self.read_diary),
+            Tool("submit_report", SubmitReport, self.submit_report),
+        ]
+
+    async def run_experiment(self, args: RunExperiment) -> str:
+        argv, text = _argv(args.command)
+        ok, note = await self.gate(text, "experiment")
+        if not ok:
+            return note
+        reply = await self.runner.call(
+            p.RunExperiment,
+            p.ExperimentReply,
+            goal_id=self.goal_id,
+            command=argv,
+            description=args.description,
+            params=args.params,
+            metric=args.metric or None,
+            direction=args.direction,
+            timeout_s=args.timeout_s or None,
+            eval_command=_argv(args.eval_command)[0] if args.eval_command else None,
+        )
+        return note + experiment_text(reply)
+
+    async def post_milestone(self, args: Milestone) -> str:
+        await self.milestone(args.title, args.text)
+        return "milestone posted"
+
+    async def log_metrics(self, args: LogMetrics) -> str:
+        points = [MetricPoint(name=k, value=v, step=args.step) for k, v in args.metrics.items()]
+        if not points:
+            return "error: no metrics given"
+        reply = await self.runner.call(
+            p.LogMetrics, p.Done, goal_id=self.goal_id, points=points, experiment_id=args.experiment_id
+        )
+        return reply.message
+
+    async def ask_approval(self, args: AskApproval) -> str:
+        approval = await self.ask(args.question, args.detail, args.kind or "generic")
+        return f"The request was {decision(approval)}."
+
+    async def read_inbox(self, args: ReadInbox) -> str:
+        reply = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)
+        texts = [steer_text(m) for m in reply.messages]
+        self.steers += texts
+        return "\n".join(texts) or "(no new messages)"
+
+    async def write_diary(self, args: WriteDiary) -> str:
+        kind = "handoff" if args.handoff else "note"
+        text = redact(args.text, self.secrets)
+        reply = await self.runner.call(p.WriteDiary, p.Done, goal_id=self.goal_id, text=text, kind=kind)
+        return reply.message
+
+    async def read_diary(self, args: ReadDiary) -> str:
+        reply = await self.runner.call(
+            p.ReadDiary,
+            p.DiaryReply,
+            goal_id=self.goal_id,
+            last=max(1, min(args.last, 100)),
+            kind="handoff" if args.handoff_only else None,
+        )
+        entries = [f"[{e.ts:%Y-%m-%d %H:%M} {e.kind}] {e.text}" for e in reply.entries]
+        return "\n\n".join(entries) or "(empty diary)"
+
+    async def submit_report(self, args: SubmitReport) -> str:
+        self.report_text = args.text
+        reply = await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=args.text[:50_000])
+        return reply.message
+
+
+def _argv(command: str | list[str]) -> tuple[list[str], str]:
+    """(argv, the command as a shell line); a string runs with bash -c."""
+    if isinstance(command, str):
+        return ["bash", "-c", command], command
+    return command, shlex.join(command)
+
+
+def experiment_text(reply: p.ExperimentReply) -> str:
+    """The ledger row as the model is told it: status, metrics, cost, and a crash's last lines."""
+    e = reply.experiment
+    lines = [
+        f"Experiment #{e.index}: {e.status}" + (" (new best)" if reply.new_best else ""),
+        f"{e.metric_name}: {e.metric_value}" if e.metric_name else "no headline metric",
+    ]
+    if e.metrics:
+        lines.append("metrics: " + ", ".join(f"{k}={v:g}" for k, v in e.metrics.items()))
+    if e.wall_seconds is not None:
+        lines.append(f"wall {e.wall_seconds:.1f}s, exit code {e.exit_code}")
+    if e.note:
+        lines.append(f"note: {e.note}")
+    if reply.stop_status:
+        lines.append(f"budget: {reply.stop_status}")
+    if e.log_path:
+        lines.append(f"log: {e.log_path}")
+        if e.status == "crash":
+            with contextlib.suppress(OSError):
+                tail = Path(e.log_path).read_bytes()[-1500:]
+                lines.append("last lines of the log:\n" + tail.decode(errors="replace"))
+    return "\n".join(lines)
