@@ -158,7 +158,9 @@ class WorkspaceTools:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
-                start_new_session=True,
+                # A group of its own, so a timeout can end this command and what it started; the
+                # agent's session still holds it, so the runner's stop ends it with the agent.
+                process_group=0,
             )
         self.shell_groups.add(proc.pid)
         timed_out = await self._wait(proc, limit)

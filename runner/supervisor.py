@@ -195,44 +195,76 @@ async def run_supervised(
 
 
 async def terminate_group(pgid: int, waiter: asyncio.Future | None = None, grace_s: float = 5.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
-    if not _signal_group(pgid, signal.SIGTERM):
-        return
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`.
+
+    When `pgid` leads a session (the runner starts every agent and experiment in a session of its
+    own), the rest of the session goes too: an agent runs each shell command in a group of its
+    own, so that it can end one command, and those must not outlive it. The group gets the first
+    SIGTERM alone, so an agent can end its commands its own way (Codex interrupts its turn); what
+    it leaves in the session gets SIGTERM once the group is gone, and everything SIGKILL at the
+    deadline. `waiter` resolves when the group's leader has been reaped."""
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if waiter is not None and waiter.done():
-            break
-        if waiter is None and not group_alive(pgid):
-            return
-        await asyncio.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
+
+    def group_done() -> bool:
+        return waiter.done() if waiter is not None else not _members(pgid, session=False)
+
+    if _signal_groups({pgid}, signal.SIGTERM):
+        await _until(group_done, deadline)
+    if _signal_groups(_session_groups(pgid), signal.SIGTERM):
+        await _until(lambda: not group_alive(pgid), deadline)
+    _signal_groups({pgid} | _session_groups(pgid), signal.SIGKILL)
     if waiter is not None:
         with contextlib.suppress(Exception):
             await asyncio.shield(waiter)
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+async def _until(done: Callable[[], bool], deadline: float) -> None:
+    while not done() and time.monotonic() < deadline:  # noqa: ASYNC110 - nothing signals an empty group
+        await asyncio.sleep(0.05)
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live (non-zombie) processes in a process group."""
+def _signal_groups(groups: set[int], sig: int) -> bool:
+    """Signal each group; whether any got it."""
+    sent = False
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+            sent = True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return sent
+
+
+def _session_groups(sid: int) -> set[int]:
+    """The process groups of the session `sid` leads (none when it leads no session)."""
+    groups = set()
+    for pid in _members(sid, session=True):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getsid(pid) == sid:
+                groups.add(os.getpgid(pid))
+    return groups
+
+
+def _members(pgid: int, *, session: bool) -> list[int]:
     members = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getpgid(proc.pid) == pgid or (session and os.getsid(proc.pid) == pgid):
                 members.append(proc.pid)
         except (ProcessLookupError, psutil.Error):
             continue
     return members
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes in a process group, or in the session it leads."""
+    return _members(pgid, session=True)
+
+
 def group_alive(pgid: int) -> bool:
-    """Is any process still in the group (zombies aside)?"""
+    """Is any process still in the group, or in the session it leads (zombies aside)?"""
     return bool(group_members(pgid))
 
 
@@ -251,6 +283,6 @@ def kill_leftover_group(pid: int | None, started_after: float | None = None) -> 
         if os.getpgid(pid) != pid:
             return False
     except (psutil.Error, ProcessLookupError):
-        # The leader is gone; members of its group may not be.
-        return _signal_group(pid, signal.SIGKILL) if group_alive(pid) else False
-    return _signal_group(pid, signal.SIGKILL)
+        # The leader is gone; members of its group (and session) may not be.
+        return _signal_groups({pid} | _session_groups(pid), signal.SIGKILL) if group_alive(pid) else False
+    return _signal_groups({pid} | _session_groups(pid), signal.SIGKILL)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import BIN, events_until_report, eventually, submit, write_agent
 
@@ -137,6 +138,33 @@ async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, con
     assert row.status == "crash" and row.note == "ended with the goal: stopped by ana: enough"
     events = await events_until_report(client, goal_id, timeout=5)
     assert events[-1].data.end_reason == "stopped by ana: enough"
+
+
+async def test_stop_ends_what_the_agent_started_in_groups_of_its_own(start_runner, connect, tmp_path):
+    """An agent may run each command in a process group of its own (the built-in agent does, to
+    end one command at a time); stopping the goal still ends them, even when the agent ignores
+    SIGTERM and has to be killed."""
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        # `set -m`: each background job gets a process group of its own, in the agent's session.
+        "set -m\ntrap '' TERM\nsleep 300 &\necho $! > job.pid\nwhile true; do sleep 1; done\n",
+    )
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "hold on, max 1 experiments", agent="a")
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    job = int(
+        await eventually(
+            lambda: (workspace / "job.pid").exists() and (workspace / "job.pid").read_text().strip()
+        )
+    )
+    agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    assert os.getpgid(job) != agent_pid and os.getsid(job) == agent_pid
+
+    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    assert group_members(agent_pid) == []
+    assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE
 
 
 async def test_default_stop_rule_asks_before_going_on(start_runner, connect, tmp_path):
