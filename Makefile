@@ -27,6 +27,7 @@ $(CODEX):  # the real Codex CLI, for the Codex backend's end-to-end tests (the n
 test: $(STAMP) $(CODEX)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/pytest -n auto --durations=10
 
 # mypy names modules after folders, and the repository root is the goaltender package: check it
