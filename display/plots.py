@@ -62,6 +62,11 @@ def _style_axes(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
+def _empty_note(ax, text: str) -> None:
+    """A grey line in the middle of an empty chart, saying why it is empty."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=13, color="#777777")
+
+
 def _use_percent(metric: str, values: Sequence[float]) -> bool:
     """Percent axis for accuracy-like metrics, or unnamed fractions that all lie in [0, 1]."""
     if is_percent_metric(metric):
@@ -144,16 +149,7 @@ def campaign_figure(
         ax.yaxis.set_major_formatter(_percent_formatter(values + ([target] if target is not None else [])))
 
     if not rows:
-        ax.text(
-            0.5,
-            0.5,
-            "no experiments yet",
-            transform=ax.transAxes,
-            ha="center",
-            va="center",
-            fontsize=13,
-            color="#777777",
-        )
+        _empty_note(ax, "no experiments yet")
         ax.set_xlim(0.5, 5.5)
         if target is not None:
             ax.axhline(target, color=TARGET_COLOR, linestyle="--", linewidth=1.2)
@@ -346,16 +342,7 @@ def curves_figure(
 
     drawn = [(label, pts) for label, pts in series.items() if pts]
     if not drawn:
-        ax.text(
-            0.5,
-            0.5,
-            "no data yet",
-            transform=ax.transAxes,
-            ha="center",
-            va="center",
-            fontsize=13,
-            color="#777777",
-        )
+        _empty_note(ax, "no data yet")
         fig.tight_layout()
         return fig
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
-from goaltender.storage.records import Event, FinalReport
+from goaltender.storage.records import Approval, ApprovalRequested, Event, FinalReport
 
 BIN = str(Path(sys.executable).parent)
 
@@ -139,6 +140,14 @@ async def events_until_report(client: RunnerClient, goal_id: int, timeout: float
 
     await asyncio.wait_for(collect(), timeout)
     return events
+
+
+async def approval_prompts(client: RunnerClient, goal_id: int) -> AsyncIterator[Approval]:
+    """The goal's approval prompts as a person watching its thread sees them, oldest first."""
+    await client.subscribe(goal_id=goal_id)
+    async for event in client.events():
+        if isinstance(event.data, ApprovalRequested):
+            yield event.data.approval
 
 
 async def submit(client: RunnerClient, text: str, **fields) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from agent_settings import settings_from
-from conftest import events_until_report, eventually, submit
+from conftest import approval_prompts, events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.bootstrap import Misconfigured
@@ -31,7 +31,7 @@ from goaltender.agents.codex_config import CodexSettings, write_codex_home
 from goaltender.agents.codex_prompts import report_text, says_done
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
-from goaltender.storage.records import ApprovalRequested, MilestoneReported
+from goaltender.storage.records import MilestoneReported
 
 REPO = Path(__file__).resolve().parent.parent
 CODEX_BIN = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
@@ -82,32 +82,22 @@ def requests_text(fake: FakeOpenAI) -> list[str]:
 async def decide(client, goal_id: int, decisions: list[tuple[bool, str | None]], then=None) -> list:
     """Answer the goal's approval prompts in order; returns the approvals as asked."""
     asked = []
-    await client.subscribe(goal_id=goal_id)
-    async for event in client.events():
-        if isinstance(event.data, ApprovalRequested):
-            approve, comment = decisions[len(asked)]
-            asked.append(event.data.approval)
-            await client.call(
-                p.Decide,
-                p.DecisionReply,
-                approval_id=event.data.approval.id,
-                approve=approve,
-                by="ana",
-                comment=comment,
-            )
-            if then is not None:
-                await then(len(asked))
-            if len(asked) == len(decisions):
-                return asked
+    async for approval in approval_prompts(client, goal_id):
+        approve, comment = decisions[len(asked)]
+        asked.append(approval)
+        await client.call(
+            p.Decide, p.DecisionReply, approval_id=approval.id, approve=approve, by="ana", comment=comment
+        )
+        if then is not None:
+            await then(len(asked))
+        if len(asked) == len(decisions):
+            return asked
     return asked
 
 
 async def approval_asked(runner, connect, goal_id: int) -> None:
-    watcher = await connect(runner, "watch")
-    await watcher.subscribe(goal_id=goal_id)
-    async for event in watcher.events():
-        if isinstance(event.data, ApprovalRequested):
-            return
+    async for _ in approval_prompts(await connect(runner, "watch"), goal_id):
+        return
 
 
 def workspace(runner, goal_id: int = 1) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from agent_settings import settings_from
-from conftest import events_until_report, eventually, submit
+from conftest import approval_prompts, events_until_report, eventually, submit
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.bootstrap import Misconfigured
@@ -29,7 +29,6 @@ from goaltender.agents.tool_schemas import Shell
 from goaltender.agents.workspace_tools import WorkspaceTools
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
-from goaltender.storage.records import ApprovalRequested
 
 AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
 
@@ -80,20 +79,12 @@ def answer_approvals(connect, runner, goal_id, decide):
 
     async def watch():
         watcher = await connect(runner, "watcher")
-        await watcher.subscribe(goal_id=goal_id)
-        async for event in watcher.events():
-            if isinstance(event.data, ApprovalRequested):
-                approval = event.data.approval
-                seen.append(approval)
-                approve, comment = decide(approval)
-                await watcher.call(
-                    p.Decide,
-                    p.DecisionReply,
-                    approval_id=approval.id,
-                    approve=approve,
-                    by="ana",
-                    comment=comment,
-                )
+        async for approval in approval_prompts(watcher, goal_id):
+            seen.append(approval)
+            approve, comment = decide(approval)
+            await watcher.call(
+                p.Decide, p.DecisionReply, approval_id=approval.id, approve=approve, by="ana", comment=comment
+            )
 
     return asyncio.ensure_future(watch()), seen
 

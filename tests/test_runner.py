@@ -11,12 +11,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BIN, events_until_report, eventually, submit, write_agent
+from conftest import BIN, approval_prompts, events_until_report, eventually, submit, write_agent
 
 from goaltender import cli
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
-from goaltender.storage.records import ApprovalRequested, ExperimentStarted
+from goaltender.storage.records import ExperimentStarted
 
 
 def kinds(events):
@@ -47,20 +47,17 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
 
     async def answer_approvals():
         watcher = await connect(runner, "watcher")
-        await watcher.subscribe(goal_id=goal_id)
-        async for event in watcher.events():
-            if isinstance(event.data, ApprovalRequested):
-                approval = event.data.approval
-                await watcher.call(p.Steer, p.Done, goal_id=goal_id, text="also try warmup", author="bob")
-                decided = await watcher.call(
-                    p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana"
+        async for approval in approval_prompts(watcher, goal_id):
+            await watcher.call(p.Steer, p.Done, goal_id=goal_id, text="also try warmup", author="bob")
+            decided = await watcher.call(
+                p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana"
+            )
+            assert decided.approval.state == "approved"
+            with pytest.raises(p.ProtocolError, match="already approved by ana"):
+                await watcher.call(
+                    p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="bob"
                 )
-                assert decided.approval.state == "approved"
-                with pytest.raises(p.ProtocolError, match="already approved by ana"):
-                    await watcher.call(
-                        p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="bob"
-                    )
-                return
+            return
 
     answering = asyncio.ensure_future(answer_approvals())
     events = await events_until_report(client, goal_id)
@@ -179,15 +176,10 @@ async def test_default_stop_rule_asks_before_going_on(start_runner, connect, tmp
 
     async def reject_continue():
         watcher = await connect(runner, "watcher")
-        await watcher.subscribe(goal_id=goal_id)
-        async for event in watcher.events():
-            if isinstance(event.data, ApprovalRequested):
-                assert event.data.approval.kind == "continue"
-                assert "4/4 attempted" in event.data.approval.question
-                await watcher.call(
-                    p.Decide, p.DecisionReply, approval_id=event.data.approval.id, approve=False, by="ana"
-                )
-                return
+        async for approval in approval_prompts(watcher, goal_id):
+            assert approval.kind == "continue" and "4/4 attempted" in approval.question
+            await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="ana")
+            return
 
     rejecting = asyncio.ensure_future(reject_continue())
     await events_until_report(client, goal_id)
