@@ -128,14 +128,15 @@ def campaign_figure(
     _style_axes(ax)
 
     rows = sorted(experiments, key=lambda e: e.index)
+    # (experiment, value) for every row with a finite metric: the points of the chart.
     scored = [
-        e
+        (e, float(e.metric_value))
         for e in rows
         if e.status != "crash" and e.metric_value is not None and math.isfinite(e.metric_value)
     ]
-    scored_idx = {id(e) for e in scored}
+    scored_idx = {id(e) for e, _ in scored}
     crashed = [e for e in rows if id(e) not in scored_idx and e.status != "running"]
-    values = [float(e.metric_value) for e in scored]  # type: ignore[arg-type]
+    values = [v for _, v in scored]
     percent = _use_percent(metric, values + ([target] if target is not None else []))
     arrow = "↑" if direction == "maximize" else "↓"
 
@@ -162,13 +163,13 @@ def campaign_figure(
 
     # Scored points by status.
     for status in ("discard", "keep", "running"):
-        pts = [e for e in scored if e.status == status]
+        pts = [(e, v) for e, v in scored if e.status == status]
         if not pts:
             continue
         style = STATUS_STYLE[status]
         ax.scatter(
-            [e.index for e in pts],
-            [float(e.metric_value or 0.0) for e in pts],  # scored: every value is set
+            [e.index for e, _ in pts],
+            [v for _, v in pts],
             s=46,
             color=style["color"],
             marker=style["marker"],
@@ -195,16 +196,15 @@ def campaign_figure(
         )
 
     # Running-best frontier and the best point.
-    best: Experiment | None = None
+    best: tuple[Experiment, float] | None = None
     if scored:
         xs: list[float] = []
         ys: list[float] = []
-        for e in scored:
-            v = float(e.metric_value)  # type: ignore[arg-type]
-            if best is None or _is_better(v, float(best.metric_value), direction):  # type: ignore[arg-type]
-                best = e
+        for e, v in scored:
+            if best is None or _is_better(v, best[1], direction):
+                best = (e, v)
             xs.append(e.index)
-            ys.append(float(best.metric_value))  # type: ignore[arg-type]
+            ys.append(best[1])
         if xs[-1] < max_index:  # carry the frontier to the last attempt
             xs.append(max_index)
             ys.append(ys[-1])
@@ -236,7 +236,7 @@ def campaign_figure(
         ax.set_yticks([])
 
     if best is not None:
-        bx, by = best.index, float(best.metric_value)  # type: ignore[arg-type]
+        bx, by = best[0].index, best[1]
         ax.scatter(
             [bx],
             [by],

@@ -2147,8 +2147,8 @@ class FakeSlack:
     async def _files_get_upload_url(self, p: dict) -> dict:
         filename = p.get("filename")
         try:
-            length = int(p.get("length"))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+            length = int(p["length"])
+        except (KeyError, TypeError, ValueError):
             raise SlackError(
                 "invalid_arguments", response_metadata={"messages": ["[ERROR] missing length"]}
             ) from None

@@ -206,10 +206,11 @@ def test_long_milestone_title_wraps() -> None:
 
 
 def test_metrics_not_shown() -> None:
-    thread = ConsoleThread(stream=io.StringIO(), color=False)
+    stream = io.StringIO()
+    thread = ConsoleThread(stream=stream, color=False)
     assert thread.render(event(ALL_EVENTS[3])) == ""
     assert thread.show(event(ALL_EVENTS[3])) == ""
-    assert thread.stream.getvalue() == ""  # type: ignore[attr-defined]
+    assert stream.getvalue() == ""
 
 
 def test_experiment_started() -> None:

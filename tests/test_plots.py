@@ -8,12 +8,14 @@ import pytest
 from PIL import Image
 
 from goaltender.display.plots import campaign_figure, curves_figure, plot_campaign, plot_curves
-from goaltender.storage.records import Experiment
+from goaltender.storage.records import Experiment, ExperimentStatus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def exp(index: int, status: str, value: float | None, metric: str = "exact_accuracy") -> Experiment:
+def exp(
+    index: int, status: ExperimentStatus, value: float | None, metric: str = "exact_accuracy"
+) -> Experiment:
     return Experiment(
         id=index,
         goal_id=1,
@@ -21,7 +23,7 @@ def exp(index: int, status: str, value: float | None, metric: str = "exact_accur
         description=f"experiment {index}",
         command=["python", "train.py"],
         params={"train_size": 256 * index},
-        status=status,  # type: ignore[arg-type]
+        status=status,
         metric_name=metric,
         metric_value=value,
     )
