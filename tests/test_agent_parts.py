@@ -1,0 +1,181 @@
+"""The built-in agent's parts on their own, without a runner or an agent process: the workspace
+shell tool (agents/workspace_tools.py: timeouts, background jobs, process groups), tool-output
+truncation and secret redaction (agents/tool_output.py), its settings from the environment
+(AgentConfig), and compaction of the history into a recap (agents/recap.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import psutil
+import pytest
+from agent_settings import settings_from
+from conftest import eventually
+
+from goaltender.agents.bootstrap import Misconfigured
+from goaltender.agents.openai_agent import AgentConfig
+from goaltender.agents.policy import CommandPolicy, classify_command
+from goaltender.agents.recap import compact, recap_text, turn_groups
+from goaltender.agents.tool_output import redact, secret_values, truncate_file, truncate_middle
+from goaltender.agents.tool_schemas import Shell
+from goaltender.agents.workspace_tools import WorkspaceTools
+from goaltender.runner.supervisor import group_members
+
+# ---- the shell tool ----
+
+
+async def no_person(question, detail, kind):
+    raise AssertionError(f"nobody should be asked here: {question}")
+
+
+async def test_shell_tool_times_out_and_never_hangs(tmp_path):
+    # The shell tool needs no runner for allowed commands: drive it directly.
+    tools = WorkspaceTools(tmp_path, CommandPolicy(), ask=no_person, shell_timeout_s=1, output_limit=16_000)
+    started = time.monotonic()
+    out = await tools.shell(Shell(command="echo begun; sleep 30 & sleep 30; echo never"))
+    assert out.startswith("timed out after 1s: killed (exit code -15)")
+    assert "begun" in out and "never" not in out
+    [timed_out] = tools.shell_groups
+    assert group_members(timed_out) == []  # the background sleep went with its shell
+    # A background child holding the output file open does not hold the tool up.
+    out = await tools.shell(Shell(command="(sleep 30; echo late) & echo quick"))
+    assert out.startswith("exit code 0 (background process ") and "quick" in out
+    log = out.split("further output goes to ")[1].split(")")[0]
+    assert log == ".agent/shell/0002.log" and (tmp_path / log).exists()
+    # A command that leaves nothing behind leaves no log either.
+    assert (await tools.shell(Shell(command="echo tidy"))) == "exit code 0\ntidy\n"
+    assert not (tmp_path / ".agent/shell/0003.log").exists()
+    assert time.monotonic() - started < 10
+    # The background sleep outlived its shell, in that shell's process group: killing it needs no
+    # approval, killing anything else does.
+    left = [pid for pgid in tools.shell_groups for pid in group_members(pgid)]
+    assert left and all("sleep" in " ".join(psutil.Process(pid).cmdline()) for pid in left)
+    assert classify_command(f"kill {left[0]}", tmp_path, is_own_pid=tools.is_own_pid).action == "allow"
+    assert classify_command(f"kill {os.getpid()}", tmp_path, is_own_pid=tools.is_own_pid).action == "ask"
+    assert classify_command("kill 1", tmp_path, is_own_pid=tools.is_own_pid).action == "ask"
+    # The agent's last act: no background job outlives it.
+    await tools.close()
+    assert all(group_members(pgid) == [] for pgid in tools.shell_groups)
+
+
+async def test_a_stopped_shell_command_takes_its_children_along(tmp_path):
+    tools = WorkspaceTools(tmp_path, CommandPolicy(), ask=no_person, shell_timeout_s=60, output_limit=16_000)
+    running = asyncio.ensure_future(tools.shell(Shell(command="sleep 50 & sleep 51 & touch started; wait")))
+    await eventually((tmp_path / "started").exists)
+    [group] = tools.shell_groups
+    await eventually(lambda: len(group_members(group)) == 3)  # bash and both sleeps
+    running.cancel()  # how a stop reaches a running tool
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    await tools.close()  # what the agent does last
+    assert group_members(group) == []
+
+
+# ---- truncation, redaction, config ----
+
+
+def test_truncate_middle_keeps_head_and_tail():
+    assert truncate_middle("short", 100) == "short"
+    text = "HEAD" + "x" * 10_000 + "TAIL"
+    out = truncate_middle(text, 1000)
+    assert out.startswith("HEAD") and out.endswith("TAIL")
+    assert "[... 9,008 bytes cut from the middle of 10,008 bytes of output ...]" in out
+    assert len(out) < 1100
+
+
+def test_truncate_file_reads_only_head_and_tail(tmp_path):
+    path = tmp_path / "out.log"
+    path.write_bytes(b"start-" + b"y" * 100_000 + b"-end")
+    out = truncate_file(path, 50)
+    assert out.startswith("start-") and out.endswith("-end")
+    assert "[... 99,960 bytes cut from the middle of 100,010 bytes of output ...]" in out
+    path.write_bytes(b"hello")
+    assert truncate_file(path, 50) == "hello"
+
+
+def test_secrets_are_redacted():
+    secrets = secret_values(
+        {"OPENAI_API_KEY": "sk-abcdefgh123", "HF_TOKEN": "hf_xyz12345", "PATH": "/usr/bin:/bin"}
+    )
+    assert redact("key sk-abcdefgh123 and hf_xyz12345 on /usr/bin", secrets) == (
+        "key [redacted] and [redacted] on /usr/bin"
+    )
+
+
+def test_config_from_env(monkeypatch):
+    with pytest.raises(Misconfigured, match="GOALTENDER_MODEL is not set: name the model"):
+        settings_from(monkeypatch, AgentConfig)
+    cfg = settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", OPENAI_BASE_URL="http://h:8000/v1")
+    assert (cfg.base_url, cfg.api_key, cfg.context_tokens, cfg.max_turns) == (
+        "http://h:8000/v1",
+        "EMPTY",
+        128_000,
+        200,
+    )
+    assert (cfg.max_retries, cfg.timeout_s, cfg.shell_timeout_s, cfg.compact_at) == (3, 300, 600, 0.75)
+    cfg = settings_from(
+        monkeypatch,
+        AgentConfig,
+        GOALTENDER_MODEL="m",
+        GOALTENDER_OPENAI_BASE_URL="http://a/v1",
+        OPENAI_BASE_URL="http://b/v1",
+        OPENAI_API_KEY="sk-x",
+        GOALTENDER_OPENAI_MAX_RETRIES="0",
+        GOALTENDER_TOOL_OUTPUT_CHARS="5000",
+    )
+    assert (cfg.base_url, cfg.api_key, cfg.max_retries, cfg.output_limit) == ("http://a/v1", "sk-x", 0, 5000)
+    assert (
+        settings_from(
+            monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_CONTEXT_TOKENS="4000"
+        ).output_limit
+        == 1600
+    )
+    with pytest.raises(Misconfigured, match="GOALTENDER_MAX_TURNS='many' is not a int"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_MAX_TURNS="many")
+    with pytest.raises(Misconfigured, match="GOALTENDER_CONTEXT_TOKENS='100' must be at least 256"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_CONTEXT_TOKENS="100")
+    with pytest.raises(Misconfigured, match="GOALTENDER_OPENAI_TIMEOUT_S='soon' is not a float"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_OPENAI_TIMEOUT_S="soon")
+
+
+def test_groups_keep_tool_results_with_their_call():
+    history = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]},
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+        {"role": "user", "content": "Message from ana: hi"},
+        {"role": "assistant", "content": "done"},
+    ]
+    assert [len(g) for g in turn_groups(history)] == [1, 3, 1, 1]
+
+
+def test_compaction_recaps_older_turns_and_keeps_the_latest():
+    def turn(i):
+        call = {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "shell", "arguments": f'{{"n": {i}}}'},
+        }
+        return [
+            {"role": "assistant", "content": f"step {i}", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "x" * 400},
+        ]
+
+    history = [{"role": "user", "content": "Message from ana: lr only"}] + [
+        m for i in range(8) for m in turn(i)
+    ]
+    lines, kept, recapped = compact(history, window=2000)
+    assert recapped + len(turn_groups(kept)) == 9 and kept[-1] == history[-1]
+    assert lines[0] == "- Message from ana: lr only"
+    assert lines[1] == "- you said: step 0" and lines[2].startswith('- shell({"n": 0}) → xxx')
+    forced_lines, forced_kept, _ = compact(history, window=2000, force=True)
+    assert len(forced_kept) < len(kept) and len(forced_lines) > len(lines)
+    # Nothing fits: the latest turn stays anyway, cut in the middle.
+    _, [call, result], _ = compact(history, window=100)
+    assert call == history[-2] and "bytes cut from the middle" in result["content"]
+    text = recap_text(lines, None, turn=9, compactions=1, window=20_000)
+    assert text.startswith("[Context compacted at turn 9 (#1)") and "replaced by the recap below" in text
+    assert "(no experiments yet)" in text and "- Message from ana: lr only" in text
