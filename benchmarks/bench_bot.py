@@ -1,6 +1,6 @@
 """Slack bot speed, each figure against a baseline measured in the same run on the same machine.
 
-Everything runs as the tests run it: the fake Slack (tests/fake_slack.py: the Web API over HTTP and
+Everything runs as the tests run it: the fake Slack (tests/fake_slack/: the Web API over HTTP and
 Socket Mode over a WebSocket, on 127.0.0.1), the real slack_bolt AsyncApp + AsyncSocketModeHandler
 + slack_sdk AsyncWebClient, the bot (goaltender.bot.app.GoaltenderBot), the runner daemon and, for
 2, the asyncssh server of tests/ssh_box.py, all in this one process and event loop; agents and
