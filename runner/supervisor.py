@@ -194,6 +194,9 @@ async def run_supervised(
     )
 
 
+KILL_SETTLE_S = 2.0  # the most a SIGKILLed group is waited for before terminate_group returns
+
+
 async def terminate_group(pgid: int, waiter: asyncio.Future | None = None, grace_s: float = 5.0) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`.
 
@@ -212,7 +215,14 @@ async def terminate_group(pgid: int, waiter: asyncio.Future | None = None, grace
         await _until(group_done, deadline)
     if _signal_groups(_session_groups(pgid), signal.SIGTERM):
         await _until(lambda: not group_alive(pgid), deadline)
-    _signal_groups({pgid} | _session_groups(pgid), signal.SIGKILL)
+    # Until all are gone, so that "stopped" means nothing is left: SIGKILL is not instant, and a
+    # group may have formed in the session since it was listed (bash with job control makes one
+    # per command).
+    settle = time.monotonic() + KILL_SETTLE_S
+    while _signal_groups({pgid} | _session_groups(pgid), signal.SIGKILL) and time.monotonic() < settle:
+        if not group_alive(pgid):
+            break
+        await asyncio.sleep(0.05)
     if waiter is not None:
         with contextlib.suppress(Exception):
             await asyncio.shield(waiter)
