@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.secrets import agent_safe
 from goaltender.storage.records import Experiment, Goal
 
 # Caches and temp files go under the runner's home (the big disk), unless the box already says where.
@@ -26,8 +27,9 @@ CACHE_DIRS = {
 
 
 def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
-    """The runner's own environment, plus cache routing and the goal's GOALTENDER_* variables."""
-    env = dict(os.environ)
+    """The runner's own environment without its secrets (runner/secrets.py: all but the granted
+    ones), plus cache routing and the goal's GOALTENDER_* variables."""
+    env = agent_safe(os.environ, settings)
     for var, sub in CACHE_DIRS.items():
         if var not in env:
             path = settings.cache_dir / sub

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from goaltender.storage.db import private_directory
+
+DEFAULT_GRANTS = ("OPENAI_API_KEY", "GOALTENDER_OPENAI_API_KEY", "HF_TOKEN")
+"""What the built-in agents need (the model endpoint's key) and what experiments commonly need
+(gated model downloads); the Slack tokens are never among them."""
 
 
 def _default_agents() -> dict[str, list[str]]:
@@ -55,6 +63,21 @@ class RunnerSettings(GoaltenderSettings):
     experiment_timeout_s: float = 3600.0
     stop_grace_s: float = 5.0
     compute_unit: Literal["auto", "gpu", "cpu"] = "auto"
+    secrets: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """More secrets to redact and keep from agents: environment variable names, or paths of files
+    that each hold one (an entry with a '/'). Comma-separated or a JSON list."""
+    grants: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_GRANTS))
+    """Secret environment variables every goal's agent and experiments keep (still redacted on the
+    way out). Comma-separated or a JSON list; empty grants nothing."""
+
+    @field_validator("secrets", "grants", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
 
     @property
     def socket_path(self) -> Path:
@@ -71,3 +94,8 @@ class RunnerSettings(GoaltenderSettings):
     @property
     def cache_dir(self) -> Path:
         return self.home / "cache"
+
+    def make_dirs(self) -> None:
+        """The home, workspaces/ and cache/: this user's alone (0700, tightened if they exist)."""
+        for directory in (self.home, self.workspaces, self.cache_dir):
+            private_directory(directory)

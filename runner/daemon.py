@@ -24,6 +24,7 @@ from goaltender.runner.budget import (
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.report import best_experiment, summary_text
+from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.storage.records import MilestoneReported, utcnow
 from goaltender.storage.runner_store import RunnerStore
@@ -59,13 +60,15 @@ class Runner:
             p.Ask: self._on_ask,
             p.RunExperiment: self._on_run_experiment,
         }
-        self.server = SocketServer(settings.socket_path, settings.name, store, self.handlers)
+        self.server = SocketServer(
+            settings.socket_path, settings.name, store, self.handlers, Redactor.from_settings(settings)
+        )
 
     # ---- life cycle ----
 
     @classmethod
     async def start(cls, settings: RunnerSettings) -> Runner:
-        settings.home.mkdir(parents=True, exist_ok=True)
+        settings.make_dirs()
         store = await RunnerStore.open(settings.db_path)
         runner = cls(settings, store)
         await runner.campaigns.recover()

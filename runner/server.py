@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from goaltender.runner import protocol as p
+from goaltender.runner.secrets import Redactor
 from goaltender.storage.records import Event
 from goaltender.storage.runner_store import RunnerStore
 
@@ -38,9 +39,15 @@ class Refused(Exception):
 
 class SocketServer:
     def __init__(
-        self, path: Path, runner_name: str, store: RunnerStore, handlers: Mapping[type[p.Request], Handler]
+        self,
+        path: Path,
+        runner_name: str,
+        store: RunnerStore,
+        handlers: Mapping[type[p.Request], Handler],
+        redactor: Redactor | None = None,
     ):
         self.path = path
+        self.redactor = redactor or Redactor()  # token shapes only, unless the runner gives its secrets
         self.runner_name = runner_name
         self.store = store
         self.handlers = handlers
@@ -92,7 +99,7 @@ class SocketServer:
         waiting.set()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(reader, writer)
+        conn = _Connection(reader, writer, self.redactor)
         self._connections.add(conn)
         subscription: asyncio.Task | None = None
         try:
@@ -168,9 +175,10 @@ _TOO_LONG = b"\x00too-long"
 class _Connection:
     """One client: capped line reads, serialised writes."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, redactor: Redactor):
         self.reader = reader
         self.writer = writer
+        self.redactor = redactor
         self.client: str | None = None
         self._write_lock = asyncio.Lock()
 
@@ -192,8 +200,12 @@ class _Connection:
                     return None
 
     async def send(self, message: p.Message) -> None:
+        """Write one message. Everything that leaves the runner passes here, and is redacted here."""
+        if isinstance(message, p.LogReply):  # a chunk of a log may start or end inside a secret
+            message = message.model_copy(update={"text": self.redactor.redact_edges(message.text)})
+        line = self.redactor.redact_line(p.encode(message))
         async with self._write_lock:
-            self.writer.write(p.encode(message))
+            self.writer.write(line)
             await self.writer.drain()
 
     def close(self) -> None:

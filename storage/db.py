@@ -4,6 +4,8 @@ migrations keyed on `PRAGMA user_version`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -13,6 +15,24 @@ from typing import Any
 import aiosqlite
 
 BUSY_TIMEOUT_MS = 10_000
+PRIVATE_FILE = 0o600  # a database and its -wal and -shm: only this user reads them
+PRIVATE_DIR = 0o700
+
+
+def private_directory(path: Path, *, tighten: bool = True) -> Path:
+    """Create `path` (and missing parents) as 0700 whatever the umask; `tighten` makes an existing
+    `path` 0700 too (for directories that are ours alone, like the runner's home)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    for each in [path, *missing] if tighten else missing:
+        os.chmod(each, PRIVATE_DIR)
+    return path
+
+
+def private_file(path: Path) -> None:
+    """Make `path` 0600, creating it empty if missing (umask-independent)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE))
+    os.chmod(path, PRIVATE_FILE)
 
 
 class Database:
@@ -30,13 +50,17 @@ class Database:
     @classmethod
     async def open(cls, path: str | Path, migrations: Sequence[str] = ()) -> Database:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_directory(path.parent, tighten=False)
+        private_file(path)  # SQLite gives -wal and -shm the database's mode when it creates them
         conn = await aiosqlite.connect(path, isolation_level=None)
         conn.row_factory = sqlite3.Row
         await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         await conn.execute("PRAGMA journal_mode=WAL")
         await conn.execute("PRAGMA synchronous=NORMAL")
         await conn.execute("PRAGMA foreign_keys=ON")
+        for sidecar in ("-wal", "-shm"):  # left by an older version, or made under another umask
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{path}{sidecar}", PRIVATE_FILE)
         db = cls(conn, path)
         await db.migrate(migrations)
         return db

@@ -1,0 +1,363 @@
+"""Secrets stay on the box: the Redactor (properties and token shapes), the environment agents get,
+state file modes, and a whole goal whose agent and experiment leak every secret they can."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import pytest
+from conftest import approval_prompts, events_until_report, submit, write_agent
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from goaltender.runner import protocol as p
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.secrets import Redactor, agent_safe, configured_secrets, secret_looking
+from goaltender.storage.bot_store import BotStore
+from goaltender.storage.records import Event, MilestoneReported, utcnow
+
+# ---- the Redactor: properties ----
+
+# Secrets: 8+ characters of anything but '[' and ']' (the replacement markers' brackets) and lone
+# surrogates (no JSON encoder takes them).
+secret_text = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="[]"), min_size=8, max_size=40
+)
+any_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=200)
+# Text that cannot hold a token shape: no '-' or '_' (every shape has one but AWS key ids).
+plain_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="-_"), max_size=200)
+
+
+def milestone_line(title: str, text: str = "") -> bytes:
+    event = Event(seq=7, goal_id=1, ts=utcnow(), data=MilestoneReported(title=title, text=text))
+    return p.encode(p.EventMessage(id=3, event=event))
+
+
+def escaped_forms(secret: str) -> set[str]:
+    return {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+
+
+@settings(deadline=None)
+@given(secret=secret_text, before=any_text, after=any_text)
+def test_a_secret_never_survives_redaction(secret, before, after):
+    redactor = Redactor([("MY_SECRET", secret)])
+    text = before + secret + after
+    assert secret not in redactor.redact(text)
+    assert secret not in redactor.redact_edges(text)
+
+
+@settings(deadline=None)
+@given(secret=secret_text, before=any_text, after=any_text, other=any_text)
+def test_a_secret_never_survives_in_an_encoded_line(secret, before, after, other):
+    redactor = Redactor([("MY_SECRET", secret)])
+    out = redactor.redact_line(milestone_line(before + secret + after, other + secret))
+    assert out.endswith(b"\n") and out.count(b"\n") == 1
+    text = out.decode()
+    assert not any(form in text for form in escaped_forms(secret))
+    reply = p.parse_reply(out)  # still one valid message of the same type
+    assert isinstance(reply, p.EventMessage) and reply.id == 3 and reply.event.seq == 7
+    assert isinstance(reply.event.data, MilestoneReported)
+    assert secret not in reply.event.data.title and secret not in reply.event.data.text
+
+
+@settings(deadline=None)
+@given(secret=secret_text, text=plain_text, other=plain_text)
+def test_text_without_secrets_passes_through_byte_identical(secret, text, other):
+    assume(secret not in text and secret not in other and not re.search("AKIA|ASIA", text + other))
+    redactor = Redactor([("MY_SECRET", secret)])
+    assert redactor.redact(text) is text
+    line = milestone_line(text, other)
+    assert redactor.redact_line(line) is line
+
+
+# ---- the Redactor: token shapes and edges ----
+
+PEM = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+    "QyNTUxOQAAACDx0Xq8mQy5cJm2hG7\n"
+    "-----END OPENSSH PRIVATE KEY-----"
+)
+SHAPES = [
+    "xoxb-1234567890-0987654321-AbCdEfGhIjKlMnOp",
+    "xoxp-1234567890-0987654321-1234567890-abcdef",
+    "xapp-1-A0123456789-1234567890123-abcdef0123456789",
+    "sk-" + "A1b2C3d4" * 6,
+    "sk-proj-" + "Ab1_Cd2-" * 20,
+    "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+    "ghp_" + "a1B2c3D4e5" * 4,
+    "ghs_" + "a1B2c3D4e5" * 4,
+    "github_pat_11ABCDEFG0" + "abcdefghij_" * 7,
+    "AKIAIOSFODNN7EXAMPLE",
+    "ASIAY34FZKBOKMUTVV7A",
+    PEM,
+]
+
+
+@pytest.mark.parametrize("token", SHAPES)
+def test_token_shapes_are_redacted_in_text_and_lines(token):
+    redactor = Redactor()
+    for text in (f"key={token} end", f"\x1b[31m{token}\x1b[0m", f'"{token}"\n', token):
+        out = redactor.redact(text)
+        assert token not in out and "[redacted]" in out
+    line = milestone_line(f"leaked: {token}", f"again\n{token}\n")
+    out = redactor.redact_line(line)
+    assert not any(form in out.decode() for form in escaped_forms(token))
+    assert p.parse_reply(out).event.data.title == "leaked: [redacted]"
+
+
+def test_private_keys_cut_short_are_redacted():
+    body = PEM.splitlines()
+    redactor = Redactor()
+    no_end = redactor.redact("log:\n" + "\n".join(body[:3]))  # the log stopped mid-key
+    assert body[1] not in no_end and body[2] not in no_end
+    no_begin = redactor.redact("\n".join(body[1:]) + "\nthe rest")  # a tail that starts mid-key
+    assert no_begin == "[redacted]\nthe rest"
+    cut_line = redactor.redact(body[1][30:] + "\n" + "\n".join(body[2:]))
+    assert body[1][30:] not in cut_line
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task-run-with-large-batch-size-and-warmup",  # 'sk-' inside a word
+        "pip install scikit-learn; sk-learn is not a token",
+        "hf_hub_download(repo_id=...)",
+        "AKIA is a prefix; ASIA-PACIFIC",
+        "the SSH key is in ~/.ssh (PRIVATE KEY, not shown)",
+    ],
+)
+def test_ordinary_text_is_left_alone(text):
+    assert Redactor().redact(text) is text
+
+
+def test_markers_name_the_secret_and_never_contain_one():
+    assert (
+        Redactor([("HF_TOKEN", "hf-planted-1234")]).redact("a hf-planted-1234 b") == "a [redacted:HF_TOKEN] b"
+    )
+    odd = Redactor([("ODD", "redacted"), ("X", "[redacted]")])  # secrets no marker with 'redacted' may hold
+    assert odd.redact("the word redacted, sk-" + "a1" * 12) == "the word [secret], [secret]"
+
+
+def test_log_chunks_cut_inside_a_secret_lose_both_pieces():
+    secret = "planted-Secret-Value-0123456789"
+    redactor = Redactor([("MY_TOKEN", secret)])
+    log = f"step 1\nexport MY_TOKEN={secret}\nstep 2\n"
+    cut = log.index(secret) + 12
+    first, second = redactor.redact_edges(log[:cut]), redactor.redact_edges(log[cut:])
+    assert secret[:12] not in first and secret[12:] not in second
+    assert first.endswith("[redacted:MY_TOKEN]") and second.startswith("[redacted:MY_TOKEN]")
+    assert redactor.redact_edges("step 1\nstep 2\n") == "step 1\nstep 2\n"
+
+
+def test_a_line_that_is_not_json_is_redacted_anyway():
+    redactor = Redactor([("K", "planted-secret-1")])
+    assert redactor.redact_line(b'{"broken": "planted-secret-1\n') == b'{"broken": "[redacted]\n'
+
+
+# ---- which variables are secrets, and what agents keep ----
+
+
+def test_secret_looking_variables():
+    assert secret_looking("HF_TOKEN", "hf_abcdefgh12345")
+    assert secret_looking("pgpassword", "hunter2hunter2")
+    assert secret_looking("GOOGLE_APPLICATION_CREDENTIALS_JSON", '{"type": "service_account"}')
+    assert not secret_looking("HF_TOKEN", "short")  # too short to redact safely
+    assert not secret_looking("GOALTENDER_CONTEXT_TOKENS", "128000")  # a number, not a secret
+    assert not secret_looking("SSH_KEY_PATH", str(Path(__file__)))  # names where a key is
+    assert not secret_looking("GOALTENDER_SECRETS", "HF_TOKEN,MY_DB_URL")  # our own setting
+    assert not secret_looking("OPENAI_BASE_URL", "http://gpu-box:8000/v1")
+
+
+def test_agents_keep_only_granted_secrets(tmp_path):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/home/ml",
+        "OPENAI_API_KEY": "sk-planted-openai-key",
+        "HF_TOKEN": "hf_planted_token_1234",
+        "SLACK_BOT_TOKEN": "xoxb-planted-slack",
+        "SLACK_APP_TOKEN": "xapp-1",  # short, but a Slack variable
+        "SLACK_SIGNING_SECRET": "0123abcd0123abcd",
+        "WANDB_API_KEY": "planted-wandb-key",
+        "AWS_SECRET_ACCESS_KEY": "/wJalrXUtnFEMI/K7MDENG",  # looks like a path, is not one
+        "MY_DB_URL": "postgres://ml:planted@db/runs",
+        "GOALTENDER_CONTEXT_TOKENS": "32000",
+        "GOALTENDER_MODEL": "Qwen/Qwen3-32B",
+    }
+    runner = RunnerSettings(home=tmp_path, secrets=["MY_DB_URL"])
+    assert sorted(agent_safe(env, runner)) == [
+        "GOALTENDER_CONTEXT_TOKENS",
+        "GOALTENDER_MODEL",
+        "HF_TOKEN",
+        "HOME",
+        "OPENAI_API_KEY",
+        "PATH",
+    ]
+    explicit = RunnerSettings(home=tmp_path, grants=["WANDB_API_KEY"])
+    kept = agent_safe(env, explicit)
+    assert "WANDB_API_KEY" in kept and "OPENAI_API_KEY" not in kept and "HF_TOKEN" not in kept
+    assert "MY_DB_URL" in kept  # not configured as a secret there, and its name says nothing
+    assert not any(name.startswith("SLACK_") for name in agent_safe(env, RunnerSettings(home=tmp_path)))
+
+
+def test_secret_and_grant_settings(tmp_path, monkeypatch):
+    key_file = tmp_path / "deploy.key"
+    key_file.write_text("-----BEGIN KEY-----\nline-one-of-the-key\nline-two-of-the-key\n-----END KEY-----\n")
+    monkeypatch.setenv("GOALTENDER_SECRETS", f"MY_DB_URL, {key_file}, {tmp_path / 'missing'}")
+    monkeypatch.setenv("GOALTENDER_GRANTS", '["HF_TOKEN"]')
+    runner = RunnerSettings(home=tmp_path)
+    assert runner.secrets == ["MY_DB_URL", str(key_file), str(tmp_path / "missing")]
+    assert runner.grants == ["HF_TOKEN"]
+    found = configured_secrets(
+        runner, {"MY_DB_URL": "postgres://ml:planted@db/runs", "X_TOKEN": "tok-12345678"}
+    )
+    assert ("MY_DB_URL", "postgres://ml:planted@db/runs") in found
+    assert ("deploy.key", "line-one-of-the-key") in found and ("X_TOKEN", "tok-12345678") in found
+    monkeypatch.setenv("GOALTENDER_GRANTS", "")
+    assert RunnerSettings(home=tmp_path).grants == []
+    monkeypatch.delenv("GOALTENDER_GRANTS")
+    assert "SLACK_BOT_TOKEN" not in RunnerSettings(home=tmp_path).grants
+
+
+# ---- state file modes ----
+
+
+@pytest.fixture
+def open_umask():
+    old = os.umask(0)  # modes must not depend on the umask
+    yield
+    os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_runner_state_is_private(start_runner, tmp_path, open_umask):
+    (tmp_path / "home").mkdir(mode=0o755)  # an existing home from an older version is tightened
+    (tmp_path / "home" / "runner.db").touch(mode=0o644)
+    runner = await start_runner()
+    settings = runner.settings
+    for directory in (settings.home, settings.workspaces, settings.cache_dir):
+        assert mode(directory) == 0o700, directory
+    for state in ("runner.db", "runner.db-wal", "runner.db-shm"):
+        assert mode(settings.home / state) == 0o600, state
+    assert mode(settings.socket_path) == 0o600
+
+
+async def test_bot_database_is_private(tmp_path, open_umask):
+    store = await BotStore.open(tmp_path / "bot-home" / "state" / "bot.db")
+    try:
+        assert mode(tmp_path / "bot-home") == 0o700 and mode(tmp_path / "bot-home" / "state") == 0o700
+        for state in ("bot.db", "bot.db-wal", "bot.db-shm"):
+            assert mode(tmp_path / "bot-home" / "state" / state) == 0o600, state
+    finally:
+        await store.close()
+
+
+# ---- a whole goal: every secret planted, printed and leaked, none reaching a client ----
+
+LEAKY_AGENT = """
+env > env.txt
+mapfile -t SECRETS < {secrets}
+ALL="${{SECRETS[*]}}"
+goaltender milestone "Plan: $ALL" "details: $ALL"
+goaltender experiment -d "hypothesis $ALL" --param "token=$ALL" --metric acc -- \
+    bash -c 'env > exp_env.txt; echo "run sees: $1"; cat {secrets}; echo "acc: 0.5"' run "$ALL"
+goaltender ask "May I publish $ALL?" --detail "$ALL" --kind generic
+goaltender report "Final words: $ALL"
+echo "about to crash; my secrets: $ALL"
+cat {secrets}
+exit 3
+"""
+
+
+async def read_everything(socket_path: Path, goal_id: int, experiment_ids: list[int]) -> bytes:
+    """Every byte a client gets: the event log from 0, Status, Summary and each experiment's log."""
+    reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=p.MAX_LINE)
+    requests = [
+        p.Hello(id=1, version=p.PROTOCOL_VERSION, client="tap"),
+        p.Subscribe(id=2, since=0),
+        p.Status(id=3),
+        p.Status(id=4, goal_id=goal_id),
+        p.Summary(id=5, goal_id=goal_id),
+        *(p.GetLog(id=6 + i, experiment_id=e) for i, e in enumerate(experiment_ids)),
+    ]
+    for request in requests:
+        writer.write(request.model_dump_json().encode() + b"\n")
+    await writer.drain()
+    received, answered, reported = b"", set(), False
+    while not (reported and answered == {r.id for r in requests}):
+        line = await asyncio.wait_for(reader.readline(), 30)
+        assert line, "the runner hung up"
+        received += line
+        reply = p.parse_reply(line)
+        if isinstance(reply, p.EventMessage):
+            reported = reported or reply.event.data.kind == "report"
+        else:
+            answered.add(reply.id)
+    writer.close()
+    return received
+
+
+async def test_planted_secrets_never_reach_a_client(start_runner, connect, tmp_path, monkeypatch):
+    planted = {
+        "OPENAI_API_KEY": "sk-proj-PlantedOpenAI" + "3f9a" * 6,
+        "SLACK_BOT_TOKEN": "xoxb-1111-2222-PlantedSlackBotToken",
+        "HF_TOKEN": "hf_PlantedHuggingFace0123456789ab",
+        "WANDB_API_KEY": 'wandb"planted\\key-0123',  # JSON escapes on the way out
+        "MY_DB_URL": "postgres://ml:planted-db-password@db.internal/runs",  # configured by name
+    }
+    for name, value in planted.items():
+        monkeypatch.setenv(name, value)
+    secret_file = tmp_path / "vault" / "service.token"
+    secret_file.parent.mkdir()
+    secret_file.write_text("planted-file-secret-5c1e8d\n")
+    secrets = [*planted.values(), "planted-file-secret-5c1e8d"]
+    leak_list = tmp_path / "leak.txt"  # what the agent "found": every secret, one a line
+    leak_list.write_text("\n".join(secrets) + "\n")
+
+    agent = write_agent(tmp_path, "leaky.sh", LEAKY_AGENT.format(secrets=leak_list))
+    runner = await start_runner(agents={"leaky": agent}, secrets=["MY_DB_URL", str(secret_file)])
+    client = await connect(runner)
+    goal_id = await submit(
+        client, f"tune lr, the db is {planted['MY_DB_URL']}, max 2 experiments", owner="ana", agent="leaky"
+    )
+
+    async def approve():
+        watcher = await connect(runner, "watcher")
+        async for approval in approval_prompts(watcher, goal_id):
+            await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana")
+            return
+
+    approving = asyncio.ensure_future(approve())
+    events = await events_until_report(client, goal_id)
+    await approving
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    received = await read_everything(runner.settings.socket_path, goal_id, [e.id for e in summary.ledger])
+
+    text = received.decode()
+    for secret in secrets:
+        for form in escaped_forms(secret):
+            assert text.count(form) == 0, f"{secret!r} reached a client"
+    # ... and each place it was printed still arrived, redacted.
+    report = events[-1].data
+    assert "Final words: [redacted:OPENAI_API_KEY]" in report.text
+    assert "the agent exited with code 3" in report.end_reason and "about to crash" in report.end_reason
+    assert "[redacted:service.token]" in report.end_reason and "[redacted:WANDB_API_KEY]" in report.end_reason
+    assert summary.status.goal.text.startswith("tune lr, the db is [redacted:MY_DB_URL]")
+    assert summary.ledger[0].params["token"].startswith("[redacted:OPENAI_API_KEY]")
+    milestone = next(e.data for e in events if e.data.kind == "milestone")
+    assert "[redacted:SLACK_BOT_TOKEN]" in milestone.title and "[redacted:HF_TOKEN]" in milestone.text
+    assert "run sees: [redacted" in text and "May I publish [redacted" in text
+
+    workspace = Path(summary.status.goal.workspace)
+    for env_file in ("env.txt", "exp_env.txt"):
+        names = {line.split("=", 1)[0] for line in (workspace / env_file).read_text().splitlines()}
+        assert {"OPENAI_API_KEY", "HF_TOKEN"} <= names, env_file  # granted by default
+        assert not names & {"SLACK_BOT_TOKEN", "WANDB_API_KEY", "MY_DB_URL"}, env_file
