@@ -1,7 +1,8 @@
 """The Slack bot's app: the Bolt AsyncApp (Socket Mode, or HTTP), its lifecycle, and the listeners
 that hand each Slack request to the part of the bot that owns it — intake (`/goal`, @mentions,
-goal channels), thread replies, approvals, digests — plus the links to the runners, whose events
-are written into the goals' threads.
+goal channels), thread replies, approvals and budget increases, digests, roles (`/goal admin`),
+the team's views (`/goal list`, `/goal show`, the App Home tab) — plus the links to the runners,
+whose events are written into the goals' threads.
 
 Every listener acks first (events are acked by Bolt before the listener runs), and every
 subscribed event type has a listener so Socket Mode acks it. Slack events are deduplicated by
@@ -29,14 +30,18 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from goaltender.bot import digest
+from goaltender.bot import admin, digest, views
+from goaltender.bot.admin import Admin
 from goaltender.bot.approvals import Approvals
+from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.config import BotSettings
-from goaltender.bot.intake import GoalRefused, Intake
+from goaltender.bot.intake import GoalRefused, Intake, command_text
 from goaltender.bot.links import RunnerPool
 from goaltender.bot.messages import Messages
-from goaltender.bot.outbox import Outbox
+from goaltender.bot.outbox import Outbox, Payload
+from goaltender.bot.roles import Roles
 from goaltender.bot.thread import ThreadWriter
+from goaltender.bot.views import Views
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.records import Event
 
@@ -62,12 +67,25 @@ class GoaltenderBot:
             on_change=self.on_link_change,
         )
         plots_dir = settings.home / "plots"
-        self.intake = Intake(store, self.pool, self.outbox)
+        self.roles = Roles(settings, store, client)
+        self.intake = Intake(store, self.pool, self.outbox, self.roles)
         self.outbox.on_failed = self.intake.on_outbox_failed
         self.threads = ThreadWriter(store, self.pool, self.outbox, plots_dir, self.intake.submitting)
-        self.messages = Messages(store, self.pool, self.outbox, self.intake, settings.goal_channels)
-        self.approvals = Approvals(store, self.pool, self.outbox, settings.approvers)
-        self.digests = digest.Digests(store, self.pool, self.outbox, client, plots_dir)
+        self.budget = BudgetGuard(store, self.pool, self.outbox, self.roles)
+        self.views = Views(store, self.pool, self.outbox, self.roles, client)
+        self.messages = Messages(
+            store,
+            self.pool,
+            self.outbox,
+            self.intake,
+            settings.goal_channels,
+            roles=self.roles,
+            budget=self.budget,
+            views=self.views,
+        )
+        self.approvals = Approvals(store, self.pool, self.outbox, self.roles, self.budget)
+        self.digests = digest.Digests(store, self.pool, self.outbox, plots_dir)
+        self.admin = Admin(self.roles, self.outbox)
         self._tasks: list[asyncio.Task] = []
         self._closed = False
         self.handler: AsyncSocketModeHandler | None = None
@@ -168,7 +186,8 @@ class GoaltenderBot:
 
         @app.command("/goal")
         async def goal_command(ack, command, respond):
-            text = (command.get("text") or "").strip()
+            raw = (command.get("text") or "").strip()
+            text = command_text(raw)  # users, channels and links as typed (the command escapes them)
             channel, user = command["channel_id"], command["user_id"]
             try:
                 request = self.intake.read(text, channel, user)
@@ -183,7 +202,14 @@ class GoaltenderBot:
             async def reply(message: str) -> None:
                 await respond(text=message, response_type="ephemeral")
 
-            if (words := digest.command_words(text)) is not None:
+            async def show(payload: Payload) -> None:
+                await respond(text=payload["text"], blocks=payload["blocks"], response_type="ephemeral")
+
+            if (words := admin.command_words(raw)) is not None:
+                await self.admin.command(words, channel, user, reply)
+            elif (view := views.command_words(text)) is not None:
+                await self.views.command(*view, channel, show)
+            elif (words := digest.command_words(text)) is not None:
                 await self.digests.command(words, channel, user, reply)
             else:
                 await self.intake.submit(request, reply, respond=reply)
@@ -205,6 +231,17 @@ class GoaltenderBot:
         async def decide_button(ack, body, respond):
             await ack()
             await self.approvals.on_button(body, respond)
+
+        @app.action("budget_approve")
+        @app.action("budget_reject")
+        async def decide_budget(ack, body, respond):
+            await ack()
+            await self.budget.on_button(body, respond)
+
+        @app.event("app_home_opened")
+        async def home_opened(event):
+            if event.get("tab", "home") == "home":
+                await self.views.publish_home(event["user"])
 
         @app.event(re.compile(".*"))
         async def everything_else(body):

@@ -3,7 +3,8 @@ plus Slack's two tokens under their usual names, SLACK_BOT_TOKEN and SLACK_APP_T
 
 Lists and runners are JSON in the environment, e.g.
 `GOALTENDER_GOAL_CHANNELS='["C0123"]'`, `GOALTENDER_APPROVERS='["U0ANA"]'`,
-`GOALTENDER_RUNNERS='[{"name": "gpu1", "host": "gpu1", "username": "ml", ...}]'`.
+`GOALTENDER_RUNNERS='[{"name": "gpu1", "host": "gpu1", "username": "ml", ...}]'`,
+`GOALTENDER_ROLES='{"C0123": {"starters": ["U0ANA", "U0BEN"], "controllers": ["everyone"]}}'`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from goaltender.bot.budget_size import Threshold
 from goaltender.bot.transports import RunnerTarget
 from goaltender.runner.config import GoaltenderSettings
 
@@ -26,6 +28,31 @@ HTTP_VARIABLES = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")
 
 def _default_home() -> Path:
     return Path.home() / ".goaltender"
+
+
+class ChannelRoles(BaseModel):
+    """One channel's roles (`GOALTENDER_ROLES`: channel id, or "*" for every channel, -> these).
+    Each list holds Slack user ids, or "everyone"; a role left out keeps its default."""
+
+    model_config = {"extra": "forbid"}
+
+    starters: list[str] | None = None
+    """Who may start goals here (default: everyone)."""
+    approvers: list[str] | None = None
+    """Who decides approvals and controls every goal here (default: GOALTENDER_APPROVERS)."""
+    controllers: list[str] | None = None
+    """Who else may stop, pause, resume, steer and change the budget of any goal here (default: nobody)."""
+    admins: list[str] | None = None
+    """Who may change this channel's roles with `/goal admin` (besides workspace admins and GOALTENDER_ADMINS)."""
+    budget_second_person: str | None = None
+    """Budget increases above this size need a second person here (default: GOALTENDER_BUDGET_SECOND_PERSON)."""
+
+    @field_validator("budget_second_person")
+    @classmethod
+    def _threshold(cls, value: str | None) -> str | None:
+        if value is not None:
+            Threshold.parse(value)  # ValueError says how to write one
+        return value
 
 
 class BotSettings(GoaltenderSettings):
@@ -40,7 +67,15 @@ class BotSettings(GoaltenderSettings):
     goal_channels: list[str] = Field(default_factory=list)
     """Channel ids where every new top-level message is a goal."""
     approvers: list[str] = Field(default_factory=list)
-    """Slack user ids who may decide any approval (besides each goal's owner)."""
+    """Slack user ids who decide approvals and control goals in every channel (besides each goal's
+    owner), unless a channel's roles say otherwise."""
+    admins: list[str] = Field(default_factory=list)
+    """Slack user ids who may run `/goal admin` in every channel (workspace admins and owners always may)."""
+    roles: dict[str, ChannelRoles] = Field(default_factory=dict)
+    """Per channel id (or "*" for every channel): who starts, approves, controls, administers."""
+    budget_second_person: str | None = None
+    """A budget increase above this size needs a second person: `1h` (time or compute-hours added),
+    `50%` (of a limit), `0` (every increase), or unset / `off` (none)."""
     slack_api_url: str | None = None
     """Slack Web API base URL (tests point it at a fake Slack); default Slack's own."""
     outbox_interval_s: float = Field(default=1.0, ge=0)
@@ -60,6 +95,13 @@ class BotSettings(GoaltenderSettings):
         default=None, validation_alias=AliasChoices("SLACK_SIGNING_SECRET", "slack_signing_secret")
     )
     """HTTP mode: every request's signature is verified with it (Basic Information -> Signing Secret)."""
+
+    @field_validator("budget_second_person")
+    @classmethod
+    def _threshold(cls, value: str | None) -> str | None:
+        if value is not None:
+            Threshold.parse(value)
+        return value
 
     @property
     def db_path(self) -> Path:

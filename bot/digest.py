@@ -27,8 +27,6 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
-from slack_sdk.errors import SlackApiError
-from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import queries, render
 from goaltender.bot.keys import ApprovalKey, CardKey, DigestKey
@@ -202,13 +200,10 @@ class _Sections:
 class Digests:
     """Each channel's digest: its schedule, set from Slack, and the digest itself."""
 
-    def __init__(
-        self, store: BotStore, pool: RunnerPool, outbox: Outbox, client: AsyncWebClient, plots_dir: Path
-    ):
+    def __init__(self, store: BotStore, pool: RunnerPool, outbox: Outbox, plots_dir: Path):
         self.store = store
         self.pool = pool
         self.outbox = outbox
-        self.client = client
         self.plots_dir = plots_dir
         self.schedules = DigestScheduler(self.send)
 
@@ -293,8 +288,7 @@ class Digests:
         goal = status.goal
         if not goal.active and not (goal.ended_at and goal.ended_at > since):
             return
-        card = await self.outbox.sent_ts(CardKey(thread.runner, thread.goal_id))
-        link = await self._permalink(thread.channel, card)
+        link = await self.outbox.permalink(thread.channel, CardKey(thread.runner, thread.goal_id))
         name = f"<{link}|Goal #{goal.id}>" if link else f"Goal #{goal.id}"
         ledger = await queries.ledger(self.pool, thread.runner, goal.id) if live is not None else []
         best = _best_line(status, ledger, since)
@@ -309,11 +303,12 @@ class Digests:
                 f"{render.escape(goal.text[:120])}\n    {budget} · {best}{last}"
             )
         else:
-            why = f" ({render.escape(goal.end_reason.splitlines()[0][:200])})" if goal.end_reason else ""
+            why = f" ({render.people(goal.end_reason.splitlines()[0][:200])})" if goal.end_reason else ""
             sections.finished.append(f"• {name}: *{goal.state}*{why} — {best}")
         for approval in status.pending_approvals:
-            prompt = await self.outbox.sent_ts(ApprovalKey(thread.runner, goal.id, approval.id))
-            plink = await self._permalink(thread.channel, prompt)
+            plink = await self.outbox.permalink(
+                thread.channel, ApprovalKey(thread.runner, goal.id, approval.id)
+            )
             question = render.escape(approval.question[:200])
             asked = format_duration((now - approval.requested_at).total_seconds())
             label = f"<{plink}|#{approval.id}: {question}>" if plink else f"#{approval.id}: {question}"
@@ -349,16 +344,6 @@ class Digests:
             title="Best result so far, per goal",
         )
         return {"file": str(path), "filename": path.name, "title": f"Campaigns in this channel — {ylabel}"}
-
-    async def _permalink(self, channel: str, ts: str | None) -> str | None:
-        if not ts:
-            return None
-        try:
-            response = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
-        except (SlackApiError, OSError, TimeoutError) as exc:
-            log.info("no permalink for %s/%s: %s", channel, ts, exc)
-            return None
-        return response.get("permalink")
 
 
 def _best_line(status: p.GoalStatus, ledger: list[Experiment], since: datetime) -> str:

@@ -19,6 +19,7 @@ from goaltender.bot import render
 from goaltender.bot.keys import CardKey, OutboxKey, QueueKey, parse
 from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, replacing
+from goaltender.bot.roles import Roles, actor
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import GoalSpec, parse_goal_text
 from goaltender.runner.client import RunnerUnavailable
@@ -31,11 +32,30 @@ HOWTO = (
     "Start a goal with `/goal <what to achieve>`, e.g. "
     "`/goal train the star-count model to 95% accuracy, budget 2h, max 20 experiments`. "
     "Optional: `gpu-hours 8`, `30m each`, `with <agent>`, `on <runner>`. "
-    "Then steer it from the goal's thread: `stop`, `pause`, `resume`, `status`, `budget +2h`, "
-    "or any message for the agent."
+    "Then steer it from the goal's thread: `stop`, `pause`, `resume`, `status`, `summary`, "
+    "`budget +2h`, or any message for the agent. Also: `/goal list`, `/goal show <n>`, "
+    "`/goal digest …`, `/goal admin show`."
 )
 
 Reply = Callable[[str], Awaitable[None]]
+# What `/goal` text looks like with users, channels and links escaped (should_escape: true).
+_ESCAPED = re.compile(r"<([@#!]?)([^<>|]+)(?:\|([^<>]*))?>")
+
+
+def command_text(text: str) -> str:
+    """A slash command's text as typed: Slack's `<@U1|ana>` back to `@ana`, `<#C1|general>` to
+    `#general`, `<https://x|x>` to `https://x` (the command escapes them so that `/goal admin`
+    gets user ids)."""
+
+    def typed(match: re.Match[str]) -> str:
+        sigil, target, label = match.groups()
+        if sigil in ("@", "#"):
+            return sigil + (label or target)
+        if sigil == "!":
+            return "@" + (label or target).split("^")[0]
+        return target
+
+    return _ESCAPED.sub(typed, text)
 
 
 class GoalRefused(ValueError):
@@ -88,10 +108,11 @@ def _runner_named(text: str, parsed: str | None, runners: Collection[str]) -> st
 class Intake:
     """Submits goals to runners, and keeps the ones no runner can take yet until one can."""
 
-    def __init__(self, store: BotStore, pool: RunnerPool, outbox: Outbox):
+    def __init__(self, store: BotStore, pool: RunnerPool, outbox: Outbox, roles: Roles):
         self.store = store
         self.pool = pool
         self.outbox = outbox
+        self.roles = roles
         self._draining = asyncio.Lock()  # one pass over the queued goals at a time
         self._submitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._responders: dict[OutboxKey, Reply] = {}  # a card -> the /goal response_url, for errors
@@ -108,7 +129,15 @@ class Intake:
         """Submit a goal and open its thread; returns the goal id (None when refused or queued).
 
         When no runner can take it (all down, or the one asked for is down), the goal is queued
-        with a visible card. `respond` (a /goal's response_url) hears if its card cannot be posted."""
+        with a visible card. `respond` (a /goal's response_url) hears if its card cannot be posted.
+        Someone who may not start goals in the channel is told so, and nothing starts."""
+        if not await self.roles.may_start(request.channel, request.owner):
+            starters = await self.roles.members(request.channel, "starters")
+            await reply(
+                f"Only {starters.describe()} can start goals in this channel; your goal was not "
+                f"submitted (`/goal admin show` lists the roles): `{render.escape(request.text[:500])}`"
+            )
+            return None
         try:
             link = await self.pool.pick(request.runner)
         except UnknownRunner as exc:
@@ -135,7 +164,11 @@ class Intake:
         """SubmitGoal, then queue the goal's status card; ProtocolError / RunnerUnavailable pass through."""
         async with self._submitting[link.name]:
             submitted = await link.call(
-                p.SubmitGoal, p.GoalReply, text=request.text, owner=request.owner, agent=request.spec.agent
+                p.SubmitGoal,
+                p.GoalReply,
+                text=request.text,
+                owner=actor(request.owner),
+                agent=request.spec.agent,
             )
             status = submitted.status
             card = CardKey(link.name, status.goal.id)
@@ -222,7 +255,7 @@ class Intake:
                         p.Stop,
                         p.Done,
                         goal_id=goal_id,
-                        by="goaltender",
+                        by="goaltender",  # the bot itself, not a person
                         reason="the bot is not in the channel",
                     )
                 what = f"I can't open goal #{goal_id}'s thread here (I stopped it)"

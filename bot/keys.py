@@ -1,11 +1,12 @@
-"""Outbox keys: which Slack write is which — a goal's card, an approval prompt, a queued goal's
-card, the writes a runner event produced, the answer to a thread reply, a digest.
+"""Outbox keys: which Slack write is which — a goal's card, an approval prompt, a budget increase
+waiting for a second person, a queued goal's card, the writes a runner event produced, the answer
+to a thread reply, a digest.
 
 A key is a small frozen value; `str(key)` is how it is stored (the outbox's dedupe key, and the
 `thread_of` / `ts_of` references in payloads) and `parse` reads it back, to route a reply, a
 reaction or a click to its goal, and a failed write to whoever asked for it.
 
-The stored text is readable and `:`-separated: `gpu1:5:card`, `gpu1:5:approval:2`, `queue:3`,
+The stored text is readable and `:`-separated: `gpu1:5:card`, `gpu1:5:approval:2`, `gpu1:5:budget:1`, `queue:3`,
 `gpu1:41:0`, `gpu1:41:plot`. A `:` or `%` inside a name is written `%3A` / `%25`, so every field
 is one segment and a key is told by its shape: a runner's keys have the goal id or event seq
 second, the others a channel id (never all digits) or two segments. So a runner named `queue`,
@@ -46,6 +47,18 @@ class ApprovalKey:
 
     def __str__(self) -> str:
         return f"{_escape(self.runner)}:{self.goal_id}:approval:{self.approval_id}"
+
+
+@dataclass(frozen=True)
+class BudgetKey:
+    """The prompt asking a second person to decide a budget increase (bot.db's budget_requests row)."""
+
+    runner: str
+    goal_id: int
+    request_id: int
+
+    def __str__(self) -> str:
+        return f"{_escape(self.runner)}:{self.goal_id}:budget:{self.request_id}"
 
 
 @dataclass(frozen=True)
@@ -94,7 +107,7 @@ class DigestKey:
         return text + ":plot" if self.plot else text
 
 
-OutboxKey = CardKey | ApprovalKey | QueueKey | EventKey | ReplyKey | DigestKey
+OutboxKey = CardKey | ApprovalKey | BudgetKey | QueueKey | EventKey | ReplyKey | DigestKey
 
 
 def parse(text: str) -> OutboxKey | None:
@@ -114,6 +127,8 @@ def parse(text: str) -> OutboxKey | None:
             return CardKey(_unescape(runner), int(goal_id))
         case [runner, goal_id, "approval", approval_id] if _is_int(goal_id) and _is_int(approval_id):
             return ApprovalKey(_unescape(runner), int(goal_id), int(approval_id))
+        case [runner, goal_id, "budget", request_id] if _is_int(goal_id) and _is_int(request_id):
+            return BudgetKey(_unescape(runner), int(goal_id), int(request_id))
         case [runner, seq, "plot" | "card-update" as part] if _is_int(seq):
             return EventKey(_unescape(runner), int(seq), part)
         case [runner, seq, part] if _is_int(seq) and _is_int(part):

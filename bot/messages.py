@@ -1,6 +1,12 @@
 """People's messages: a new goal (a message that @mentions the bot, or any new top-level message
 in a goal channel), or a reply in a goal's thread — `stop`, `pause`, `resume`, `status`,
-`budget +2h`, or anything else, which goes to the agent as steering.
+`summary` (or "what happened so far?"), `budget +2h`, or anything else, which goes to the agent
+as steering.
+
+Anyone in the channel may ask for `status` and `summary` (the bot answers them; the agent is not
+disturbed). Everything else changes the goal: only those who control it (its owner, the approvers,
+the channel's controllers: bot/roles.py) may; anyone else is told so privately and nothing changes.
+A budget change over the channel's limit waits for a second person (bot/budget_guard.py).
 
 A message that @mentions the bot arrives twice (app_mention + message): it is handled once,
 keyed on (channel, ts).
@@ -12,16 +18,26 @@ import re
 from typing import Any
 
 from goaltender.bot import queries, render
+from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.intake import GoalRefused, Intake
 from goaltender.bot.keys import CardKey, ReplyKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
+from goaltender.bot.roles import Roles, actor
 from goaltender.bot.thread import thread_at
+from goaltender.bot.views import Views, asks_for_summary
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, Thread
 
 CONTROL: dict[str, type[p.Request]] = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
+DOING = {
+    "stop": "stop",
+    "pause": "pause",
+    "resume": "resume",
+    "budget": "change the budget of",
+    "steer": "steer",
+}
 _BUDGET = re.compile(
     r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
 )
@@ -32,13 +48,25 @@ class Messages:
     """Routes people's messages to intake or to their goal's runner, and answers in the thread."""
 
     def __init__(
-        self, store: BotStore, pool: RunnerPool, outbox: Outbox, intake: Intake, goal_channels: list[str]
+        self,
+        store: BotStore,
+        pool: RunnerPool,
+        outbox: Outbox,
+        intake: Intake,
+        goal_channels: list[str],
+        *,
+        roles: Roles,
+        budget: BudgetGuard,
+        views: Views,
     ):
         self.store = store
         self.pool = pool
         self.outbox = outbox
         self.intake = intake
         self.goal_channels = goal_channels
+        self.roles = roles
+        self.budget = budget
+        self.views = views
 
     async def on_message(self, event: dict[str, Any], bot_user: str | None, *, mention: bool) -> None:
         if event.get("subtype") not in _HANDLED_SUBTYPES:
@@ -81,6 +109,19 @@ class Messages:
             return
         key = ReplyKey(thread.channel, ts)
         command = text.strip().lower().rstrip(".!")
+        if command == "status":
+            await self._status(thread, key)
+            return
+        if asks_for_summary(text):
+            await self._summary(thread, key)
+            return
+        doing = command if command in CONTROL else "budget" if _BUDGET.match(text) else "steer"
+        if not await self.roles.may_control(thread, user):
+            who = await self.roles.who_controls(thread)
+            await self._tell(
+                thread, user, f"Only {who} can {DOING[doing]} goal #{thread.goal_id}; nothing changed.", key
+            )
+            return
         try:
             link = self.pool[thread.runner]
         except UnknownRunner:
@@ -88,15 +129,17 @@ class Messages:
             return
         try:
             if command in CONTROL:
-                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=user)
+                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=actor(user))
                 await self._react(thread, ts, "ok_hand", key)
-            elif command == "status":
-                await self._status(thread, key)
-            elif _BUDGET.match(text):
-                await link.call(p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=user)
-                await self._react(thread, ts, "ok_hand", key)
-            else:
-                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=user)
+            elif doing == "budget":
+                if not await self.budget.needs_second_person(thread, user, text[:200]):
+                    await link.call(
+                        p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=actor(user)
+                    )
+                    await self._react(thread, ts, "ok_hand", key)
+            elif not await self.budget.needs_second_person(thread, user, text[:4000]):
+                # The runner reads budget words in steering too ("… budget 10h"): checked above.
+                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=actor(user))
                 await self._react(thread, ts, "eyes", key)
         except p.ProtocolError as exc:
             await self._refused(thread, exc, key)
@@ -107,6 +150,15 @@ class Messages:
                 "your message was not delivered. Please send it again later.",
                 key,
             )
+
+    async def _summary(self, thread: Thread, key: ReplyKey) -> None:
+        answer = await self.views.summary(thread)
+        if answer is None:
+            await self._say(thread, f"Runner {thread.runner} did not answer; try again soon.", key)
+            return
+        await self.outbox.enqueue(
+            thread.channel, "post", in_thread(CardKey(thread.runner, thread.goal_id), answer), key
+        )
 
     async def _status(self, thread: Thread, key: ReplyKey) -> None:
         status = await queries.goal_status(self.pool, thread.runner, thread.goal_id)
@@ -128,12 +180,17 @@ class Messages:
                 why = f" ({goal.end_reason.splitlines()[0]})" if goal.end_reason else ""
                 await self._say(
                     thread,
-                    f"Goal #{goal.id} is {goal.state}{render.escape(why)}; it takes no more messages. "
+                    f"Goal #{goal.id} is {goal.state}{render.people(why)}; it takes no more messages. "
                     "Start a new one with `/goal`.",
                     key,
                 )
                 return
         await self._say(thread, f"That did not work: {render.escape(exc.error.message)}", key)
+
+    async def _tell(self, thread: Thread, user: str, text: str, key: ReplyKey) -> None:
+        """An answer in the thread that only `user` sees."""
+        payload = in_thread(CardKey(thread.runner, thread.goal_id), {"user": user, "text": text})
+        await self.outbox.enqueue(thread.channel, "ephemeral", payload, key)
 
     async def _react(self, thread: Thread, ts: str, emoji: str, key: ReplyKey) -> None:
         await self.outbox.enqueue(thread.channel, "reaction", {"timestamp": ts, "name": emoji}, key)

@@ -104,6 +104,18 @@ class Outbox:
         item = await self.store.outbox_by_key(str(key))
         return item.result.get("ts") if item is not None and item.state == "sent" and item.result else None
 
+    async def permalink(self, channel: str, key: OutboxKey) -> str | None:
+        """A link to the post queued under `key`, once Slack has it (None when it cannot say)."""
+        ts = await self.sent_ts(key)
+        if not ts:
+            return None
+        try:
+            response = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
+        except (SlackApiError, OSError, TimeoutError) as exc:
+            log.info("no permalink for %s/%s: %s", channel, ts, exc)
+            return None
+        return response.get("permalink")
+
     async def posted_at(self, channel: str, ts: str) -> OutboxKey | None:
         """The key of the post the bot made at (channel, ts). Slack shows a post to people before
         its API answer reaches the bot, so a very quick reply or reaction may name a post still

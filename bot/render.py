@@ -61,13 +61,38 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+# How people appear in what the runner records: `U123` (older records), `slack:U123` (what the bot
+# sends), `slack:U123 via goaltender-bot (uid 0)` (the runner's audit form). CLI operators are
+# anything else ("alice via goaltender (uid 1000)"), shown as plain text.
+_ACTOR = re.compile(r"(?:slack:)?([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
+_ACTOR_IN_TEXT = re.compile(r"\bslack:([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
+# A bare Slack id inside older free text ("stopped by U0ALICE"): U/W, 6+ capitals and digits, one
+# digit at least, so that words such as UPDATED or WARNING are left alone.
+_BARE_ID = re.compile(r"(?<![\w:@/])([UW](?=[A-Z0-9]*[0-9])[A-Z0-9]{5,})\b")
+
+
+def slack_user(who: str | None) -> str | None:
+    """The Slack user id a recorded actor names (`U123`, `slack:U123`, `slack:U123 via … (uid N)`);
+    None for anyone else (a CLI operator, the bot itself)."""
+    match = _ACTOR.fullmatch((who or "").strip())
+    return match.group(1) if match else None
+
+
 def user_ref(who: str | None) -> str:
-    """A Slack user id as a mention; anything else (a CLI user's name) as plain text."""
+    """A person as Slack shows them: a Slack user as a mention, anyone else as plain text."""
     if not who:
         return "someone"
-    if re.fullmatch(r"[UW][A-Z0-9]{2,}", who):
-        return f"<@{who}>"
+    if user := slack_user(who):
+        return f"<@{user}>"
     return escape(who)
+
+
+def people(text: str, *, escaped: bool = True) -> str:
+    """Free text the runner wrote ("stopped by slack:U123 via goaltender-bot (uid 0): enough"), with
+    every Slack user in it as a mention; mrkdwn-escaped unless `escaped=False` (fallback text)."""
+    text = escape(text) if escaped else text
+    text = _ACTOR_IN_TEXT.sub(r"<@\1>", text)
+    return _BARE_ID.sub(r"<@\1>", text)
 
 
 def _inline(text: str) -> str:
@@ -253,7 +278,7 @@ def status_card(
         )
     facts = [f"runner *{escape(runner)}*", f"agent *{escape(goal.agent)}*"]
     if goal.end_reason:
-        facts.append(f"ended: {escape(goal.end_reason.splitlines()[0][:300])}")
+        facts.append(f"ended: {people(goal.end_reason.splitlines()[0][:300])}")
     elif status.stop_status:
         facts.append(escape(status.stop_status[:300]))
     blocks.append(context(" · ".join(facts)))
@@ -346,34 +371,30 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
     return payload(f"#{e.index} {e.status}{metric}", blocks)
 
 
+def _decide_buttons(block_id: str, value: str, approve: str = "approve", reject: str = "reject") -> dict:
+    """An actions block: Approve (action id `approve`) and Reject (`reject`), both carrying `value`."""
+    return {
+        "type": "actions",
+        "block_id": block_id,
+        "elements": [
+            {
+                "type": "button",
+                "action_id": action_id,
+                "text": {"type": "plain_text", "text": label},
+                "style": style,
+                "value": value,
+            }
+            for action_id, label, style in ((approve, "Approve", "primary"), (reject, "Reject", "danger"))
+        ],
+    }
+
+
 def approval_prompt(approval: Approval, runner: str) -> Payload:
     """The question, its detail, Approve / Reject buttons (value "<runner>:<approval id>")."""
-    value = f"{runner}:{approval.id}"
     blocks = sections(f"{EMOJI['approval_requested']} *Approval needed:* {escape(approval.question)}")
     if approval.detail:
         blocks += sections(markdown_to_mrkdwn(approval.detail))
-    blocks.append(
-        {
-            "type": "actions",
-            "block_id": f"approval-{approval.id}",
-            "elements": [
-                {
-                    "type": "button",
-                    "action_id": "approve",
-                    "text": {"type": "plain_text", "text": "Approve"},
-                    "style": "primary",
-                    "value": value,
-                },
-                {
-                    "type": "button",
-                    "action_id": "reject",
-                    "text": {"type": "plain_text", "text": "Reject"},
-                    "style": "danger",
-                    "value": value,
-                },
-            ],
-        }
-    )
+    blocks.append(_decide_buttons(f"approval-{approval.id}", f"{runner}:{approval.id}"))
     blocks.append(context(f"approval #{approval.id} · {escape(approval.kind)} · {APPROVAL_HINT}"))
     return payload(f"Approval needed: {approval.question}", blocks)
 
@@ -386,19 +407,54 @@ def approval_decided(approval: Approval) -> Payload:
         verdict += f" by {user_ref(approval.decided_by)}"
     blocks = sections(f"~Approval needed:~ {escape(approval.question)}\n{verdict}")
     if approval.comment:
-        blocks += sections(f"> {escape(approval.comment)}")
+        blocks += sections(f"> {people(approval.comment)}")
     blocks.append(context(f"approval #{approval.id}"))
     plain = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired"}.get(
         approval.state, "Pending"
     )
-    by = f" by {approval.decided_by}" if approval.decided_by and approval.state != "expired" else ""
+    by = f" by {user_ref(approval.decided_by)}" if approval.decided_by and approval.state != "expired" else ""
     return payload(f"{plain}{by}: {approval.question}", blocks)
+
+
+def budget_prompt(request_id: int, goal_id: int, change: str, requested_by: str, why: str) -> Payload:
+    """A budget increase over the channel's limit, for a second person to decide (buttons
+    `budget_approve` / `budget_reject`, value the request id)."""
+    asked = f"{user_ref(requested_by)} asks to change goal #{goal_id}'s budget: `{escape(change[:500])}`"
+    blocks = sections(f"{EMOJI['approval_requested']} *Budget increase needs a second person:* {asked}")
+    blocks.append(
+        context(f"It {escape(why)}. Nothing changes until someone else who controls the goal approves.")
+    )
+    blocks.append(_decide_buttons(f"budget-{request_id}", str(request_id), "budget_approve", "budget_reject"))
+    blocks.append(context(f"budget request #{request_id} · {APPROVAL_HINT}"))
+    return payload(f"Budget increase needs a second person: {change[:200]}", blocks)
+
+
+def budget_decided(
+    request_id: int,
+    goal_id: int,
+    change: str,
+    requested_by: str,
+    state: str,
+    by: str | None,
+    error: str | None,
+) -> Payload:
+    """What a budget prompt becomes once decided: approved (and applied), rejected, or refused by the runner."""
+    asked = f"{user_ref(requested_by)} asked to change goal #{goal_id}'s budget: `{escape(change[:500])}`"
+    if state == "approved":
+        verdict = f":white_check_mark: *Approved* by {user_ref(by)}; the runner applied it."
+    elif state == "rejected":
+        verdict = f":x: *Rejected* by {user_ref(by)}; the budget is unchanged."
+    else:
+        verdict = f":warning: Approved by {user_ref(by)}, but the runner refused it: {people(error or 'no reason given')}"
+    blocks = sections(f"~Budget increase needs a second person:~ {asked}\n{verdict}")
+    blocks.append(context(f"budget request #{request_id}"))
+    return payload(f"Budget request {state}: {change[:200]}", blocks)
 
 
 def steer_ack(message: InboxMessage) -> Payload:
     text = message.text if len(message.text) <= 500 else message.text[:500] + "…"
     return payload(
-        f"Steer from {message.author}: {text}",
+        f"Steer from {user_ref(message.author)}: {text}",
         [
             context(
                 f"{EMOJI['steer']} steer from {user_ref(message.author)} delivered to the agent: “{escape(text)}”"
@@ -408,9 +464,9 @@ def steer_ack(message: InboxMessage) -> Payload:
 
 
 def budget_changed(data: BudgetChanged) -> Payload:
-    reason = f": {escape(data.reason)}" if data.reason else ""
+    reason = f": {people(data.reason)}" if data.reason else ""
     return payload(
-        f"Budget changed{': ' + data.reason if data.reason else ''}",
+        f"Budget changed{': ' + people(data.reason, escaped=False) if data.reason else ''}",
         sections(f"{EMOJI['budget_changed']} *Budget changed*{reason}\nnow: {budget_summary(data.budget)}"),
     )
 
@@ -424,7 +480,7 @@ def state_changed(goal_id: int, data: GoalStateChanged) -> Payload | None:
     ):
         state = state_label(data.state)
         emoji = STATE_EMOJI.get(data.state, EMOJI["goal_state"])
-        reason = f" ({escape(data.reason)})" if data.reason else ""
+        reason = f" ({people(data.reason)})" if data.reason else ""
         return payload(
             f"Goal #{goal_id} is now {state}", [section(f"{emoji} Goal #{goal_id} is now *{state}*{reason}")]
         )
@@ -433,17 +489,17 @@ def state_changed(goal_id: int, data: GoalStateChanged) -> Payload | None:
 
 def final_report(data: FinalReport, goal_id: int | None = None) -> Payload:
     title = f"{EMOJI['report']} *Final report*" + (f" — goal #{goal_id}" if goal_id is not None else "")
-    head = f"{title} — {escape(data.end_reason)}"
+    head = f"{title} — {people(data.end_reason)}"
     if data.best is not None and data.best.metric_value is not None:
         b = data.best
         head += f"\n*best* #{b.index} {_metric_text(b)} — {escape(b.description[:500])}"
     blocks = sections(head) + sections(markdown_to_mrkdwn(data.text))
-    return payload(f"Final report: {data.end_reason}", blocks, what="report")
+    return payload(f"Final report: {people(data.end_reason, escaped=False)}", blocks, what="report")
 
 
 def notice(text: str) -> Payload:
     """A plain bot line in a thread (command answers, errors); `text` is mrkdwn, already escaped."""
-    return payload(re.sub(r"<@([A-Z0-9]+)>", r"@\1", text), sections(text))
+    return payload(text, sections(text))
 
 
 def status_summary(status: GoalStatus, runner: str) -> Payload:

@@ -156,7 +156,7 @@ class ThreadWriter:
                 Write("upload", in_thread(event.card, plot), EventKey(event.runner, event.seq, "plot"))
             )
         if isinstance(data, MilestoneReported):
-            await self.store.set_milestone(event.runner, event.goal_id, data.title)
+            await self.store.set_milestone(event.runner, event.goal_id, data.title, event.seq)
         if isinstance(data, CARD_EVENTS) and (card := await self._card(event.runner, event.goal_id)):
             # Not "<runner>:<seq>:card": that is goal <seq>'s card post (CardKey), which INSERT OR
             # IGNORE would then drop, sending that goal's thread into this one.

@@ -8,6 +8,7 @@ it produced, in one transaction, makes the bot's side exactly once.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -81,6 +82,42 @@ MIGRATIONS = [
     ALTER TABLE threads ADD COLUMN status TEXT;
     ALTER TABLE threads ADD COLUMN milestone TEXT;
     """,
+    # v3: a channel's roles and budget rule as set from Slack (`/goal admin`), budget increases
+    # waiting for a second person, and every goal's milestones (for `summary` in a thread).
+    """
+    CREATE TABLE channel_settings (
+        channel TEXT NOT NULL,
+        name TEXT NOT NULL,
+        value TEXT NOT NULL,
+        set_by TEXT NOT NULL,
+        set_at TEXT NOT NULL,
+        PRIMARY KEY (channel, name)
+    );
+    CREATE TABLE budget_requests (
+        id INTEGER PRIMARY KEY,
+        runner TEXT NOT NULL,
+        goal_id INTEGER NOT NULL,
+        channel TEXT NOT NULL,
+        change TEXT NOT NULL,
+        why TEXT NOT NULL,
+        requested_by TEXT NOT NULL,
+        state TEXT NOT NULL DEFAULT 'pending',
+        decided_by TEXT,
+        decided_at TEXT,
+        error TEXT,
+        created_at TEXT NOT NULL
+    );
+    CREATE INDEX budget_requests_by_goal ON budget_requests (runner, goal_id, state);
+    CREATE TABLE milestones (
+        runner TEXT NOT NULL,
+        goal_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        title TEXT NOT NULL,
+        at TEXT NOT NULL,
+        PRIMARY KEY (runner, seq)
+    );
+    CREATE INDEX milestones_by_goal ON milestones (runner, goal_id, seq);
+    """,
 ]
 
 OutboxKind = Literal["post", "update", "ephemeral", "reaction", "upload"]
@@ -135,6 +172,43 @@ class Digest(BaseModel):
     created_by: str
     created_at: datetime
     last_sent_at: datetime | None
+
+
+class ChannelSetting(BaseModel):
+    """A channel's role or rule as set from Slack (`/goal admin`); it overrides the configuration."""
+
+    channel: str
+    name: str
+    value: Any
+    set_by: str
+    set_at: datetime
+
+
+class BudgetRequest(BaseModel):
+    """A budget increase over the channel's limit, waiting for a second person to decide it."""
+
+    id: int
+    runner: str
+    goal_id: int
+    channel: str
+    change: str
+    """The words asked for (`budget +5h`), sent to the runner as they are once approved."""
+    why: str
+    """Why it needs a second person, e.g. "adds 5h00m of time (the limit is 1h)"."""
+    requested_by: str
+    state: Literal["pending", "approved", "rejected", "failed"]
+    decided_by: str | None
+    decided_at: datetime | None
+    error: str | None
+    created_at: datetime
+
+
+class Milestone(BaseModel):
+    runner: str
+    goal_id: int
+    seq: int
+    title: str
+    at: datetime
 
 
 class BotStore:
@@ -218,11 +292,120 @@ class BotStore:
                 (json.dumps(status), runner, goal_id),
             )
 
-    async def set_milestone(self, runner: str, goal_id: int, title: str) -> None:
+    async def set_milestone(self, runner: str, goal_id: int, title: str, seq: int | None = None) -> None:
+        """The goal's latest milestone (for digests); with the event's `seq`, kept in its list too
+        (once per event, however often it is rendered)."""
         async with self.db.write() as tx:
             await tx.run(
                 "UPDATE threads SET milestone = ? WHERE runner = ? AND goal_id = ?", (title, runner, goal_id)
             )
+            if seq is not None:
+                await tx.run(
+                    "INSERT OR IGNORE INTO milestones (runner, goal_id, seq, title, at) VALUES (?, ?, ?, ?, ?)",
+                    (runner, goal_id, seq, title, utcnow().isoformat()),
+                )
+
+    async def milestones(self, runner: str, goal_id: int, last: int = 10) -> list[Milestone]:
+        """The goal's latest milestones, oldest first."""
+        rows = await self.db.fetchall(
+            "SELECT * FROM (SELECT * FROM milestones WHERE runner = ? AND goal_id = ? ORDER BY seq DESC "
+            "LIMIT ?) ORDER BY seq",
+            (runner, goal_id, last),
+        )
+        return [Milestone(**dict(row)) for row in rows]
+
+    # ---- channel settings (roles, the budget rule) ----
+
+    async def channel_settings(self, channel: str) -> dict[str, ChannelSetting]:
+        rows = await self.db.fetchall("SELECT * FROM channel_settings WHERE channel = ?", (channel,))
+        return {row["name"]: _setting(row) for row in rows}
+
+    async def channel_setting(self, channel: str, name: str) -> ChannelSetting | None:
+        row = await self.db.fetchone(
+            "SELECT * FROM channel_settings WHERE channel = ? AND name = ?", (channel, name)
+        )
+        return _setting(row) if row else None
+
+    async def set_channel_setting(self, channel: str, name: str, value: Any, by: str) -> None:
+        """Set a channel's setting (JSON `value`); None removes it (back to the configuration)."""
+        async with self.db.write() as tx:
+            if value is None:
+                await tx.run("DELETE FROM channel_settings WHERE channel = ? AND name = ?", (channel, name))
+                return
+            await tx.run(
+                "INSERT INTO channel_settings (channel, name, value, set_by, set_at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (channel, name) DO UPDATE SET value = excluded.value, set_by = excluded.set_by, "
+                "set_at = excluded.set_at",
+                (channel, name, json.dumps(value), by, utcnow().isoformat()),
+            )
+
+    # ---- budget increases waiting for a second person ----
+
+    async def add_budget_request(
+        self,
+        thread: Thread,
+        change: str,
+        why: str,
+        by: str,
+        prompt: Callable[[int], tuple[dict[str, Any], str]],
+    ) -> BudgetRequest:
+        """Store a budget request and queue its prompt (`prompt(id)` -> payload, dedupe key) in the
+        goal's channel, in one transaction."""
+        async with self.db.write() as tx:
+            request_id = await tx.insert(
+                "INSERT INTO budget_requests (runner, goal_id, channel, change, why, requested_by, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (thread.runner, thread.goal_id, thread.channel, change, why, by, utcnow().isoformat()),
+            )
+            payload, key = prompt(request_id)
+            await _queue_write(tx, thread.channel, "post", payload, key)
+            row = await tx.one("SELECT * FROM budget_requests WHERE id = ?", (request_id,))
+        return BudgetRequest(**dict(row))
+
+    async def budget_request(self, request_id: int) -> BudgetRequest | None:
+        row = await self.db.fetchone("SELECT * FROM budget_requests WHERE id = ?", (request_id,))
+        return BudgetRequest(**dict(row)) if row else None
+
+    async def budget_requests(
+        self, state: str = "pending", runner: str | None = None, goal_id: int | None = None
+    ) -> list[BudgetRequest]:
+        rows = await self.db.fetchall(
+            "SELECT * FROM budget_requests WHERE state = ?1 AND (?2 IS NULL OR runner = ?2) "
+            "AND (?3 IS NULL OR goal_id = ?3) ORDER BY id",
+            (state, runner, goal_id),
+        )
+        return [BudgetRequest(**dict(row)) for row in rows]
+
+    async def decide_budget_request(
+        self, request_id: int, state: Literal["approved", "rejected"], by: str
+    ) -> tuple[BudgetRequest, bool]:
+        """Decide a pending request; (the request, whether this call decided it). The first wins."""
+        async with self.db.write() as tx:
+            changed = await tx.run(
+                "UPDATE budget_requests SET state = ?, decided_by = ?, decided_at = ? "
+                "WHERE id = ? AND state = 'pending'",
+                (state, by, utcnow().isoformat(), request_id),
+            )
+            row = await tx.one("SELECT * FROM budget_requests WHERE id = ?", (request_id,))
+        return BudgetRequest(**dict(row)), changed == 1
+
+    async def reopen_budget_request(self, request_id: int) -> None:
+        """An approval the runner could not be told of (unreachable): pending again."""
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE budget_requests SET state = 'pending', decided_by = NULL, decided_at = NULL "
+                "WHERE id = ?",
+                (request_id,),
+            )
+
+    async def fail_budget_request(self, request_id: int, error: str) -> BudgetRequest:
+        """An approval the runner refused (the goal has ended, the words name no budget)."""
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE budget_requests SET state = 'failed', error = ? WHERE id = ?", (error, request_id)
+            )
+            row = await tx.one("SELECT * FROM budget_requests WHERE id = ?", (request_id,))
+        return BudgetRequest(**dict(row))
 
     # ---- goals waiting for a runner ----
 
@@ -405,6 +588,12 @@ def _thread(row) -> Thread:
     data = dict(row)
     data["status"] = json.loads(data["status"]) if data.get("status") else None
     return Thread(**data)
+
+
+def _setting(row) -> ChannelSetting:
+    data = dict(row)
+    data["value"] = json.loads(data["value"])
+    return ChannelSetting(**data)
 
 
 def _outbox(row) -> OutboxItem:

@@ -137,7 +137,7 @@ async def test_mention_starts_one_goal(fake, make_bot, start_runner, tmp_path):
     cards = [m for m in fake.messages(fake.general) if m.bot_id and "Goal #" in m.text]
     assert cards == [card, second]
     status = await bot.pool["box"].call(p.Status, p.StatusReply)
-    assert [s.goal.owner for s in status.goals] == [ALICE, BOB]
+    assert [s.goal.owner for s in status.goals] == [f"slack:{ALICE}", f"slack:{BOB}"]
     assert "tune the lr" in status.goals[0].goal.text and "<@" not in status.goals[0].goal.text
 
 

@@ -483,3 +483,51 @@ async def test_ack_text_and_post_ephemeral_reach_only_the_user(fake, bot):
     with pytest.raises(SlackApiError) as err:
         await bot.client.chat_postEphemeral(channel=fake.general, user="U0STRANGER", text="hi")
     assert err.value.response["error"] == "user_not_found"
+
+
+async def test_home_tab_opened_and_published_with_slacks_checks(fake, bot):
+    @bot.app.event("app_home_opened")
+    async def home(event, client):
+        bot.seen["home"].append(event)
+        await client.views_publish(
+            user_id=event["user"],
+            view={"type": "home", "blocks": [{"type": "section", "text": {"type": "mrkdwn", "text": "hi"}}]},
+        )
+
+    await fake.user_opens_home(BOB)
+    await fake.wait_for(lambda: BOB in fake.home_views)
+    first = fake.home_views[BOB]
+    assert first["type"] == "home" and first["blocks"][0]["block_id"]
+    assert bot.seen["home"][0]["tab"] == "home" and "view" not in bot.seen["home"][0]
+    # Opened again: the event carries the view published before; publishing keeps its id.
+    await fake.user_opens_home(BOB)
+    await fake.wait_for(lambda: len(bot.seen["home"]) == 2 and fake.home_views[BOB] is not first)
+    assert bot.seen["home"][1]["view"]["id"] == first["id"] == fake.home_views[BOB]["id"]
+
+    section = {"type": "section", "text": {"type": "mrkdwn", "text": "x"}}
+    too_many = {"type": "home", "blocks": [section] * 101}
+    with pytest.raises(SlackApiError) as err:
+        await bot.client.views_publish(user_id=ALICE, view=too_many)
+    assert err.value.response["error"] == "invalid_arguments"
+    assert "[json-pointer:/view/blocks]" in err.value.response["response_metadata"]["messages"][0]
+    await bot.client.views_publish(user_id=ALICE, view={"type": "home", "blocks": [section] * 100})
+    assert await api_error(bot.client.views_publish(user_id="U0NOBODY", view=too_many)) == "invalid_arguments"
+    modal = {"type": "modal", "blocks": []}
+    assert await api_error(bot.client.views_publish(user_id=ALICE, view=modal)) == "invalid_arguments"
+    stale = bot.client.views_publish(user_id=BOB, view={"type": "home", "blocks": []}, hash="1.stale")
+    assert await api_error(stale) == "hash_conflict"
+    fake.home_tab_enabled = False
+    off = bot.client.views_publish(user_id=ALICE, view={"type": "home", "blocks": []})
+    assert await api_error(off) == "not_enabled"
+
+
+async def test_users_info_says_who_administers_the_workspace(fake):
+    fake.add_user("U0CAROL", "carol", is_admin=True)
+    fake.add_user("U0OWEN", "owen", is_owner=True)
+    client = fake.client()
+    flags = {}
+    for user in (ALICE, "U0CAROL", "U0OWEN"):
+        info = (await client.users_info(user=user))["user"]
+        flags[user] = (info["is_admin"], info["is_owner"])
+    assert flags == {ALICE: (False, False), "U0CAROL": (True, False), "U0OWEN": (True, True)}
+    assert fake.mention(BOB) == "<@U0BOB|bob>"

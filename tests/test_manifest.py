@@ -15,3 +15,8 @@ def test_manifest_matches_slack_schema():
     jsonschema.validate(manifest, schema)
     assert manifest["settings"]["socket_mode_enabled"] is True
     assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/goal"]
+    # `/goal admin approvers add @ana` needs ana's user id: Slack sends <@U…|ana> only when escaping.
+    assert manifest["features"]["slash_commands"][0]["should_escape"] is True
+    # The App Home tab: published when a person opens it.
+    assert manifest["features"]["app_home"]["home_tab_enabled"] is True
+    assert "app_home_opened" in manifest["settings"]["event_subscriptions"]["bot_events"]

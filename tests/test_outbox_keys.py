@@ -11,6 +11,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot.keys import (
     ApprovalKey,
+    BudgetKey,
     CardKey,
     DigestKey,
     EventKey,
@@ -29,6 +30,7 @@ def runner_keys(runner: str) -> list:
     return [
         CardKey(runner, 5),
         ApprovalKey(runner, 5, 2),
+        BudgetKey(runner, 5, 2),
         EventKey(runner, 41, 0),
         EventKey(runner, 41, "plot"),
         EventKey(runner, 41, "card-update"),
@@ -66,6 +68,7 @@ def test_any_key_reads_back_as_itself():
     keys = st.one_of(
         st.builds(CardKey, names, ids),
         st.builds(ApprovalKey, names, ids, ids),
+        st.builds(BudgetKey, names, ids, ids),
         st.builds(QueueKey, ids),
         st.builds(
             EventKey, names, ids, st.one_of(st.integers(0, 9), st.sampled_from(["plot", "card-update"]))
@@ -89,6 +92,7 @@ async def test_the_post_at_a_channel_and_ts_is_found_by_its_key(tmp_path, runner
         "1.000001": CardKey(runner, 3),
         "1.000002": ApprovalKey(runner, 3, 7),
         "1.000003": QueueKey(3),
+        "1.000004": BudgetKey(runner, 3, 1),
     }
     for ts, key in posts.items():
         item_id = await store.enqueue("C1", "post", {"text": ts}, str(key))

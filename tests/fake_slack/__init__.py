@@ -30,6 +30,11 @@ What it enforces, as Slack does (errors are HTTP 200 + {"ok": false, "error": ..
   message that does not exist is accepted, as Slack does, and noted in `fake.warnings`).
 - messages: chat.update/chat.delete of a missing message -> message_not_found, of someone
   else's -> cant_update_message / cant_delete_message; reactions.add twice -> already_reacted.
+- views.publish: `view` a JSON object of type "home" (up to 100 blocks, validated as above with
+  pointers under /view, 250 kB) for a known user, else invalid_arguments; not_enabled when
+  `home_tab_enabled` is off; hash_conflict when `hash` is not the published view's.
+- users.info: is_admin / is_owner / is_primary_owner as set by add_user(..., is_admin=, is_owner=)
+  (or on fake.users[id]); owners are admins too.
 - rate limits: `rate_limit()` injects HTTP 429 {"error": "ratelimited"} + `Retry-After: <int>`;
   `limit_channel_rate()` turns on Slack's "about one message per second per channel" for
   chat.postMessage. `fail()` injects any other error.
@@ -48,6 +53,8 @@ Scripting (async methods; users default to alice U0ALICE, channels accept id, na
     env = await fake.user_reacts(ch, ts, "+1::skin-tone-3", user)
     res = await fake.slash_command("/goal", text, ch, user)     # waits for the ack; res.responses,
     res = await fake.click_button(ch, ts, "approve", None, user) #   res.ephemerals, res.wait_for_response()
+    env = await fake.user_opens_home(user)                      # app_home_opened; fake.home_views[user]
+    fake.mention(BOB) -> "<@U0BOB|bob>"   # a user in a slash command's text (should_escape: true)
     again = await fake.redeliver(env); await fake.disconnect()
     await fake.wait_for(lambda: ...); await fake.wait_for_message(ch, thread_ts=..., text=...)
     fake.messages(ch, thread_ts=None); fake.thread(ch, ts); fake.ephemerals(user); fake.calls(method)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 MAX_BLOCKS = 50
+MAX_VIEW_BLOCKS = 100
 _MENTION_RE = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 _TEXT_TYPES = ("plain_text", "mrkdwn")
 _BLOCK_TYPES = {
@@ -186,10 +187,13 @@ def _check_element(
         _check_image(el, ptr, errors, file_is_shared)
 
 
-def _validate_blocks(blocks: list[Any], file_is_shared: Callable[[dict], bool]) -> list[str]:
+def _validate_blocks(
+    blocks: list[Any], file_is_shared: Callable[[dict], bool], max_blocks: int = MAX_BLOCKS
+) -> list[str]:
+    """Slack's errors for `blocks` (a message holds up to 50, a Home tab view up to 100)."""
     errors: list[str] = []
-    if len(blocks) > MAX_BLOCKS:
-        errors.append(f"no more than {MAX_BLOCKS} items allowed [json-pointer:/blocks]")
+    if len(blocks) > max_blocks:
+        errors.append(f"no more than {max_blocks} items allowed [json-pointer:/blocks]")
     block_ids: set[str] = set()
     for i, block in enumerate(blocks):
         ptr = f"/blocks/{i}"

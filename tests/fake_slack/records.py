@@ -99,6 +99,9 @@ class User:
     is_bot: bool = False
     tz: str = "Europe/Amsterdam"
     tz_offset: int = 3600
+    is_admin: bool = False  # a workspace admin (users.info); owners are admins too, as in Slack
+    is_owner: bool = False
+    is_primary_owner: bool = False
 
 
 @dataclass(eq=False)

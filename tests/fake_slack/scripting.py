@@ -90,6 +90,26 @@ class Scripting:
         self._notify()
         return env
 
+    async def user_opens_home(self, user: str = ALICE) -> Envelope | None:
+        """A user opens the app's Home tab: app_home_opened (with the view published for them
+        before, if any), from the app's DM channel with them."""
+        u = self._ensure_user(user)
+        dm = f"D0{u.id[1:]}"
+        if dm not in self.channels:
+            self.add_channel(dm, u.name, members=[u.id])  # an im: its id starts with D
+        event: dict[str, Any] = {
+            "type": "app_home_opened",
+            "user": u.id,
+            "channel": dm,
+            "tab": "home",
+            "event_ts": self._next_ts(),
+        }
+        if (view := self.home_views.get(u.id)) is not None:
+            event["view"] = view
+        env = await self._deliver_event(event, self.channels[dm])
+        self._notify()
+        return env
+
     async def slash_command(
         self,
         command: str,

@@ -1,6 +1,6 @@
 """The Web API over HTTP: reading a request, tokens, injected failures and per-channel rate limits,
-then the method handlers (chat.*, reactions.*, conversations.*, users.info, files.*); also the
-upload URLs of files and the response_urls of slash commands and clicks."""
+then the method handlers (chat.*, reactions.*, conversations.*, users.info, views.publish, files.*);
+also the upload URLs of files and the response_urls of slash commands and clicks."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from .arguments import MAX_TEXT, _truthy, _ts_key
-from .blocks import _with_block_ids
+from .blocks import MAX_VIEW_BLOCKS, _validate_blocks, _with_block_ids
 from .records import Call, File, Interaction, Message, SlackError
 
 
@@ -406,13 +406,75 @@ class WebApi:
                 "tz_label": "Central European Time",
                 "tz_offset": user.tz_offset,
                 "profile": profile,
-                "is_admin": False,
-                "is_owner": False,
+                "is_admin": user.is_admin or user.is_owner,
+                "is_owner": user.is_owner or user.is_primary_owner,
+                "is_primary_owner": user.is_primary_owner,
+                "is_restricted": False,
+                "is_ultra_restricted": False,
                 "is_bot": user.is_bot,
                 "is_app_user": False,
                 "updated": 1_700_000_000,
             }
         }
+
+    async def _views_publish(self, p: dict) -> dict:
+        """A Home tab view for one user: `view` a JSON object of type "home" (up to 100 blocks,
+        250 kB); `hash` must match the published view's, when given."""
+        user = self.users.get(str(p.get("user_id") or ""))
+        if user is None or user.is_bot:
+            raise SlackError(
+                "invalid_arguments", response_metadata={"messages": ["[ERROR] invalid `user_id`"]}
+            )
+        raw = p.get("view")
+        try:
+            view = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError:
+            view = None
+        if not isinstance(view, dict):
+            raise _view_error("must provide an object [json-pointer:/view]")
+        if len(json.dumps(view)) > 250_000:
+            raise SlackError("view_too_large")
+        if view.get("type") != "home":
+            raise _view_error("must be a valid enum value [json-pointer:/view/type]")
+        if not self.home_tab_enabled:
+            raise SlackError("not_enabled")
+        blocks = view.get("blocks")
+        if not isinstance(blocks, list):
+            raise _view_error("missing required field: blocks [json-pointer:/view]")
+        errors = _validate_blocks(blocks, self._file_is_shared, MAX_VIEW_BLOCKS)
+        for field_name, limit in (("private_metadata", 3000), ("callback_id", 255), ("external_id", 255)):
+            if len(str(view.get(field_name) or "")) > limit:
+                errors.append(f"must be less than {limit + 1} characters [json-pointer:/view/{field_name}]")
+        if errors:
+            raise _view_error(
+                *(e.replace("[json-pointer:/blocks", "[json-pointer:/view/blocks") for e in errors)
+            )
+        previous = self.home_views.get(user.id)
+        if p.get("hash") and previous is not None and p["hash"] != previous["hash"]:
+            raise SlackError("hash_conflict")
+        view_id = previous["id"] if previous else f"V{next(self._ids):09d}FAKE"
+        published = {
+            "id": view_id,
+            "team_id": self.team_id,
+            "type": "home",
+            "close": None,
+            "submit": None,
+            "blocks": _with_block_ids(blocks),
+            "private_metadata": str(view.get("private_metadata") or ""),
+            "callback_id": str(view.get("callback_id") or ""),
+            "state": {"values": {}},
+            "hash": f"{int(time.time())}.{uuid.uuid4().hex[:8]}",
+            "clear_on_close": False,
+            "notify_on_close": False,
+            "root_view_id": view_id,
+            "previous_view_id": None,
+            "app_id": self.api_app_id,
+            "external_id": str(view.get("external_id") or ""),
+            "app_installed_team_id": self.team_id,
+            "bot_id": self.bot_id,
+        }
+        self.home_views[user.id] = published
+        return {"view": published}
 
     async def _files_get_upload_url(self, p: dict) -> dict:
         filename = p.get("filename")
@@ -508,10 +570,14 @@ class WebApi:
         }
 
 
+def _view_error(*messages: str) -> SlackError:
+    return SlackError("invalid_arguments", response_metadata={"messages": [f"[ERROR] {m}" for m in messages]})
+
+
 def _readable(params: dict[str, Any]) -> dict[str, Any]:
     """Call params as a test wants to read them: JSON-encoded form fields decoded."""
     out = dict(params)
-    for key in ("blocks", "attachments", "metadata", "files"):
+    for key in ("blocks", "attachments", "metadata", "files", "view"):
         value = out.get(key)
         if isinstance(value, str):
             with contextlib.suppress(ValueError):

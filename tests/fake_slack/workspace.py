@@ -40,7 +40,13 @@ from .scripting import Scripting
 from .web_api import WebApi
 
 # Mirrors settings.event_subscriptions.bot_events in manifest.yml.
-DEFAULT_BOT_EVENTS = ("app_mention", "message.channels", "message.groups", "reaction_added")
+DEFAULT_BOT_EVENTS = (
+    "app_home_opened",
+    "app_mention",
+    "message.channels",
+    "message.groups",
+    "reaction_added",
+)
 DEFAULT_SCOPES = (
     "app_mentions:read,channels:history,groups:history,chat:write,commands,files:write,"
     "reactions:read,reactions:write,users:read"
@@ -93,6 +99,8 @@ class FakeSlack(Scripting, Delivery, WebApi, Arguments, Payloads):
         self.verification_token = "fake-verification-token"
         self.request_url: str | None = None  # set by deliver_over_http(): HTTP mode instead of Socket Mode
         self.signing_secret: str | None = None
+        self.home_tab_enabled = True  # manifest.yml's features.app_home.home_tab_enabled
+        self.home_views: dict[str, dict] = {}  # user -> the Home tab view published for them
 
         self.channels: dict[str, Channel] = {}
         self.users: dict[str, User] = {}
@@ -144,6 +152,7 @@ class FakeSlack(Scripting, Delivery, WebApi, Arguments, Payloads):
             "conversations.replies": self._conversations_replies,
             "conversations.info": self._conversations_info,
             "users.info": self._users_info,
+            "views.publish": self._views_publish,
             "files.getUploadURLExternal": self._files_get_upload_url,
             "files.completeUploadExternal": self._files_complete_upload,
             "files.info": self._files_info,
@@ -232,11 +241,30 @@ class FakeSlack(Scripting, Delivery, WebApi, Arguments, Payloads):
         return ch
 
     def add_user(
-        self, id: str, name: str | None = None, *, real_name: str = "", is_bot: bool = False
+        self,
+        id: str,
+        name: str | None = None,
+        *,
+        real_name: str = "",
+        is_bot: bool = False,
+        is_admin: bool = False,
+        is_owner: bool = False,
     ) -> User:
+        """`is_admin` / `is_owner`: a workspace admin or owner, as users.info says."""
         return self._add_user(
-            User(id, name or id.lower(), real_name=real_name or (name or id), is_bot=is_bot)
+            User(
+                id,
+                name or id.lower(),
+                real_name=real_name or (name or id),
+                is_bot=is_bot,
+                is_admin=is_admin,
+                is_owner=is_owner,
+            )
         )
+
+    def mention(self, user: str) -> str:
+        """A user picked from the @-menu, as a slash command with escaping sends it: `<@U0BOB|bob>`."""
+        return f"<@{user}|{self._ensure_user(user).name}>"
 
     def channel(self, channel: str) -> Channel:
         """A channel by id, name or #name."""

@@ -1,0 +1,128 @@
+"""Budget increases that need a second person: a controller's `budget +5h` (or steering whose
+words the runner would read as a budget change) that grows the goal's budget by more than the
+channel's limit is not sent; it becomes a prompt in the goal's thread — Approve / Reject buttons,
+or ✅ 👍 / ❌ 👎 reactions — that someone else who controls the goal decides. Approved, it goes to
+the runner as `ChangeBudget` by the approver; rejected, it is dropped. The requester cannot decide
+it. Requests live in bot.db, so a bot restart loses none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from goaltender.bot import queries, render
+from goaltender.bot.keys import BudgetKey, CardKey
+from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.outbox import Outbox, editing, in_thread
+from goaltender.bot.roles import Roles, actor
+from goaltender.runner import protocol as p
+from goaltender.runner.budget import apply_budget_change
+from goaltender.runner.client import RunnerUnavailable
+from goaltender.storage.bot_store import BotStore, BudgetRequest, Thread
+from goaltender.storage.records import utcnow
+
+log = logging.getLogger("goaltender.bot")
+
+MAX_CHANGE = 200  # ChangeBudget's limit on its words
+
+
+class BudgetGuard:
+    def __init__(self, store: BotStore, pool: RunnerPool, outbox: Outbox, roles: Roles):
+        self.store = store
+        self.pool = pool
+        self.outbox = outbox
+        self.roles = roles
+
+    async def needs_second_person(self, thread: Thread, user: str, words: str) -> bool:
+        """Whether `words` (a budget change, or steering the runner would read as one) grow the
+        goal's budget beyond this channel's limit. If so, the request is stored and its prompt
+        posted in the thread, and the caller sends nothing to the runner."""
+        rule, _ = await self.roles.budget_rule(thread.channel)
+        if rule is None:
+            return False
+        status = await queries.goal_status(self.pool, thread.runner, thread.goal_id)
+        if status is None or not status.goal.active:
+            return False  # the runner answers for itself (unreachable, or the goal has ended)
+        now = utcnow()
+        changed = apply_budget_change(status.goal.budget, words, now)
+        if changed is None or (why := rule.over(status.goal.budget, changed[0], now)) is None:
+            return False
+        change = words.strip()
+        if len(change) > MAX_CHANGE:
+            change = change[: MAX_CHANGE - 1] + "…"
+        await self.store.add_budget_request(
+            thread,
+            change,
+            why,
+            user,
+            lambda request_id: (
+                in_thread(
+                    CardKey(thread.runner, thread.goal_id),
+                    render.budget_prompt(request_id, thread.goal_id, change, user, why),
+                ),
+                str(BudgetKey(thread.runner, thread.goal_id, request_id)),
+            ),
+        )
+        self.outbox.notify()
+        return True
+
+    async def on_button(self, body: dict[str, Any], respond: Callable[..., Awaitable[Any]]) -> None:
+        action = body["actions"][0]
+        value = action.get("value") or ""
+        problem = (
+            await self.decide(int(value), action["action_id"] == "budget_approve", body["user"]["id"])
+            if value.isdigit()
+            else "I can't find this budget request."
+        )
+        if problem:
+            await respond(text=problem, response_type="ephemeral", replace_original=False)
+
+    async def on_reaction(self, key: BudgetKey, approve: bool, user: str) -> None:
+        if problem := await self.decide(key.request_id, approve, user):
+            log.info("reaction by %s on budget request #%s ignored: %s", user, key.request_id, problem)
+
+    async def decide(self, request_id: int, approve: bool, user: str) -> str | None:
+        """Decide a request; None when decided, else what the person is told (nothing changed)."""
+        request = await self.store.budget_request(request_id)
+        thread = await self.store.thread(request.runner, request.goal_id) if request else None
+        if request is None or thread is None:
+            return "I can't find this budget request."
+        if user == request.requested_by:
+            return "You asked for this budget increase: someone else who controls the goal must decide it."
+        if not await self.roles.may_control(thread, user):
+            return f"Only {await self.roles.who_controls(thread)} can decide this budget increase."
+        request, decided_now = await self.store.decide_budget_request(
+            request_id, "approved" if approve else "rejected", user
+        )
+        if not decided_now:
+            return f"Already decided: {request.state} by {render.user_ref(request.decided_by)}."
+        if approve:
+            try:
+                await self.pool[request.runner].call(
+                    p.ChangeBudget, p.Done, goal_id=request.goal_id, change=request.change, by=actor(user)
+                )
+            except (RunnerUnavailable, UnknownRunner) as exc:
+                await self.store.reopen_budget_request(request_id)
+                return (
+                    f"Runner {request.runner} is not reachable right now ({render.escape(str(exc))}); "
+                    "the increase is still waiting. Try again soon."
+                )
+            except p.ProtocolError as exc:
+                request = await self.store.fail_budget_request(request_id, exc.error.message)
+        await self._show(thread, request)
+        return None
+
+    async def _show(self, thread: Thread, request: BudgetRequest) -> None:
+        payload = render.budget_decided(
+            request.id,
+            request.goal_id,
+            request.change,
+            request.requested_by,
+            request.state,
+            request.decided_by,
+            request.error,
+        )
+        key = BudgetKey(request.runner, request.goal_id, request.id)
+        await self.outbox.enqueue(thread.channel, "update", editing(key, payload))

@@ -1,0 +1,192 @@
+"""Block Kit for the team's views of goals (pure functions, no I/O): `/goal list`, `/goal show N`,
+a goal's `summary` in its thread, and the App Home tab. Laid out over bot/render.py's helpers and
+display.facts, as the thread's messages are.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+
+from goaltender.bot.render import (
+    EMOJI,
+    Payload,
+    context,
+    escape,
+    markdown_to_mrkdwn,
+    payload,
+    people,
+    section,
+    sections,
+    status_card,
+    user_ref,
+)
+from goaltender.display.facts import (
+    STATE_EMOJI,
+    budget_line,
+    format_duration,
+    format_metric,
+    state_label,
+)
+from goaltender.runner.protocol import GoalStatus
+from goaltender.storage.records import DiaryEntry, Experiment, utcnow
+
+HOME_MAX_BLOCKS = 100  # a Home tab view holds up to 100 blocks
+
+
+@dataclass(frozen=True)
+class GoalLine:
+    """One goal as a list shows it: its status (live, or the last seen), where, and links."""
+
+    runner: str
+    status: GoalStatus
+    link: str | None = None  # the card's permalink
+    stale: bool = False  # the runner is unreachable: the last status seen
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Something waiting for a person to decide: a runner approval or a budget increase."""
+
+    goal_id: int
+    question: str  # mrkdwn, escaped
+    since: datetime
+    link: str | None = None
+
+
+def _name(line: GoalLine) -> str:
+    name = f"Goal #{line.status.goal.id}"
+    return f"<{line.link}|{name}>" if line.link else name
+
+
+def _best(status: GoalStatus) -> str:
+    best = status.best
+    if best is None or best.metric_value is None:
+        return "no result yet"
+    metric = best.metric_name or status.goal.metric or "metric"
+    return f"best #{best.index} {escape(metric)} *{format_metric(metric, best.metric_value)}*"
+
+
+def goal_line(line: GoalLine, now: datetime, *, owner: bool = True) -> str:
+    """`• Goal #3 on gpu1: *running* — owner @ana — tune the lr` + budget used and best."""
+    goal = line.status.goal
+    emoji = STATE_EMOJI.get(goal.state, EMOJI["goal_accepted"])
+    stale = f" (runner *{escape(line.runner)}* unreachable; last known)" if line.stale else ""
+    who = f" — owner {user_ref(goal.owner)}" if owner else ""
+    budget = budget_line(
+        goal, attempted=line.status.attempted, compute_hours_used=line.status.compute_hours_used, now=now
+    )
+    return (
+        f"{emoji} {_name(line)} on {escape(line.runner)}: *{state_label(goal.state)}*{stale}{who} — "
+        f"{escape(goal.text[:120])}\n      {budget} · {_best(line.status)}"
+    )
+
+
+def goal_list(lines: list[GoalLine], now: datetime | None = None) -> Payload:
+    """`/goal list`: this channel's active goals."""
+    now = now or utcnow()
+    if not lines:
+        text = "No active goals in this channel. Start one with `/goal <what to achieve>`."
+        return payload(text, [section(text)])
+    blocks = [section(f"*Active goals in this channel* ({len(lines)})")]
+    blocks += sections("\n".join(goal_line(line, now) for line in lines))
+    blocks.append(
+        context("`/goal show <n>` shows one goal's card; reply `summary` in a goal's thread for its story.")
+    )
+    return payload(f"{len(lines)} active goal(s) in this channel", blocks)
+
+
+def goal_shown(line: GoalLine) -> Payload:
+    """`/goal show N`: the goal's card, with a link to its thread."""
+    card = status_card(line.status, line.runner, runner_down="unreachable" if line.stale else None)
+    where = (
+        f"<{line.link}|Open goal #{line.status.goal.id}'s thread>"
+        if line.link
+        else "Its thread is in this channel."
+    )
+    return payload(card["text"], [*card["blocks"], context(where)])
+
+
+def goal_summary(
+    status: GoalStatus,
+    ledger: list[Experiment],
+    milestones: list[tuple[str, datetime]],
+    diary: DiaryEntry | None,
+    now: datetime | None = None,
+) -> Payload:
+    """`summary` in a goal's thread: what happened so far, from the ledger, milestones and diary."""
+    now = now or utcnow()
+    goal = status.goal
+    head = f"{EMOJI['report']} *Goal #{goal.id} so far* · *{state_label(goal.state)}* · owner {user_ref(goal.owner)}"
+    budget = budget_line(
+        goal, attempted=status.attempted, compute_hours_used=status.compute_hours_used, now=now
+    )
+    lines = [head, f">{escape(goal.text[:300])}", f"{budget} · {_best(status)}"]
+    if goal.end_reason:
+        lines.append(f"ended: {people(goal.end_reason.splitlines()[0][:300])}")
+    finished = [e for e in ledger if e.status != "running"]
+    counts = Counter(e.status for e in finished)
+    tally = ", ".join(f"{n} {kind}" for kind, n in counts.most_common())
+    lines.append(f"*Experiments*: {len(finished)} finished" + (f" ({tally})" if tally else ""))
+    for e in finished[-5:]:
+        metric = (
+            f" {escape(e.metric_name or 'metric')} {format_metric(e.metric_name, e.metric_value)}"
+            if e.metric_value is not None
+            else ""
+        )
+        lines.append(
+            f"    {EMOJI.get(e.status, '•')} #{e.index} {e.status}{metric} — {escape(e.description[:100])}"
+        )
+    if status.running is not None:
+        lines.append(
+            f"{EMOJI['running']} running now: #{status.running.index} {escape(status.running.description[:200])}"
+        )
+    blocks = sections("\n".join(lines))
+    if milestones:
+        marks = [
+            f"• {escape(title[:200])} _({format_duration((now - at).total_seconds())} ago)_"
+            for title, at in milestones
+        ]
+        blocks += sections("*Milestones*\n" + "\n".join(marks))
+    if diary is not None:
+        what = "latest handoff" if diary.kind == "handoff" else "latest diary note"
+        text = diary.text if len(diary.text) <= 1500 else diary.text[:1500] + " …"
+        ago = format_duration((now - diary.ts).total_seconds())
+        blocks += sections(f"*The agent's {what}* _({ago} ago)_\n{markdown_to_mrkdwn(text)}")
+    for approval in status.pending_approvals[:5]:
+        blocks.append(
+            section(
+                f"{EMOJI['approval_requested']} waiting for approval #{approval.id}: {escape(approval.question[:300])}"
+            )
+        )
+    blocks.append(
+        context("From the runner's ledger, milestones and the agent's diary; the agent was not interrupted.")
+    )
+    return payload(f"Goal #{goal.id} so far: {state_label(goal.state)}", blocks, "summary")
+
+
+def home(user: str, mine: list[GoalLine], waiting: list[Waiting], now: datetime | None = None) -> dict:
+    """The App Home tab: the user's goals and their state, and what waits for the user to decide."""
+    now = now or utcnow()
+    blocks = [
+        {"type": "header", "text": {"type": "plain_text", "text": "Goaltender"}},
+        section(f"*Waiting for you* ({len(waiting)})"),
+    ]
+    if waiting:
+        for item in waiting[:20]:
+            label = f"#{item.goal_id}: {item.question}"
+            linked = f"<{item.link}|{label}>" if item.link else label
+            asked = format_duration((now - item.since).total_seconds())
+            blocks.append(section(f"{EMOJI['approval_requested']} {linked} _(waiting {asked})_"))
+    else:
+        blocks.append(context("Nothing waits for your decision."))
+    blocks += [{"type": "divider"}, section(f"*Your goals* ({len(mine)})")]
+    if mine:
+        blocks += [section(goal_line(line, now, owner=False)) for line in mine[:40]]
+    else:
+        blocks.append(
+            context("You have no goals yet. Start one in a channel with `/goal <what to achieve>`.")
+        )
+    blocks.append(context(f"For {user_ref(user)} · updated {now:%H:%M} UTC · reopen this tab to refresh"))
+    return {"type": "home", "blocks": blocks[:HOME_MAX_BLOCKS]}
