@@ -35,20 +35,25 @@ class BudgetGuard:
         self.outbox = outbox
         self.roles = roles
 
-    async def needs_second_person(self, thread: Thread, user: str, words: str) -> bool:
-        """Whether `words` (a budget change, or steering the runner would read as one) grow the
-        goal's budget beyond this channel's limit. If so, the request is stored and its prompt
-        posted in the thread, and the caller sends nothing to the runner."""
+    async def review(self, thread: Thread, user: str, words: str) -> str | None:
+        """None when `words` (a budget change, or steering the runner would read as one) may go to
+        the runner now: no limit in this channel, or within it. Otherwise they may not, and this is
+        what to say in the thread: "" when the request's prompt (posted here) is the answer."""
         rule, _ = await self.roles.budget_rule(thread.channel)
         if rule is None:
-            return False
+            return None
         status = await queries.goal_status(self.pool, thread.runner, thread.goal_id)
-        if status is None or not status.goal.active:
-            return False  # the runner answers for itself (unreachable, or the goal has ended)
+        if status is None:
+            return (
+                f"Runner {render.escape(thread.runner)} did not answer, so I could not check how big this "
+                "budget change is; nothing changed. Please send it again soon."
+            )
+        if not status.goal.active:
+            return None  # the runner says the goal has ended
         now = utcnow()
         changed = apply_budget_change(status.goal.budget, words, now)
         if changed is None or (why := rule.over(status.goal.budget, changed[0], now)) is None:
-            return False
+            return None
         change = words.strip()
         if len(change) > MAX_CHANGE:
             change = change[: MAX_CHANGE - 1] + "…"
@@ -66,7 +71,7 @@ class BudgetGuard:
             ),
         )
         self.outbox.notify()
-        return True
+        return ""
 
     async def on_button(self, body: dict[str, Any], respond: Callable[..., Awaitable[Any]]) -> None:
         action = body["actions"][0]

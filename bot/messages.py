@@ -44,6 +44,11 @@ _BUDGET = re.compile(
 _HANDLED_SUBTYPES = (None, "thread_broadcast", "file_share")  # others are edits, joins, bots...
 
 
+def _words(doing: str, text: str) -> str:
+    """What the runner would be sent: a budget change's words, or the steering message."""
+    return text[:200] if doing == "budget" else text[:4000]
+
+
 class Messages:
     """Routes people's messages to intake or to their goal's runner, and answers in the thread."""
 
@@ -131,14 +136,16 @@ class Messages:
             if command in CONTROL:
                 await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=actor(user))
                 await self._react(thread, ts, "ok_hand", key)
+            elif (held := await self.budget.review(thread, user, _words(doing, text))) is not None:
+                if held:
+                    await self._say(thread, held, key)
             elif doing == "budget":
-                if not await self.budget.needs_second_person(thread, user, text[:200]):
-                    await link.call(
-                        p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=actor(user)
-                    )
-                    await self._react(thread, ts, "ok_hand", key)
-            elif not await self.budget.needs_second_person(thread, user, text[:4000]):
-                # The runner reads budget words in steering too ("… budget 10h"): checked above.
+                await link.call(
+                    p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=actor(user)
+                )
+                await self._react(thread, ts, "ok_hand", key)
+            else:
+                # Steering: the runner reads budget words in it too ("… budget 10h"), reviewed above.
                 await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=actor(user))
                 await self._react(thread, ts, "eyes", key)
         except p.ProtocolError as exc:

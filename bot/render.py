@@ -66,9 +66,9 @@ def escape(text: str) -> str:
 # anything else ("alice via goaltender (uid 1000)"), shown as plain text.
 _ACTOR = re.compile(r"(?:slack:)?([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
 _ACTOR_IN_TEXT = re.compile(r"\bslack:([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
-# A bare Slack id inside older free text ("stopped by U0ALICE"): U/W, 6+ capitals and digits, one
+# A bare Slack id inside older free text ("stopped by U0ALICE"): U/W, then 4+ capitals and digits, one
 # digit at least, so that words such as UPDATED or WARNING are left alone.
-_BARE_ID = re.compile(r"(?<![\w:@/])([UW](?=[A-Z0-9]*[0-9])[A-Z0-9]{5,})\b")
+_BARE_ID = re.compile(r"(?<![\w:@/])([UW](?=[A-Z0-9]*[0-9])[A-Z0-9]{4,})\b")
 
 
 def slack_user(who: str | None) -> str | None:
@@ -493,7 +493,7 @@ def final_report(data: FinalReport, goal_id: int | None = None) -> Payload:
     if data.best is not None and data.best.metric_value is not None:
         b = data.best
         head += f"\n*best* #{b.index} {_metric_text(b)} — {escape(b.description[:500])}"
-    blocks = sections(head) + sections(markdown_to_mrkdwn(data.text))
+    blocks = sections(head) + sections(people(markdown_to_mrkdwn(data.text), escaped=False))
     return payload(f"Final report: {people(data.end_reason, escaped=False)}", blocks, what="report")
 
 
