@@ -264,15 +264,18 @@ async def test_bot_database_is_private(tmp_path, open_umask):
 
 LEAKY_AGENT = """
 env > env.txt
-mapfile -t SECRETS < {secrets}
+mapfile -t SECRETS <<'END_OF_SECRETS'
+{secrets}
+END_OF_SECRETS
+printf '%s\\n' "${{SECRETS[@]}}" > leak.txt
 ALL="${{SECRETS[*]}}"
 goaltender milestone "Plan: $ALL" "details: $ALL"
-goaltender experiment -d "hypothesis $ALL" --param "token=$ALL" --metric acc -- \
-    bash -c 'env > exp_env.txt; echo "run sees: $1"; cat {secrets}; echo "acc: 0.5"' run "$ALL"
+goaltender experiment -d "hypothesis $ALL" --param "token=$ALL" --metric acc -- \\
+    bash -c 'env > exp_env.txt; echo "run sees: $1"; cat leak.txt; echo "acc: 0.5"' run "$ALL"
 goaltender ask "May I publish $ALL?" --detail "$ALL" --kind generic
 goaltender report "Final words: $ALL"
 echo "about to crash; my secrets: $ALL"
-cat {secrets}
+cat leak.txt
 exit 3
 """
 
@@ -319,10 +322,8 @@ async def test_planted_secrets_never_reach_a_client(start_runner, connect, tmp_p
     secret_file.parent.mkdir()
     secret_file.write_text("planted-file-secret-5c1e8d\n")
     secrets = [*planted.values(), "planted-file-secret-5c1e8d"]
-    leak_list = tmp_path / "leak.txt"  # what the agent "found": every secret, one a line
-    leak_list.write_text("\n".join(secrets) + "\n")
-
-    agent = write_agent(tmp_path, "leaky.sh", LEAKY_AGENT.format(secrets=leak_list))
+    # The agent "found" every secret (they are in its script) and prints them wherever it can.
+    agent = write_agent(tmp_path, "leaky.sh", LEAKY_AGENT.format(secrets="\n".join(secrets)))
     runner = await start_runner(agents={"leaky": agent}, secrets=["MY_DB_URL", str(secret_file)])
     client = await connect(runner)
     goal_id = await submit(
@@ -357,6 +358,8 @@ async def test_planted_secrets_never_reach_a_client(start_runner, connect, tmp_p
     assert "run sees: [redacted" in text and "May I publish [redacted" in text
 
     workspace = Path(summary.status.goal.workspace)
+    on_disk = (workspace / "agent.log").read_text() + (workspace / "experiments/001/run.log").read_text()
+    assert all(secret in on_disk for secret in secrets)  # they were printed; the runner kept them in
     for env_file in ("env.txt", "exp_env.txt"):
         names = {line.split("=", 1)[0] for line in (workspace / env_file).read_text().splitlines()}
         assert {"OPENAI_API_KEY", "HF_TOKEN"} <= names, env_file  # granted by default
