@@ -169,7 +169,8 @@ class Redactor:
         try:
             message = json.loads(line)
         except (UnicodeDecodeError, json.JSONDecodeError):  # not ours to repair: fail closed
-            return self._line.sub(self._shape_marker.encode(), line)
+            text = self.redact(line.decode(errors="replace")).encode()
+            return self._line.sub(self._shape_marker.encode(), text)
         redacted = self._walk(message)
         if redacted == message:  # a near miss (an escaped form without the secret): leave it be
             return line

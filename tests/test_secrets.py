@@ -157,7 +157,10 @@ def test_log_chunks_cut_inside_a_secret_lose_both_pieces():
 
 def test_a_line_that_is_not_json_is_redacted_anyway():
     redactor = Redactor([("K", "planted-secret-1")])
-    assert redactor.redact_line(b'{"broken": "planted-secret-1\n') == b'{"broken": "[redacted]\n'
+    assert redactor.redact_line(b'{"broken": "planted-secret-1\n') == b'{"broken": "[redacted:K]\n'
+    token = "sk-proj-" + "Ab1_Cd2-" * 20
+    not_utf8 = b'{"x": "' + token.encode() + b'", \xff\n'
+    assert redactor.redact_line(not_utf8) == '{"x": "[redacted]", \ufffd\n'.encode()
 
 
 # ---- which variables are secrets, and what agents keep ----
