@@ -109,13 +109,13 @@ class BudgetGuard:
                     p.ChangeBudget, p.Done, goal_id=request.goal_id, change=request.change, by=actor(user)
                 )
             except (RunnerUnavailable, UnknownRunner) as exc:
-                await self.store.reopen_budget_request(request_id)
+                await self.store.unapply_budget_request(request_id)
                 return (
                     f"Runner {request.runner} is not reachable right now ({render.escape(str(exc))}); "
                     "the increase is still waiting. Try again soon."
                 )
             except p.ProtocolError as exc:
-                request = await self.store.fail_budget_request(request_id, exc.error.message)
+                request = await self.store.unapply_budget_request(request_id, exc.error.message)
         await self._show(thread, request)
         return None
 

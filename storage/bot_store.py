@@ -1,5 +1,7 @@
 """bot.db: what the Slack bot must not forget — where each goal's thread is, how far it has read
-each runner's event log, and the outbox of Slack writes not yet confirmed.
+each runner's event log, the outbox of Slack writes not yet confirmed, goals waiting for a runner,
+digest schedules, each channel's roles as set from Slack, budget increases waiting for a second
+person, and every goal's milestones.
 
 The runner's events arrive at least once; storing an event's `seq` together with the outbox rows
 it produced, in one transaction, makes the bot's side exactly once.
@@ -389,20 +391,15 @@ class BotStore:
             row = await tx.one("SELECT * FROM budget_requests WHERE id = ?", (request_id,))
         return BudgetRequest(**dict(row)), changed == 1
 
-    async def reopen_budget_request(self, request_id: int) -> None:
-        """An approval the runner could not be told of (unreachable): pending again."""
+    async def unapply_budget_request(self, request_id: int, error: str | None = None) -> BudgetRequest:
+        """An approval the runner did not apply: pending again when it could not be reached
+        (`error` None), else failed with the runner's refusal (the goal has ended, ...)."""
         async with self.db.write() as tx:
             await tx.run(
-                "UPDATE budget_requests SET state = 'pending', decided_by = NULL, decided_at = NULL "
-                "WHERE id = ?",
-                (request_id,),
-            )
-
-    async def fail_budget_request(self, request_id: int, error: str) -> BudgetRequest:
-        """An approval the runner refused (the goal has ended, the words name no budget)."""
-        async with self.db.write() as tx:
-            await tx.run(
-                "UPDATE budget_requests SET state = 'failed', error = ? WHERE id = ?", (error, request_id)
+                "UPDATE budget_requests SET state = ?2, error = ?3, decided_by = CASE WHEN ?3 IS NULL "
+                "THEN NULL ELSE decided_by END, decided_at = CASE WHEN ?3 IS NULL THEN NULL ELSE decided_at END "
+                "WHERE id = ?1",
+                (request_id, "pending" if error is None else "failed", error),
             )
             row = await tx.one("SELECT * FROM budget_requests WHERE id = ?", (request_id,))
         return BudgetRequest(**dict(row))

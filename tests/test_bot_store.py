@@ -41,3 +41,46 @@ async def test_slack_event_ids_are_seen_once(tmp_path):
     reopened = await BotStore.open(tmp_path / "bot.db")  # survives a restart
     assert not await reopened.first_sight("Ev1")
     await reopened.close()
+
+
+async def test_budget_requests_are_decided_once_and_their_prompt_queued_with_them(tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    thread = await store.add_thread("gpu1", 5, "C1", "U0ALICE")
+    request = await store.add_budget_request(
+        thread,
+        "budget +5h",
+        "adds 5h00m of time",
+        "U0ALICE",
+        lambda rid: ({"text": f"#{rid}"}, f"gpu1:5:budget:{rid}"),
+    )
+    assert (await store.outbox_by_key(f"gpu1:5:budget:{request.id}")).payload == {"text": f"#{request.id}"}
+    assert [r.id for r in await store.budget_requests(runner="gpu1", goal_id=5)] == [request.id]
+    decided, first = await store.decide_budget_request(request.id, "approved", "U0CAROL")
+    assert decided.state == "approved"
+    again, second = await store.decide_budget_request(request.id, "rejected", "U0DAN")
+    assert first and not second and again.state == "approved" and again.decided_by == "U0CAROL"
+    # The runner was unreachable: pending again, for anyone to decide.
+    reopened = await store.unapply_budget_request(request.id)
+    assert (reopened.state, reopened.decided_by) == ("pending", None)
+    await store.decide_budget_request(request.id, "approved", "U0DAN")
+    failed = await store.unapply_budget_request(request.id, "goal #5 has ended")
+    assert (failed.state, failed.decided_by, failed.error) == ("failed", "U0DAN", "goal #5 has ended")
+    await store.close()
+
+
+async def test_channel_settings_and_milestones(tmp_path):
+    store = await BotStore.open(tmp_path / "bot.db")
+    await store.set_channel_setting("C1", "approvers", {"everyone": False, "users": ["U1"]}, "U0ADMIN")
+    assert (await store.channel_setting("C1", "approvers")).value == {"everyone": False, "users": ["U1"]}
+    assert (
+        list(await store.channel_settings("C1")) == ["approvers"] and await store.channel_settings("C2") == {}
+    )
+    await store.set_channel_setting("C1", "approvers", None, "U0ADMIN")  # back to the configuration
+    assert await store.channel_setting("C1", "approvers") is None
+    await store.add_thread("gpu1", 5, "C1", "U0ALICE")
+    for seq, title in [(3, "Plan"), (3, "Plan"), (9, "Baseline")]:  # an event rendered twice: one row
+        await store.set_milestone("gpu1", 5, title, seq)
+    assert [(m.seq, m.title) for m in await store.milestones("gpu1", 5)] == [(3, "Plan"), (9, "Baseline")]
+    assert [m.title for m in await store.milestones("gpu1", 5, last=1)] == ["Baseline"]
+    assert (await store.thread("gpu1", 5)).milestone == "Baseline"
+    await store.close()

@@ -109,3 +109,13 @@ def test_what_asks_for_a_view():
         assert asks_for_summary(ask), ask
     for steer in ("summarize the results in your report", "what happened to lr 3e-4? try it again"):
         assert not asks_for_summary(steer), steer
+
+
+def test_a_slash_commands_escaped_text_reads_as_typed():
+    from goaltender.bot.intake import command_text
+
+    escaped = (
+        "ask <@U0BOB|bob> in <#C0GENERAL|general> about <https://arxiv.org/abs/1|arxiv.org/abs/1> <!here>"
+    )
+    assert command_text(escaped) == "ask @bob in #general about https://arxiv.org/abs/1 @here"
+    assert command_text("train to 95%, budget 2h") == "train to 95%, budget 2h"
