@@ -339,10 +339,11 @@ def digest(title: str, active: list[str], approvals: list[str], finished: list[s
 
 
 def milestone(data: MilestoneReported) -> Payload:
-    blocks = sections(f"{EMOJI['milestone']} *{escape(data.title)}*")
+    """An agent's milestone; people it names (a steer it answers: "Steer from slack:U1 …") as mentions."""
+    blocks = sections(f"{EMOJI['milestone']} *{people(data.title)}*")
     if data.text:
-        blocks += sections(markdown_to_mrkdwn(data.text))
-    return payload(f"Milestone: {data.title}", blocks)
+        blocks += sections(people(markdown_to_mrkdwn(data.text), escaped=False))
+    return payload(f"Milestone: {people(data.title, escaped=False)}", blocks)
 
 
 def experiment_finished(data: ExperimentFinished) -> Payload:

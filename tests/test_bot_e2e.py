@@ -329,7 +329,7 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box, caplog):
         return approval if approval.state != "pending" else None
 
     approval = await fake.wait_for(decided, 30)
-    assert (approval.state, approval.decided_by) == ("approved", ALICE)
+    assert (approval.state, render.slack_user(approval.decided_by)) == ("approved", ALICE)
     await fake.wait_for(lambda: "Approved" in blocks_text(prompt) and not prompt.action_ids(), 15)
     assert "<@U0ALICE>" in blocks_text(prompt)
 
@@ -338,13 +338,16 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box, caplog):
     steer = await fake.user_replies(general, card.ts, "only tune train_size and iters", user=ALICE)
     await fake.wait_for(lambda: fake.message(general, steer.ts).reacted("eyes", fake.bot_user_id), 30)
     logged = await runner_reached(runner, 1, lambda d: isinstance(d, SteerReceived))
-    assert (logged.data.message.author, logged.data.message.text) == (ALICE, "only tune train_size and iters")
+    message = logged.data.message
+    assert (render.slack_user(message.author), message.text) == (ALICE, "only tune train_size and iters")
     applied = await fake.wait_for_message(
-        general, thread_ts=card.ts, text="Milestone: Steer from U0ALICE", timeout=90
+        general, thread_ts=card.ts, text="Milestone: Steer from <@U0ALICE>", timeout=90
     )
-    assert "Applied: searching only train_size, iters" in blocks_text(applied)
+    assert (
+        "Applied: searching only train_size, iters" in blocks_text(applied) and "slack:" not in applied.text
+    )
     [inbox] = await runner.store.db.fetchall("SELECT author, text, read_at FROM inbox WHERE goal_id = 1")
-    assert inbox["author"] == ALICE and inbox["read_at"] is not None  # the agent took it
+    assert render.slack_user(inbox["author"]) == ALICE and inbox["read_at"] is not None  # the agent took it
 
     # The baseline's ledger row (the runner's own evaluation) and the campaign plot.
     row = await fake.wait_for_message(general, thread_ts=card.ts, text="#1 keep", timeout=60)
@@ -357,7 +360,8 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box, caplog):
     # `stop` ends it: 👌, the final report in the thread, the card shows stopped.
     stop = await fake.user_replies(general, card.ts, "stop", user=ALICE)
     report = await fake.wait_for_message(general, thread_ts=card.ts, text="Final report", timeout=60)
-    assert f"stopped by {ALICE}" in report.text and "```" in blocks_text(report)
+    assert f"stopped by <@{ALICE}>" in report.text and "```" in blocks_text(report)
+    assert "slack:" not in blocks_text(report)  # people as mentions, never as ids
     await fake.wait_for(lambda: fake.message(general, stop.ts).reacted("ok_hand", fake.bot_user_id), 15)
     await fake.wait_for(lambda: "stopped" in blocks_text(fake.message(general, card.ts)), 15)
     assert (await runner.store.get_goal(1)).state == "stopped"
@@ -491,7 +495,7 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
         approval = next(
             e.data.approval for e in await goal_events(runner, 1) if e.data.kind == "approval_decided"
         )
-        assert (approval.state, approval.decided_by) == ("approved", ALICE)
+        assert (approval.state, render.slack_user(approval.decided_by)) == ("approved", ALICE)
 
         async with approving(fake, general, card.ts):
             # Killed again wherever the campaign is when the first result is logged.
@@ -599,7 +603,7 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     await eventually(bot.outbox.idle, 60)
 
     goals = await runner.store.list_goals()
-    assert [(g.id, g.owner.split()[0]) for g in goals] == [(1, f"slack:{ALICE}"), (2, f"slack:{BOB}")]
+    assert [(g.id, render.slack_user(g.owner)) for g in goals] == [(1, ALICE), (2, BOB)]
     cards = [m for m in fake.messages(general) if m.bot_id and metadata_key(m)]
     assert [metadata_key(m) for m in cards] == [str(CardKey(RUNNER, 1)), str(CardKey(RUNNER, 2))]
     acks = defaultdict(list)
@@ -608,7 +612,7 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     assert len(acks[ALICE]) == 1 and "goal #1" in acks[ALICE][0].lower()
     assert len(acks[BOB]) == 1 and "goal #2" in acks[BOB][0].lower()
     steers = [e.data.message for e in await goal_events(runner, 1) if isinstance(e.data, SteerReceived)]
-    assert [(m.author, m.text) for m in steers] == [(ALICE, "freeze resolution")]
+    assert [(render.slack_user(m.author), m.text) for m in steers] == [(ALICE, "freeze resolution")]
     inbox = await runner.store.db.fetchall("SELECT text FROM inbox")
     assert [row["text"] for row in inbox] == ["freeze resolution"]
     eyes = [c for c in fake.calls("reactions.add") if c.params.get("timestamp") == steer.ts]
