@@ -392,9 +392,9 @@ def _decide_buttons(block_id: str, value: str, approve: str = "approve", reject:
 
 def approval_prompt(approval: Approval, runner: str) -> Payload:
     """The question, its detail, Approve / Reject buttons (value "<runner>:<approval id>")."""
-    blocks = sections(f"{EMOJI['approval_requested']} *Approval needed:* {escape(approval.question)}")
+    blocks = sections(f"{EMOJI['approval_requested']} *Approval needed:* {people(approval.question)}")
     if approval.detail:
-        blocks += sections(markdown_to_mrkdwn(approval.detail))
+        blocks += sections(people(markdown_to_mrkdwn(approval.detail), escaped=False))
     blocks.append(_decide_buttons(f"approval-{approval.id}", f"{runner}:{approval.id}"))
     blocks.append(context(f"approval #{approval.id} · {escape(approval.kind)} · {APPROVAL_HINT}"))
     return payload(f"Approval needed: {approval.question}", blocks)
@@ -406,7 +406,7 @@ def approval_decided(approval: Approval) -> Payload:
     verdict = f"{emoji} *{word}*"
     if approval.state in ("approved", "rejected"):
         verdict += f" by {user_ref(approval.decided_by)}"
-    blocks = sections(f"~Approval needed:~ {escape(approval.question)}\n{verdict}")
+    blocks = sections(f"~Approval needed:~ {people(approval.question)}\n{verdict}")
     if approval.comment:
         blocks += sections(f"> {people(approval.comment)}")
     blocks.append(context(f"approval #{approval.id}"))
