@@ -33,12 +33,15 @@ every step (milestones, experiment rows, approval prompts, plots, a final report
   goaltender runner               start the runner daemon (one per GPU box)
   goaltender bot                  run the Slack bot (tokens from an app made from manifest.yml)
 
-People (and the Slack bot) drive goals:   submit, status, summary, steer, budget,
-                                          pause, resume, stop, approve, reject, events, log
+Operators (and the Slack bot) drive goals: submit, status, summary, steer, budget,
+                                          pause, resume, stop, approve, reject, events,
+                                          log, audit
 Agents report from inside a goal:         milestone, metrics, experiment, ask, inbox,
                                           diary, report
-Agent verbs read GOALTENDER_GOAL_ID and GOALTENDER_SOCKET from the environment the
-runner gives them."""
+Operators are the users the runner allows (GOALTENDER_OPERATORS; default: its own user);
+the runner knows them by the socket's peer uid. Agent verbs read GOALTENDER_GOAL_ID and
+GOALTENDER_SOCKET (the goal's own socket, which serves the agent verbs only) from the
+environment the runner gives them."""
 
 EXIT_CODES = """\
 exit codes: 0 ok / approved / experiment ran (keep or discard); 1 rejected / experiment crashed;
@@ -142,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     # -- people --
     cmd = command("submit", cmd_submit, "submit a goal, e.g. 'reach 90%% accuracy, budget 2h'")
     cmd.add_argument("text")
-    cmd.add_argument("--owner", default=os.environ.get("USER", "unknown"))
+    cmd.add_argument("--owner", default=os.environ.get("USER"), help="default: $USER, else who you are")
     cmd.add_argument("--agent", help="agent to run the goal (default: the runner's default)")
 
     cmd = command("status", cmd_status, "show goals: state, budgets used, best result")
@@ -154,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = command("steer", cmd_steer, "send a steering message to a goal's agent (its inbox)")
     cmd.add_argument("goal_id", type=int)
     cmd.add_argument("text")
-    cmd.add_argument("--author", default=os.environ.get("USER", "unknown"))
+    cmd.add_argument("--author", help="whom you speak for (recorded as AUTHOR via cli (uid N))")
 
     cmd = command("budget", cmd_budget, "change a goal's budget: '+2h', 'max 10 experiments', 'gpu-hours 8'")
     cmd.add_argument("goal_id", type=int)
@@ -174,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = command(name, func, f"{name} a pending approval prompt")
         cmd.add_argument("approval_id", type=int)
         cmd.add_argument("--comment")
+
+    cmd = command("audit", cmd_audit, "print the audit trail: control actions and refused attempts, and who")
+    cmd.add_argument("goal_id", nargs="?", type=int, help="only this goal's entries")
+    cmd.add_argument("--limit", type=int, default=200, help="the newest N entries (default 200)")
 
     cmd = command("events", cmd_events, "print the event log (optionally follow it)")
     cmd.add_argument("--since", type=int, default=0)
@@ -426,7 +433,6 @@ def _decide(approve: bool):
                 p.DecisionReply,
                 approval_id=args.approval_id,
                 approve=approve,
-                by=os.environ.get("USER", "cli"),
                 comment=args.comment,
             )
             print(f"approval #{reply.approval.id} {reply.approval.state}")
@@ -439,6 +445,18 @@ def _decide(approve: bool):
 
 cmd_approve = _decide(True)
 cmd_reject = _decide(False)
+
+
+def cmd_audit(args):
+    async def body(runner: RunnerClient):
+        reply = await runner.call(p.Audit, p.AuditReply, goal_id=args.goal_id, limit=args.limit)
+        for e in reply.entries:
+            goal = f"goal #{e.goal_id}" if e.goal_id is not None else "-"
+            print(f"{e.ts:%Y-%m-%d %H:%M:%S}  {e.actor}  {e.action}  {goal}  {e.outcome}  {e.detail}")
+        if not reply.entries:
+            print("(no entries)")
+
+    return _run(args, body)
 
 
 def cmd_events(args):

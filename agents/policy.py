@@ -1,7 +1,9 @@
 """The command policy: allow / ask / deny for a shell command the built-in agent is about to run.
 
 - **deny** never runs: `rm -rf /` (or home, or a top-level directory), `mkfs`, `dd` onto a device,
-  shutdown/reboot, a fork bomb, and whatever the policy file's `deny` patterns match.
+  shutdown/reboot, a fork bomb, the runner's control verbs (`goaltender approve`, `reject`,
+  `steer`, `budget`, `stop`, `pause`, `resume`, `submit`, `audit`: people decide those, and the
+  goal's socket refuses them anyway), and whatever the policy file's `deny` patterns match.
 - **ask** goes to a person first (runner Ask, kind="command"): sudo and friends, deleting or
   writing outside the workspace, package installs, network fetches and pushes, killing processes
   the agent did not start, system configuration, `eval`, and the file's `ask` patterns.
@@ -327,6 +329,7 @@ SYSTEM_TOOLS = {
     "insmod", "rmmod", "sysctl", "swapoff", "swapon", "nvidia-smi-reset",
 }  # fmt: skip
 MACHINE_DOWN = {"shutdown", "reboot", "halt", "poweroff", "init", "telinit"}
+CONTROL_VERBS = {"approve", "reject", "steer", "budget", "stop", "pause", "resume", "submit", "audit"}
 DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "mkswap"}
 DELETES = {"rm", "rmdir", "unlink", "shred", "srm"}
 WRITES_EVERY_ARG = {"touch", "mkdir", "tee", "truncate", "mv"}
@@ -378,12 +381,15 @@ def follow_cd(name: str, args: list[str], scope: Scope) -> None:
 
 
 def guard_python_module(name: str, args: list[str], scope: Scope) -> None:
-    """`python -m pip ...` is pip; `python -m huggingface_hub ...` is huggingface-cli."""
+    """`python -m pip ...` is pip; `python -m huggingface_hub ...` is huggingface-cli; `python -m
+    goaltender.cli ...` is goaltender."""
     if len(args) < 2 or args[0] != "-m":
         return
     module = args[1]
     if module in ("pip", "pip3") or module.startswith("pip."):
         check_words(["pip", *args[2:]], scope)
+    elif module in ("goaltender", "goaltender.cli"):
+        check_words(["goaltender", *args[2:]], scope)
     elif module in ("huggingface_hub.commands.huggingface_cli", "huggingface_hub"):
         check_words(["huggingface-cli", *args[2:]], scope)
 
@@ -397,6 +403,16 @@ def guard_uv(name: str, args: list[str], scope: Scope) -> None:
         scope.ask(f"installs or removes packages (uv pip {positional[1]})")
     elif positional[:1] and positional[0] in UV_INSTALLS:
         scope.ask(f"installs or removes packages (uv {positional[0]})")
+
+
+def guard_control_verb(name: str, args: list[str], scope: Scope) -> None:
+    """The agent verbs are the agent's; deciding, steering, budgets, stopping belong to people."""
+    _, positional = options_and_args(args, {"--socket"})
+    if positional and positional[0] in CONTROL_VERBS:
+        scope.deny(
+            f"`goaltender {positional[0]}` is for people, not agents: a person decides approvals, "
+            "budgets, steering and stops (in the goal's thread); the runner refuses it from an agent"
+        )
 
 
 def guard_machine_down(name: str, args: list[str], scope: Scope) -> None:
@@ -550,6 +566,7 @@ CHECKS: dict[str, Checker] = {
     "eval": guard_eval,
     "cd": follow_cd,
     "uv": guard_uv,
+    "goaltender": guard_control_verb,
     **dict.fromkeys(MACHINE_DOWN, guard_machine_down),
     **dict.fromkeys(DISK_TOOLS, guard_disk_wipe),
     "dd": guard_dd,

@@ -1,5 +1,6 @@
 """What agents and experiments find in their environment: caches routed under the runner's home,
-the GOALTENDER_* variables that lead them back to the runner, and how many GPUs the box offers."""
+the GOALTENDER_* variables that lead them back to the runner (to their goal's socket), and how many
+GPUs the box offers."""
 
 from __future__ import annotations
 
@@ -22,8 +23,18 @@ CACHE_DIRS = {
     "UV_CACHE_DIR": "uv",
     "RAY_TMPDIR": "ray",
     "MPLCONFIGDIR": "matplotlib",
+    "CUDA_CACHE_PATH": "cuda",  # else ~/.nv, read-only in the sandbox
     "GOALTENDER_CACHE_DIR": "goaltender",
 }
+
+
+SANDBOX_SOCKET = Path("/run/goaltender/runner.sock")  # the goal's socket, as its sandbox shows it
+
+
+def goal_socket(settings: RunnerSettings, goal_id: int) -> Path:
+    """GOALTENDER_SOCKET for the goal's agent and experiments: the goal's own socket (never the
+    operator socket), where they see it."""
+    return SANDBOX_SOCKET if settings.sandbox == "bwrap" else settings.agent_socket(goal_id)
 
 
 def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
@@ -36,7 +47,7 @@ def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
             path.mkdir(parents=True, exist_ok=True)
             env[var] = str(path)
     env.update(
-        GOALTENDER_SOCKET=str(settings.socket_path),
+        GOALTENDER_SOCKET=str(goal_socket(settings, goal.id)),
         GOALTENDER_GOAL_ID=str(goal.id),
         GOALTENDER_WORKSPACE=goal.workspace,
         GOALTENDER_HOME=str(settings.home),

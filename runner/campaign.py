@@ -3,29 +3,36 @@ budget, supervised, judged and entered in the ledger; the approvals it waits on;
 
 Every way a goal ends (its agent exits or cannot start, the deadline passes, an operator stops it)
 goes through `end_goal`: the agent and the goal's experiments are stopped with their whole process
-groups, pending approvals expire, and the final report is written once.
+groups, pending approvals expire, the goal's socket and /tmp go, and the final report is written
+once.
+
+The agent and every experiment and eval command run in the goal's sandbox (runner/sandbox.py),
+holding only the goal's own socket (`AgentSockets`, the server), which lets them act on this goal
+through the agent verbs and on nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import agent_environment, count_gpus, experiment_environment
 from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.report import best_experiment, final_report
+from goaltender.runner.sandbox import Sandbox
 from goaltender.runner.server import Refused
 from goaltender.runner.supervisor import (
+    Launch,
     ProcessResult,
     kill_leftover_group,
+    read_beneath,
     run_supervised,
     spawn,
     terminate_group,
@@ -50,12 +57,22 @@ AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
 OnStart = Callable[[int], Awaitable[None]]
 
 
+class AgentSockets(Protocol):
+    """Where each goal's capability is served (the server): opened for its agent, closed at its end."""
+
+    async def open_agent_socket(self, goal_id: int, path: Path) -> None: ...
+
+    def close_agent_socket(self, goal_id: int) -> None: ...
+
+
 class Campaigns:
     """Every goal's campaign on this runner, and the processes, tasks and waits each one holds."""
 
-    def __init__(self, settings: RunnerSettings, store: RunnerStore):
+    def __init__(self, settings: RunnerSettings, store: RunnerStore, sockets: AgentSockets):
         self.settings = settings
         self.store = store
+        self.sockets = sockets
+        self.sandbox = Sandbox(settings)
         self.gpus = count_gpus() if settings.compute_unit != "cpu" else 0
         self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or self.gpus) else "cpu"
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
@@ -148,12 +165,15 @@ class Campaigns:
     # ---- the agent ----
 
     async def start_agent(self, goal: Goal, *, resumed: bool) -> None:
+        """Start the goal's agent, in its sandbox, with the goal's socket as its way to the runner."""
         workspace = Path(goal.workspace)
         workspace.mkdir(parents=True, exist_ok=True)
         env = agent_environment(self.settings, goal, resumed=resumed)
         command = self.settings.agents[goal.agent]
         try:
-            proc = spawn(command, cwd=workspace, env=env, log_path=workspace / "agent.log")
+            await self.sockets.open_agent_socket(goal.id, self.settings.agent_socket(goal.id))
+            launch = self.sandbox.launch(goal, command, cwd=workspace, env=env, agent=True)
+            proc = spawn(launch, log_path=workspace / "agent.log", beneath=workspace)
         except OSError as exc:
             await self.end_goal(goal.id, "failed", f"could not start agent {goal.agent!r}: {exc}")
             return
@@ -161,20 +181,20 @@ class Campaigns:
         await self.store.set_agent_pid(goal.id, proc.pid)
         if goal.state in ("accepted", "submitted"):
             await self.store.set_goal_state(goal.id, "running", f"agent {goal.agent} started")
-        self._spawn(self._watch_agent(goal.id, proc))
+        self._spawn(self._watch_agent(goal.id, proc, launch))
         self._arm_deadline(goal)
 
-    async def _watch_agent(self, goal_id: int, proc: subprocess.Popen) -> None:
+    async def _watch_agent(self, goal_id: int, proc: subprocess.Popen, launch: Launch) -> None:
         status, _ = await wait_process(proc)
         self._agents.pop(goal_id, None)
         if goal_id in self._ending:
             return
-        code = os.waitstatus_to_exitcode(status)
+        code = launch.exit_code(status)
         if code == 0:
             await self.end_goal(goal_id, "finished", "the agent finished")
         else:
             goal = await self.goal(goal_id)
-            tail = _tail_text(Path(goal.workspace) / "agent.log", AGENT_LOG_TAIL)
+            tail = _tail_text(Path(goal.workspace), AGENT_LOG_TAIL)
             await self.end_goal(goal_id, "failed", f"the agent exited with code {code}:\n{tail}")
 
     # ---- budget, deadline, pause ----
@@ -324,10 +344,9 @@ class Campaigns:
 
         async def run(command: list[str], log_to: Path, on_start: OnStart) -> ProcessResult:
             return await run_supervised(
-                command,
-                cwd=Path(req.cwd or goal.workspace),
-                env=env,
+                self.sandbox.launch(goal, command, cwd=Path(req.cwd or goal.workspace), env=env),
                 log_path=log_to,
+                beneath=Path(goal.workspace),
                 timeout_s=timeout,
                 on_points=on_points,
                 on_start=on_start,
@@ -418,6 +437,8 @@ class Campaigns:
             # SIGTERM first: the agent may use the grace period to hand in its report.
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
+        self.sockets.close_agent_socket(goal_id)
+        self.sandbox.remove_goal_files(goal_id)
         for approval in await self.store.pending_approvals(goal_id):
             approval, _ = await self.store.decide_approval(
                 approval.id, state="expired", by="runner", comment=f"the goal ended: {first_line}"
@@ -476,9 +497,10 @@ async def _ignore_pid(pid: int) -> None:
     return None
 
 
-def _tail_text(path: Path, limit: int) -> str:
+def _tail_text(workspace: Path, limit: int) -> str:
+    """The end of the agent's log (in its workspace: never read through a link it left there)."""
     try:
-        data = path.read_bytes()[-limit:]
-    except FileNotFoundError:
-        return "(no agent.log)"
-    return data.decode(errors="replace").strip()
+        data = read_beneath(workspace, workspace / "agent.log")[-limit:]
+    except OSError as exc:
+        return f"(agent.log cannot be read: {exc})"
+    return data.decode(errors="replace").strip() or "(agent.log is empty)"

@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -61,7 +62,15 @@ class SocketStream:
 
     @classmethod
     async def open_unix(cls, path: str | Path) -> SocketStream:
-        reader, writer = await asyncio.open_unix_connection(str(path), limit=p.MAX_LINE)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            with unix_address(Path(path)) as address:
+                await asyncio.get_running_loop().sock_connect(sock, address)
+        except BaseException:
+            sock.close()
+            raise
+        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=p.MAX_LINE)
         return cls(reader, writer)
 
     async def readline(self) -> bytes:
@@ -100,6 +109,12 @@ class RunnerClient:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             raise RunnerUnavailable(
                 f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
+            ) from exc
+        except PermissionError as exc:
+            raise RunnerUnavailable(
+                f"not allowed to open the runner socket {path} ({exc.strerror}): only the runner's "
+                "operators may (GOALTENDER_OPERATORS on the runner; the socket and its directory are "
+                "its user's alone)"
             ) from exc
         runner = cls(stream)
         try:
@@ -191,6 +206,20 @@ class RunnerClient:
                 if not future.done():
                     future.set_exception(error)
             self._events.put_nowait(error)  # why the link dropped reaches events() readers too
+
+
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """`path` as bind() and connect() take it: a path longer than a socket address may be (~107
+    bytes; a runner home on a deep directory) is reached through /proc/self/fd/<its directory>."""
+    if len(os.fsencode(str(path))) < 100:
+        yield str(path)
+        return
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
 
 
 def socket_from_env() -> Path:

@@ -53,7 +53,8 @@ class GoaltenderSettings(BaseSettings):
 
 class RunnerSettings(GoaltenderSettings):
     home: Path = Field(default_factory=lambda: Path.home() / ".goaltender")
-    """State lives here: runner.db, runner.sock, workspaces/, cache/. Put it on the big disk."""
+    """State lives here: runner.db, runner.sock, workspaces/, cache/, agents/ (the goals'
+    sockets), tmp/ (the goals' /tmp). Put it on the big disk."""
     name: str = Field(default_factory=lambda: os.uname().nodename)
     socket: Path | None = None  # default: <home>/runner.sock
     default_agent: str = "sweep"
@@ -63,6 +64,12 @@ class RunnerSettings(GoaltenderSettings):
     experiment_timeout_s: float = 3600.0
     stop_grace_s: float = 5.0
     compute_unit: Literal["auto", "gpu", "cpu"] = "auto"
+    operators: Annotated[list[int | str], NoDecode] = Field(default_factory=list)
+    """Who may control goals over the runner socket, by the peer's uid: uids or user names,
+    comma-separated or a JSON list. Default: the user the runner runs as."""
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    """Where agents and experiments run: bwrap (bubblewrap; they cannot reach the runner's state or
+    the operator socket), or none — unsandboxed, which lets them control every goal."""
     secrets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """More secrets to redact and keep from agents: environment variable names, or paths of files
     that each hold one (an entry with a '/'). Comma-separated or a JSON list."""
@@ -70,7 +77,7 @@ class RunnerSettings(GoaltenderSettings):
     """Secret environment variables every goal's agent and experiments keep (still redacted on the
     way out). Comma-separated or a JSON list; empty grants nothing."""
 
-    @field_validator("secrets", "grants", mode="before")
+    @field_validator("secrets", "grants", "operators", mode="before")
     @classmethod
     def _names(cls, value: object) -> object:
         if isinstance(value, str):
@@ -94,6 +101,14 @@ class RunnerSettings(GoaltenderSettings):
     @property
     def cache_dir(self) -> Path:
         return self.home / "cache"
+
+    def agent_socket(self, goal_id: int) -> Path:
+        """The goal's capability: its agent's (and experiments') socket, listened on while it runs."""
+        return self.home / "agents" / f"goal-{goal_id}.sock"
+
+    def goal_tmp(self, goal_id: int) -> Path:
+        """The goal's /tmp inside the sandbox, on the big disk; removed when the goal ends."""
+        return self.home / "tmp" / f"goal-{goal_id}"
 
     def make_dirs(self) -> None:
         """The home, workspaces/ and cache/: this user's alone (0700, tightened if they exist)."""

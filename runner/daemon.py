@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import (
@@ -24,8 +25,11 @@ from goaltender.runner.budget import (
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.report import best_experiment, summary_text
+from goaltender.runner.sandbox import UNSAFE_WARNING
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
+from goaltender.runner.supervisor import read_beneath
+from goaltender.runner.trust import Principal, operator_uids, user_name
 from goaltender.storage.records import MilestoneReported, utcnow
 from goaltender.storage.runner_store import RunnerStore
 
@@ -36,7 +40,6 @@ class Runner:
     def __init__(self, settings: RunnerSettings, store: RunnerStore):
         self.settings = settings
         self.store = store
-        self.campaigns = Campaigns(settings, store)
         self.handlers: dict[type[p.Request], Handler] = {
             # from the bot (or any operator client)
             p.SubmitGoal: self._on_submit_goal,
@@ -50,6 +53,7 @@ class Runner:
             p.Summary: self._on_summary,
             p.GetLog: self._on_get_log,
             p.GetSeries: self._on_get_series,
+            p.Audit: self._on_audit,
             # from the agents
             p.ReportMilestone: self._on_milestone,
             p.LogMetrics: self._on_log_metrics,
@@ -61,8 +65,14 @@ class Runner:
             p.RunExperiment: self._on_run_experiment,
         }
         self.server = SocketServer(
-            settings.socket_path, settings.name, store, self.handlers, Redactor.from_settings(settings)
+            settings.socket_path,
+            settings.name,
+            store,
+            self.handlers,
+            Redactor.from_settings(settings),
+            operators=operator_uids(settings.operators),
         )
+        self.campaigns = Campaigns(settings, store, self.server)
 
     # ---- life cycle ----
 
@@ -70,14 +80,24 @@ class Runner:
     async def start(cls, settings: RunnerSettings) -> Runner:
         settings.make_dirs()
         store = await RunnerStore.open(settings.db_path)
-        runner = cls(settings, store)
+        try:
+            runner = cls(settings, store)
+        except BaseException:
+            await store.close()
+            raise
+        if problem := runner.campaigns.sandbox.problem():
+            log.error("agents cannot start until this is fixed: %s", problem)
+        elif not runner.campaigns.sandbox.enabled:
+            log.warning(UNSAFE_WARNING)
         await runner.campaigns.recover()
         await runner.server.listen()
         log.info(
-            "runner %s listening on %s (compute unit: %s)",
+            "runner %s listening on %s (compute unit: %s; sandbox: %s; operators: %s)",
             settings.name,
             settings.socket_path,
             runner.campaigns.compute_unit,
+            settings.sandbox,
+            ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(runner.server.operators)),
         )
         return runner
 
@@ -93,7 +113,7 @@ class Runner:
 
     # ---- operator requests ----
 
-    async def _on_submit_goal(self, req: p.SubmitGoal) -> p.Reply:
+    async def _on_submit_goal(self, req: p.SubmitGoal, who: Principal) -> p.Reply:
         spec = parse_goal_text(req.text)
         agent = req.agent or spec.agent or self.settings.default_agent
         if agent not in self.settings.agents:
@@ -103,7 +123,7 @@ class Runner:
         budget = req.budget or explicit_budget(spec, utcnow(), self.settings.experiment_timeout_s)
         goal = await self.store.create_goal(
             text=spec.text,
-            owner=req.owner,
+            owner=req.owner or who.actor(),
             agent=agent,
             budget=budget,
             metric=None,
@@ -114,16 +134,17 @@ class Runner:
         await self.campaigns.start_agent(goal, resumed=False)
         return p.GoalReply(status=await self._status(goal.id))
 
-    async def _on_steer(self, req: p.Steer) -> p.Reply:
+    async def _on_steer(self, req: p.Steer, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        message = await self.store.add_inbox(goal.id, req.author, req.text)
+        author = who.actor(req.author)
+        message = await self.store.add_inbox(goal.id, author, req.text)
         said = f"delivered to goal #{goal.id}'s inbox as message {message.id}"
         if change := apply_budget_change(goal.budget, req.text, utcnow()):
-            await self.campaigns.set_budget(goal, change[0], f"{req.author}: {change[1]}")
+            await self.campaigns.set_budget(goal, change[0], f"{author}: {change[1]}")
             said += f"; budget changed: {change[1]}"
         return p.Done(message=said)
 
-    async def _on_change_budget(self, req: p.ChangeBudget) -> p.Reply:
+    async def _on_change_budget(self, req: p.ChangeBudget, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         change = apply_budget_change(goal.budget, req.change, utcnow())
         if change is None:
@@ -131,117 +152,119 @@ class Runner:
                 "bad_request",
                 f"no budget in {req.change!r}; try '+2h', 'max 10 experiments' or 'gpu-hours 8'",
             )
-        await self.campaigns.set_budget(goal, change[0], f"{req.by}: {change[1]}")
+        await self.campaigns.set_budget(goal, change[0], f"{who.actor(req.by)}: {change[1]}")
         return p.Done(message=f"budget changed: {change[1]}")
 
-    async def _on_stop(self, req: p.Stop) -> p.Reply:
+    async def _on_stop(self, req: p.Stop, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        reason = f"stopped by {req.by}" + (f": {req.reason}" if req.reason else "")
+        reason = f"stopped by {who.actor(req.by)}" + (f": {req.reason}" if req.reason else "")
         await self.campaigns.end_goal(goal.id, "stopped", reason)
         return p.Done(message=f"goal #{goal.id} {reason}; final report written")
 
-    async def _on_pause(self, req: p.Pause) -> p.Reply:
+    async def _on_pause(self, req: p.Pause, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         if goal.state == "paused":
             return p.Done(message=f"goal #{goal.id} is already paused")
         self.campaigns.hold_experiments(goal.id)
-        await self.store.set_goal_state(goal.id, "paused", f"paused by {req.by}")
+        await self.store.set_goal_state(goal.id, "paused", f"paused by {who.actor(req.by)}")
         return p.Done(message=f"goal #{goal.id} paused: the current experiment finishes, no new one starts")
 
-    async def _on_resume(self, req: p.Resume) -> p.Reply:
+    async def _on_resume(self, req: p.Resume, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         if goal.state != "paused":
             return p.Done(message=f"goal #{goal.id} is not paused ({goal.state})")
         pending = await self.store.pending_approvals(goal.id)
         await self.store.set_goal_state(
-            goal.id, "waiting_for_approval" if pending else "running", f"resumed by {req.by}"
+            goal.id, "waiting_for_approval" if pending else "running", f"resumed by {who.actor(req.by)}"
         )
         self.campaigns.release_experiments(goal.id)
         return p.Done(message=f"goal #{goal.id} resumed")
 
-    async def _on_decide(self, req: p.Decide) -> p.Reply:
+    async def _on_decide(self, req: p.Decide, who: Principal) -> p.Reply:
         approval = await self.store.get_approval(req.approval_id)
         if approval is None:
             raise Refused("not_found", f"no approval #{req.approval_id}")
         state = "approved" if req.approve else "rejected"
         approval, decided_now = await self.store.decide_approval(
-            approval.id, state=state, by=req.by, comment=req.comment
+            approval.id, state=state, by=who.actor(req.by), comment=req.comment
         )
         if not decided_now:
-            who = f" by {approval.decided_by}" if approval.decided_by else ""
-            raise Refused("conflict", f"approval #{approval.id} was already {approval.state}{who}")
+            by = f" by {approval.decided_by}" if approval.decided_by else ""
+            raise Refused("conflict", f"approval #{approval.id} was already {approval.state}{by}")
         self.campaigns.deliver_decision(approval)
         return p.DecisionReply(approval=approval)
 
-    async def _on_status(self, req: p.Status) -> p.Reply:
+    async def _on_status(self, req: p.Status, who: Principal) -> p.Reply:
         if req.goal_id is not None:
             await self.campaigns.goal(req.goal_id)
             return p.StatusReply(goals=[await self._status(req.goal_id)])
         goals = await self.store.list_goals(active_only=req.active_only)
         return p.StatusReply(goals=[await self._status(g.id) for g in goals])
 
-    async def _on_summary(self, req: p.Summary) -> p.Reply:
+    async def _on_summary(self, req: p.Summary, who: Principal) -> p.Reply:
         goal = await self.campaigns.goal(req.goal_id)
         experiments = await self.store.experiments(goal.id)
         status = await self._status(goal.id)
         text = summary_text(goal, experiments, status.compute_hours_used, utcnow(), goal.end_reason)
         return p.SummaryReply(status=status, ledger=experiments, text=text)
 
-    async def _on_get_log(self, req: p.GetLog) -> p.Reply:
+    async def _on_get_log(self, req: p.GetLog, who: Principal) -> p.Reply:
         experiment = await self.store.get_experiment(req.experiment_id)
         if experiment is None:
             raise Refused("not_found", f"no experiment #{req.experiment_id}")
-        try:
-            with open(experiment.log_path, "rb") as f:
-                f.seek(req.offset)
-                data = f.read(req.limit)
-                eof = f.read(1) == b""
-        except FileNotFoundError:
-            data, eof = b"", True
+        goal = await self.campaigns.goal(experiment.goal_id)
+        try:  # the log is in the agent's workspace: never read through a link it left there
+            data = read_beneath(Path(goal.workspace), Path(experiment.log_path), req.offset, req.limit + 1)
+        except OSError as exc:
+            raise Refused("not_found", f"experiment #{experiment.id}'s log cannot be read: {exc}") from exc
+        data, eof = data[: req.limit], len(data) <= req.limit
         return p.LogReply(
             text=data.decode(errors="replace"), offset=req.offset, next_offset=req.offset + len(data), eof=eof
         )
 
-    async def _on_get_series(self, req: p.GetSeries) -> p.Reply:
+    async def _on_get_series(self, req: p.GetSeries, who: Principal) -> p.Reply:
         points = await self.store.metric_series(req.goal_id, req.name, req.experiment_id)
         return p.SeriesReply(name=req.name, points=points)
 
+    async def _on_audit(self, req: p.Audit, who: Principal) -> p.Reply:
+        return p.AuditReply(entries=await self.store.audit_entries(req.goal_id, req.limit))
+
     # ---- agent verbs ----
 
-    async def _on_milestone(self, req: p.ReportMilestone) -> p.Reply:
+    async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         event = await self.store.append_event(goal.id, MilestoneReported(title=req.title, text=req.text))
         return p.Done(message=f"milestone logged (event {event.seq})")
 
-    async def _on_log_metrics(self, req: p.LogMetrics) -> p.Reply:
+    async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         await self.store.add_metrics(goal.id, req.experiment_id, req.points)
         return p.Done(message=f"{len(req.points)} metric point(s) logged")
 
-    async def _on_read_inbox(self, req: p.ReadInbox) -> p.Reply:
+    async def _on_read_inbox(self, req: p.ReadInbox, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
         return p.InboxReply(messages=await self.store.read_inbox(req.goal_id, unread_only=not req.all))
 
-    async def _on_write_diary(self, req: p.WriteDiary) -> p.Reply:
+    async def _on_write_diary(self, req: p.WriteDiary, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
         entry = await self.store.write_diary(req.goal_id, req.kind, req.text)
         return p.Done(message=f"diary entry {entry.id} written ({entry.kind})")
 
-    async def _on_read_diary(self, req: p.ReadDiary) -> p.Reply:
+    async def _on_read_diary(self, req: p.ReadDiary, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
         return p.DiaryReply(entries=await self.store.read_diary(req.goal_id, last=req.last, kind=req.kind))
 
-    async def _on_submit_report(self, req: p.SubmitReport) -> p.Reply:
+    async def _on_submit_report(self, req: p.SubmitReport, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
         await self.store.set_agent_report(req.goal_id, req.text)
         return p.Done(message="report text stored; it goes into the final report")
 
-    async def _on_ask(self, req: p.Ask) -> p.Reply:
+    async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         approval = await self.campaigns.ask(goal, req.kind, req.question, req.detail, req.timeout_s)
         return p.DecisionReply(approval=approval)
 
-    async def _on_run_experiment(self, req: p.RunExperiment) -> p.Reply:
+    async def _on_run_experiment(self, req: p.RunExperiment, who: Principal) -> p.Reply:
         finished, new_best = await self.campaigns.run_experiment(req)
         attempted, compute_used = await self.store.usage(req.goal_id)
         goal = await self.campaigns.goal(req.goal_id)

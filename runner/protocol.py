@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from goaltender.storage.records import (
     Approval,
+    AuditEntry,
     Budget,
     DiaryEntry,
     Event,
@@ -40,6 +41,8 @@ class Request(Message):
 
 
 # ---- requests from the bot (or any operator client) ----
+# `by` / `author` / `owner` name whom an operator acts for (the bot: "slack:U123"); the runner
+# records "<that> via <client> (uid N)" and never takes a name from an agent.
 
 
 class Hello(Request):
@@ -53,7 +56,7 @@ class SubmitGoal(Request):
 
     type: Literal["submit_goal"] = "submit_goal"
     text: str = Field(min_length=1, max_length=4000)
-    owner: str = "unknown"
+    owner: str | None = None  # default: the authenticated operator
     agent: str | None = None
     budget: Budget | None = None  # explicit budgets override phrases in the text
 
@@ -62,7 +65,7 @@ class Steer(Request):
     type: Literal["steer"] = "steer"
     goal_id: int
     text: str = Field(min_length=1, max_length=4000)
-    author: str = "unknown"
+    author: str | None = None
 
 
 class ChangeBudget(Request):
@@ -71,34 +74,42 @@ class ChangeBudget(Request):
     type: Literal["change_budget"] = "change_budget"
     goal_id: int
     change: str = Field(min_length=1, max_length=200)
-    by: str = "unknown"
+    by: str | None = None
 
 
 class Stop(Request):
     type: Literal["stop"] = "stop"
     goal_id: int
-    by: str = "unknown"
+    by: str | None = None
     reason: str = ""
 
 
 class Pause(Request):
     type: Literal["pause"] = "pause"
     goal_id: int
-    by: str = "unknown"
+    by: str | None = None
 
 
 class Resume(Request):
     type: Literal["resume"] = "resume"
     goal_id: int
-    by: str = "unknown"
+    by: str | None = None
 
 
 class Decide(Request):
     type: Literal["decide"] = "decide"
     approval_id: int
     approve: bool
-    by: str = "unknown"
+    by: str | None = None
     comment: str | None = None
+
+
+class Audit(Request):
+    """The audit trail, newest `limit` entries (of one goal, or all), oldest first. Operators only."""
+
+    type: Literal["audit"] = "audit"
+    goal_id: int | None = None
+    limit: int = Field(default=200, gt=0, le=10_000)
 
 
 class Status(Request):
@@ -222,6 +233,7 @@ AnyRequest = Annotated[
     | Pause
     | Resume
     | Decide
+    | Audit
     | Status
     | Summary
     | Subscribe
@@ -310,6 +322,11 @@ class DiaryReply(Reply):
     entries: list[DiaryEntry]
 
 
+class AuditReply(Reply):
+    type: Literal["audit"] = "audit"
+    entries: list[AuditEntry]
+
+
 class LogReply(Reply):
     type: Literal["log"] = "log"
     text: str
@@ -341,6 +358,7 @@ ErrorCode = Literal[
     "line_too_long",
     "handshake_required",
     "version_mismatch",
+    "forbidden",  # not for this connection's principal; the message says who may
     "not_found",
     "conflict",
     "budget_exhausted",
@@ -364,6 +382,7 @@ AnyReply = Annotated[
     | DecisionReply
     | InboxReply
     | DiaryReply
+    | AuditReply
     | LogReply
     | SeriesReply
     | Subscribed

@@ -1,32 +1,46 @@
-"""The runner's Unix socket (mode 0600): connections, the hello handshake, the event stream.
+"""The runner's Unix sockets (mode 0600, in 0700 directories): connections, who is on each, the
+hello handshake, the event stream.
+
+Two kinds of socket, and so two kinds of principal (runner/trust.py): the operator socket, where
+the peer's uid must be an operator's, and one socket per running goal, the capability of that
+goal's agent and experiments, which may use the agent verbs on that goal and nothing else. A
+request a connection's principal may not make gets an `error` with code `forbidden`, is written to
+the audit trail as refused, and changes nothing; every control request is written there with its
+outcome (runner/audit.py).
 
 A connection reads lines capped at MAX_LINE and must open with `hello`. Three requests belong to
 the connection itself: `hello`, `subscribe` (stream the event log from a position, woken by each
 commit) and `ack` (the client's durable position, kept under its name). Every other request goes
-to its handler in the table the runner gives (runner/daemon.py says what each one does); a
-handler raises Refused to answer with an error.
+to its handler in the table the runner gives (runner/daemon.py says what each one does), with the
+connection's principal; a handler raises Refused to answer with an error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from goaltender.runner import protocol as p
+from goaltender.runner.audit import AuditTrail, is_control
+from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.secrets import Redactor
+from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
 from goaltender.storage.records import Event
 from goaltender.storage.runner_store import RunnerStore
 
 log = logging.getLogger("goaltender.runner")
 STREAM_BATCH = 500  # events read from the log per query when streaming to a subscriber
 
-# Each handler takes its own request type; the table is keyed by that type.
-Handler = Callable[[Any], Awaitable[p.Reply]]
+# Each handler takes its own request type and who asks; the table is keyed by that type.
+Handler = Callable[[Any, Principal], Awaitable[p.Reply]]
 
 
 class Refused(Exception):
@@ -45,8 +59,11 @@ class SocketServer:
         store: RunnerStore,
         handlers: Mapping[type[p.Request], Handler],
         redactor: Redactor | None = None,
+        operators: frozenset[int] = frozenset({os.getuid()}),
     ):
         self.path = path
+        self.operators = operators
+        self.audit = AuditTrail(store)
         self.redactor = redactor or Redactor()  # token shapes only, unless the runner gives its secrets
         self.runner_name = runner_name
         self.store = store
@@ -56,19 +73,36 @@ class SocketServer:
         self._connections: set[_Connection] = set()
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
+        self._agent_servers: dict[int, tuple[asyncio.Server, Path]] = {}  # goal id -> its socket
 
     async def listen(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Serve the operator socket."""
         if self.path.exists():
             if await _socket_answers(self.path):
                 raise RuntimeError(f"a runner is already serving {self.path}")
             self.path.unlink()
-        old_umask = os.umask(0o177)  # the socket is born 0600: only this user may drive the runner
-        try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=p.MAX_LINE)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.path, 0o600)
+        self._server = await asyncio.start_unix_server(self._serve, sock=_bind(self.path), limit=p.MAX_LINE)
+
+    async def open_agent_socket(self, goal_id: int, path: Path) -> None:
+        """Serve goal `goal_id`'s own socket at `path`: whoever connects there is its agent."""
+        self.close_agent_socket(goal_id)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        serve = functools.partial(self._serve, goal_id=goal_id)
+        server = await asyncio.start_unix_server(serve, sock=_bind(path), limit=p.MAX_LINE)
+        self._agent_servers[goal_id] = (server, path)
+
+    def close_agent_socket(self, goal_id: int) -> None:
+        """The goal has ended (or its agent is restarting): its socket goes, and its connections."""
+        if (entry := self._agent_servers.pop(goal_id, None)) is None:
+            return
+        server, path = entry
+        server.close()
+        for conn in list(self._connections):
+            if conn.principal.goal_id == goal_id:
+                conn.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
     async def serve_forever(self) -> None:
         assert self._server is not None, "listen() first"
@@ -78,6 +112,8 @@ class SocketServer:
         """Stop accepting; hang up on every client (as when the process exits) and drop its work."""
         if self._server is not None:
             self._server.close()
+        for goal_id in list(self._agent_servers):
+            self.close_agent_socket(goal_id)
         for conn in list(self._connections):
             conn.close()
         for task in self._tasks:
@@ -98,8 +134,14 @@ class SocketServer:
         waiting, self._new_events = self._new_events, asyncio.Event()
         waiting.set()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, goal_id: int | None = None
+    ) -> None:
         conn = _Connection(reader, writer, self.redactor)
+        # The principal comes from the socket, never from what the client says.
+        conn.principal = (
+            Principal(goal_id=goal_id) if goal_id is not None else Principal(uid=peer_uid(writer))
+        )
         self._connections.add(conn)
         subscription: asyncio.Task | None = None
         try:
@@ -111,20 +153,25 @@ class SocketServer:
                 if isinstance(request, p.Error):
                     await conn.send(request)
                 elif isinstance(request, p.Hello):
-                    await conn.send(self._hello(request, conn))
+                    if not await self._hello(request, conn):
+                        break  # a foreign uid: hang up
                 elif conn.client is None:
                     await conn.send(
                         p.Error(id=request.id, code="handshake_required", message="send hello first")
                     )
+                elif refusal := await agent_refusal(conn.principal, request, self.store):
+                    await conn.send(p.Error(id=request.id, code="forbidden", message=refusal))
+                    await self.audit.refused(conn.principal, request, refusal)
                 elif isinstance(request, p.Ack):
-                    await self.store.set_cursor(conn.client, request.seq)
+                    await self.store.set_cursor(conn.principal.cursor_name(), request.seq)
                     await conn.send(p.Done(id=request.id, message=f"acked {request.seq}"))
                 elif isinstance(request, p.Subscribe):
+                    request = scoped(conn.principal, request)
                     if subscription is not None:
                         subscription.cancel()
                     subscription = self._spawn(self._stream(conn, request))
                 else:
-                    self._spawn(self._answer(conn, request))
+                    self._spawn(self._answer(conn, scoped(conn.principal, request)))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -133,25 +180,32 @@ class SocketServer:
             conn.close()
             self._connections.discard(conn)
 
-    def _hello(self, hello: p.Hello, conn: _Connection) -> p.Reply:
+    async def _hello(self, hello: p.Hello, conn: _Connection) -> bool:
+        """Answer a hello; False when the connection is refused (and is to be closed)."""
+        conn.principal = replace(conn.principal, client=hello.client)
+        if refusal := hello_refusal(conn.principal, self.operators):
+            await conn.send(p.Error(id=hello.id, code="forbidden", message=refusal))
+            await self.audit.refused(conn.principal, None, refusal, action="hello")
+            return False
         if hello.version != p.PROTOCOL_VERSION:
-            return p.Error(
-                id=hello.id,
-                code="version_mismatch",
-                message=f"runner speaks protocol {p.PROTOCOL_VERSION}, client sent {hello.version}",
-            )
+            message = f"runner speaks protocol {p.PROTOCOL_VERSION}, client sent {hello.version}"
+            await conn.send(p.Error(id=hello.id, code="version_mismatch", message=message))
+            return True
         conn.client = hello.client
-        return p.Welcome(id=hello.id, runner=self.runner_name)
+        await conn.send(p.Welcome(id=hello.id, runner=self.runner_name))
+        return True
 
     async def _answer(self, conn: _Connection, request: p.Request) -> None:
         try:
-            reply = await self.handlers[type(request)](request)
+            reply = await self.handlers[type(request)](request, conn.principal)
         except Refused as refused:
             reply = p.Error(id=request.id, code=refused.code, message=str(refused))
         except Exception as exc:  # a bug must not take the daemon down with it
             log.exception("request %s failed", request.type)
             reply = p.Error(id=request.id, code="internal", message=f"{type(exc).__name__}: {exc}")
         reply.id = request.id
+        if is_control(request):
+            await self.audit.outcome(conn.principal, request, reply)
         with contextlib.suppress(ConnectionError):
             await conn.send(reply)
 
@@ -179,7 +233,8 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.redactor = redactor
-        self.client: str | None = None
+        self.client: str | None = None  # set by a welcomed hello
+        self.principal = Principal()
         self._write_lock = asyncio.Lock()
 
     async def read_line(self) -> bytes | None:
@@ -213,10 +268,28 @@ class _Connection:
             self.writer.close()
 
 
+def _bind(path: Path) -> socket.socket:
+    """A listening Unix socket at `path`, born 0600 in a directory made 0700 if missing: only this
+    user (and root) may connect; a deep `path` is bound through its directory (client.unix_address)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        with unix_address(path) as address:
+            sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    return sock
+
+
 async def _socket_answers(path: Path) -> bool:
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 2)
+        stream = await asyncio.wait_for(SocketStream.open_unix(path), 2)
     except (OSError, TimeoutError):
         return False
-    writer.close()
+    stream.close()
     return True

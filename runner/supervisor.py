@@ -4,6 +4,10 @@ An experiment's stdout and stderr go to its run.log; the log (and an optional me
 it) is tailed while it runs, so metrics arrive live. `key: value` lines are the run's summary;
 JSON-object lines are series points. Resources come from wait4(): CPU time and peak RSS of the
 process and every descendant it waited for.
+
+A process is started from a Launch: the command itself, or the sandbox wrapped around it
+(runner/sandbox.py). Its logs live in the goal's workspace, which the agent writes too, so the
+runner opens them with `open_beneath`: never through a symlink or onto a FIFO the agent left there.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -67,19 +72,18 @@ def _is_number(value: object) -> TypeGuard[int | float]:
 
 
 class _Tail:
-    """Reads whole new lines appended to a file since the last call."""
+    """Reads whole new lines appended to a file (inside `root`) since the last call."""
 
-    def __init__(self, path: Path):
+    def __init__(self, root: Path, path: Path):
+        self.root = root
         self.path = path
         self.offset = 0
         self.partial = b""
 
     def read_lines(self, final: bool = False) -> list[str]:
         try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
+            chunk = read_beneath(self.root, self.path, self.offset)
+        except OSError:  # replaced by something that is not a file: nothing more to read
             return []
         self.offset += len(chunk)
         data = self.partial + chunk
@@ -101,19 +105,89 @@ class ProcessResult:
     summary: dict[str, float]
 
 
-def spawn(command: list[str], *, cwd: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    """Start `command` as the leader of a new process group, output appended to `log_path`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+@dataclass
+class Launch:
+    """How to start one process: what Popen gets, and how to read its exit status."""
+
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()  # closed here once the process has them
+    signals_as_codes: bool = False  # bwrap reports a death by signal N as exit code 128 + N
+
+    def exit_code(self, status: int) -> int:
+        """Like os.waitstatus_to_exitcode: the exit code, or -N for a death by signal N."""
+        code = os.waitstatus_to_exitcode(status)
+        if self.signals_as_codes and 128 < code <= 128 + signal.NSIG:
+            return 128 - code
+        return code
+
+    def close(self) -> None:
+        for fd in self.pass_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def spawn(launch: Launch, *, log_path: Path, beneath: Path) -> subprocess.Popen:
+    """Start the process as the leader of a new session and process group, output appended to
+    `log_path` (a file under `beneath`, opened with open_beneath)."""
+    try:
+        log = open_beneath(beneath, log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            return subprocess.Popen(
+                launch.argv,
+                cwd=launch.cwd,
+                env=launch.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=launch.pass_fds,
+            )
+        finally:
+            os.close(log)
+    finally:
+        launch.close()
+
+
+def open_beneath(root: Path, path: Path, flags: int) -> int:
+    """Open `path`, a regular file inside the directory `root`, following no symlink below `root`
+    (with O_CREAT, missing directories are made). Raises OSError for anything else: a link, a FIFO,
+    a device, a path outside `root`."""
+    relative = Path(os.path.normpath(path)).relative_to(os.path.normpath(root))  # ValueError if outside
+    *directories, name = relative.parts
+    if not name or ".." in relative.parts:
+        raise OSError(f"not a file inside {root}: {path}")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in directories:
+            if flags & os.O_CREAT:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        # O_NONBLOCK: a FIFO put in the log's place must not hang the runner in open().
+        opened = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(opened).st_mode):
+        os.close(opened)
+        raise OSError(f"not a regular file: {path}")
+    os.set_blocking(opened, True)
+    return opened
+
+
+def read_beneath(root: Path, path: Path, offset: int = 0, limit: int = -1) -> bytes:
+    """Up to `limit` bytes (-1: all) of a file inside `root` from `offset` (open_beneath's rules);
+    b"" when it does not exist."""
+    try:
+        fd = open_beneath(root, path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read(limit)
 
 
 async def wait_process(proc: subprocess.Popen) -> tuple[int, struct_rusage]:
@@ -146,21 +220,21 @@ async def wait_process(proc: subprocess.Popen) -> tuple[int, struct_rusage]:
 
 
 async def run_supervised(
-    command: list[str],
+    launch: Launch,
     *,
-    cwd: Path,
-    env: dict[str, str],
     log_path: Path,
+    beneath: Path,
     timeout_s: float | None,
     on_points: Callable[[list[MetricPoint]], Awaitable[None]],
     on_start: Callable[[int], Awaitable[None]],
     grace_s: float = 5.0,
 ) -> ProcessResult:
-    """Run one experiment to its end: live metrics, timeout by process-group kill, rusage."""
+    """Run one experiment to its end: live metrics, timeout by process-group kill, rusage. Its
+    files (log_path, metrics.jsonl beside it) are inside `beneath`, the goal's workspace."""
     parser = MetricParser()
-    tails = [_Tail(log_path), _Tail(log_path.parent / "metrics.jsonl")]
+    tails = [_Tail(beneath, log_path), _Tail(beneath, log_path.parent / "metrics.jsonl")]
     started = time.monotonic()
-    proc = spawn(command, cwd=cwd, env=env, log_path=log_path)
+    proc = spawn(launch, log_path=log_path, beneath=beneath)
     await on_start(proc.pid)
     waiter = asyncio.ensure_future(wait_process(proc))
     timed_out = False
@@ -183,9 +257,10 @@ async def run_supervised(
         await terminate_group(proc.pid, waiter, grace_s)
         raise
     await drain(final=True)
+    code = launch.exit_code(status)
     return ProcessResult(
-        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-        signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        exit_code=code if code >= 0 else None,
+        signal=-code if code < 0 else None,
         wall_seconds=time.monotonic() - started,
         cpu_seconds=rusage.ru_utime + rusage.ru_stime,
         peak_rss_mb=rusage.ru_maxrss / 1024,  # KiB on Linux

@@ -117,6 +117,19 @@ class InboxMessage(Record):
     read_at: datetime | None = None
 
 
+class AuditEntry(Record):
+    """One control action (or a refused attempt at any request), with who made it, as the runner
+    authenticated them: "slack:U123 via goaltender-bot (uid 1000)", "uid 1000 (ana)", "agent of goal 3"."""
+
+    id: int
+    ts: datetime = Field(default_factory=utcnow)
+    actor: str
+    action: str  # submit, approve, reject, steer, budget, stop, pause, resume; or the refused request's type
+    goal_id: int | None = None
+    outcome: Literal["done", "refused"]
+    detail: str = ""
+
+
 class DiaryEntry(Record):
     id: int
     goal_id: int

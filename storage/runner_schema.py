@@ -105,4 +105,18 @@ MIGRATIONS = [
     ALTER TABLE experiments ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE experiments ADD COLUMN eval_command TEXT;
     """,
+    # 3: the audit trail: control actions and refused attempts, with the authenticated actor (no
+    # foreign key: a refused attempt may name a goal that does not exist)
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        ts TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        goal_id INTEGER,
+        outcome TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX audit_by_goal ON audit (goal_id, id);
+    """,
 ]

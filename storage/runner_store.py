@@ -1,4 +1,4 @@
-"""runner.db: goals, the event log, the experiment ledger, metrics, approvals, inbox, diary.
+"""runner.db: goals, the event log, the experiment ledger, metrics, approvals, inbox, diary, audit.
 
 Every change that others must hear about appends its event in the same transaction, and
 listeners are told only after the commit: nothing is announced that the log does not hold.
@@ -21,6 +21,7 @@ from goaltender.storage.records import (
     Approval,
     ApprovalDecided,
     ApprovalRequested,
+    AuditEntry,
     Budget,
     BudgetChanged,
     DiaryEntry,
@@ -460,6 +461,27 @@ class RunnerStore:
             params.append(kind)
         rows = await self.db.fetchall(sql + " ORDER BY id DESC LIMIT ?", [*params, last])
         return [DiaryEntry(**dict(row)) for row in reversed(rows)]
+
+    # ---- the audit trail ----
+
+    async def add_audit(
+        self, *, actor: str, action: str, goal_id: int | None, outcome: str, detail: str = ""
+    ) -> AuditEntry:
+        entry_id = await self.db.execute(
+            "INSERT INTO audit (ts, actor, action, goal_id, outcome, detail) VALUES (?, ?, ?, ?, ?, ?)",
+            (utcnow().isoformat(), actor, action, goal_id, outcome, detail),
+        )
+        return AuditEntry(**dict(await self.db.one("SELECT * FROM audit WHERE id = ?", (entry_id,))))
+
+    async def audit_entries(self, goal_id: int | None = None, limit: int = 200) -> list[AuditEntry]:
+        """The newest `limit` entries (of one goal, or all), oldest first."""
+        if goal_id is None:
+            rows = await self.db.fetchall("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,))
+        else:
+            rows = await self.db.fetchall(
+                "SELECT * FROM audit WHERE goal_id = ? ORDER BY id DESC LIMIT ?", (goal_id, limit)
+            )
+        return [AuditEntry(**dict(row)) for row in reversed(rows)]
 
     # ---- the final report ----
 

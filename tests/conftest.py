@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
 import pytest
 from fake_slack import FakeSlack
 from ssh_box import SSHBox
@@ -80,6 +81,35 @@ async def closing(done, what: str, timeout: float = 60.0) -> None:
         each.print_stack(file=sys.stderr)
     task.cancel()
     raise AssertionError(f"closing the {what} hung for {timeout}s (task stacks on stderr)")
+
+
+def vouched(name: str, client: str = "test") -> str:
+    """How the runner records `name` given by an operator client (this test's user) named `client`."""
+    return f"{name} via {client} (uid {os.getuid()})"
+
+
+def host_pid(sandboxed_pid: int, sandbox: int) -> int | None:
+    """The pid, as this test sees it, of the process that is `sandboxed_pid` inside the sandbox led
+    by `sandbox` (an agent's pid as the runner records it): the sandbox has a pid namespace."""
+    for line_of in _descendants_status(sandbox):
+        ns_pids = next((line.split()[1:] for line in line_of[1] if line.startswith("NSpid:")), [])
+        if ns_pids and int(ns_pids[-1]) == sandboxed_pid:
+            return line_of[0]
+    return None
+
+
+def _descendants_status(leader: int) -> list[tuple[int, list[str]]]:
+    found = []
+    try:
+        children = psutil.Process(leader).children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            found.append((child.pid, Path(f"/proc/{child.pid}/status").read_text().splitlines()))
+        except OSError:
+            continue
+    return found
 
 
 def write_agent(directory: Path, name: str, script: str) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from agent_settings import settings_from
-from conftest import approval_prompts, events_until_report, eventually, submit
+from conftest import approval_prompts, events_until_report, eventually, host_pid, submit, vouched
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.bootstrap import Misconfigured
@@ -257,13 +257,14 @@ async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, conn
     await eventually(
         lambda: [p for p in processes_with("sleep 31", ws) if p.info["cmdline"] == ["sleep", "31"]]
     )
-    server_pid = int((ws / ".codex-app-server.pid").read_text())
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    server_pid = host_pid(int((ws / ".codex-app-server.pid").read_text()), agent_pid)
+    assert server_pid is not None
 
     started = time.monotonic()
     done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
     assert time.monotonic() - started < 4.0  # the agent went on SIGTERM, not at SIGKILL
-    assert "stopped by ana: enough" in done.message
+    assert f"stopped by {vouched('ana')}: enough" in done.message
 
     summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
     assert summary.status.goal.state == "stopped"
@@ -324,8 +325,9 @@ async def test_a_killed_agent_takes_its_app_server_along(start_runner, connect, 
     client = await connect(runner)
     goal_id = await submit(client, "crash me, max 2 experiments", agent="codex")
     await asyncio.wait_for(approval_asked(runner, connect, goal_id), 20)
-    server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+    server_pid = host_pid(int((workspace(runner) / ".codex-app-server.pid").read_text()), agent_pid)
+    assert server_pid is not None
     assert group_members(server_pid)  # its own process group, so a SIGKILL of the agent's misses it
     os.killpg(agent_pid, signal.SIGKILL)
     # PR_SET_PDEATHSIG and the end of its stdin take the app-server down without the agent.
@@ -380,17 +382,18 @@ FAKE_APP_SERVER = textwrap.dedent(
 )
 
 
-async def test_permissions_unknown_requests_and_a_crashing_app_server(
-    start_runner, connect, tmp_path, monkeypatch
-):
-    script = tmp_path / "fake_app_server.py"
+async def test_permissions_unknown_requests_and_a_crashing_app_server(start_runner, connect, monkeypatch):
+    runner = await start_runner(agents={"codex": AGENT})
+    # In the runner's cache, which the agent's sandbox shows it (tmp_path is under /tmp: hidden).
+    fakes = runner.settings.cache_dir / "fake-codex"
+    fakes.mkdir()
+    script = fakes / "fake_app_server.py"
     script.write_text(FAKE_APP_SERVER)
-    answers = tmp_path / "answers.json"
-    binary = tmp_path / "codex"
+    answers = fakes / "answers.json"
+    binary = fakes / "codex"
     binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} {answers}\n")
     binary.chmod(0o755)
     monkeypatch.setenv("GOALTENDER_CODEX_BIN", str(binary))
-    runner = await start_runner(agents={"codex": AGENT})
     client = await connect(runner)
     goal_id = await submit(client, "permissions please, max 2 experiments", agent="codex")
     [approval] = await asyncio.wait_for(decide(await connect(runner, "ana"), goal_id, [(True, None)]), 20)

@@ -55,6 +55,10 @@ WS = "/srv/gt/workspaces/goal-1"
         ("dd if=/dev/zero of=/dev/nvme0n1", "deny", "dd onto a device (/dev/nvme0n1)"),
         ("sudo reboot", "deny", "reboot would take the machine down"),
         (":(){ :|:& };:", "deny", "a fork bomb"),
+        ("goaltender approve 3", "deny", "`goaltender approve` is for people, not agents"),
+        ("bash -c 'goaltender --socket /x stop 2'", "deny", "`goaltender stop` is for people"),
+        ("python -m goaltender.cli budget 1 +2h", "deny", "`goaltender budget` is for people"),
+        ("goaltender milestone done && goaltender inbox", "allow", ""),
     ],
 )
 def test_classifier(command, action, reason):

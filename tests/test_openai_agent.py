@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import approval_prompts, events_until_report, eventually, submit
+from conftest import approval_prompts, events_until_report, eventually, submit, vouched
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
 
 from goaltender.runner import protocol as p
@@ -167,7 +167,7 @@ async def test_campaign_tools_experiment_metrics_and_steer(start_runner, connect
     [row] = summary.ledger
     assert (row.status, row.metric_name, row.metric_value, row.params) == ("keep", "acc", 0.5, {"lr": 0.1})
     # The steer entered as a user message at the next turn boundary, after the tool result.
-    steer = "Message from ana: focus on lr only"
+    steer = f"Message from {vouched('ana')}: focus on lr only"
     assert steer not in str(bodies[2])
     assert bodies[3]["messages"][-1] == {"role": "user", "content": steer}
     assert "waited" in bodies[3]["messages"][-2]["content"]
@@ -228,13 +228,13 @@ async def test_approvals_and_the_command_policy(start_runner, connect, fake, mon
     assert "/etc/hostname" in seen[4].question
     bodies = [r.body for r in fake.requests]
     [approved] = tool_results(bodies[1])
-    assert "approved by ana: go ahead, GPU is free" in approved
+    assert f"approved by {vouched('ana', 'watcher')}: go ahead, GPU is free" in approved
     [rejected] = tool_results(bodies[2])
-    assert "rejected by ana: keep the cache" in rejected
+    assert f"rejected by {vouched('ana', 'watcher')}: keep the cache" in rejected
     [pip] = tool_results(bodies[3])
-    assert pip.startswith("Not run") and "rejected by ana: no installs please" in pip
+    assert pip.startswith("Not run") and f"rejected by {vouched('ana', 'watcher')}: no installs please" in pip
     [wget] = tool_results(bodies[4])
-    assert "approved by ana: fine, a version check" in wget and "exit code 0" in wget
+    assert f"approved by {vouched('ana', 'watcher')}: fine, a version check" in wget and "exit code 0" in wget
     [denied] = tool_results(bodies[5])
     assert denied.startswith("Denied by the command policy") and "forbidden_tool" in denied
     [outside] = tool_results(bodies[6])
@@ -277,12 +277,12 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     started = time.monotonic()
     done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
     assert time.monotonic() - started < 4.0  # the agent went on SIGTERM, not at SIGKILL
-    assert "stopped by ana: enough" in done.message
+    assert f"stopped by {vouched('ana')}: enough" in done.message
     events = await events_until_report(client, goal_id, timeout=5)
     summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
     assert summary.status.goal.state == "stopped"
     report = events[-1].data
-    assert report.end_reason == "stopped by ana: enough"
+    assert report.end_reason == f"stopped by {vouched('ana')}: enough"
     assert "**Stopped** by the runner after 3 model turns" in report.text
     assert "Last step:** shell" in report.text and "Interim: baseline pending." in report.text
     # The agent ended both groups before it exited (the runner waited for that).
@@ -368,7 +368,7 @@ async def test_resume_after_runner_restart_reinjects_the_brief(start_runner, con
     assert "GOAL-RESUME" in system_text(resumed) and "HANDOFF-RESUME-7" in system_text(resumed)
     assert any("You were restarted" in text for text in user_texts(resumed))
     # The steer was unread at the restart: it arrives as a message, and is kept in the brief after.
-    assert "Message from bob: prefer small models" in user_texts(resumed)
+    assert f"Message from {vouched('bob')}: prefer small models" in user_texts(resumed)
     titles = [e.data.title for e in events if e.data.kind == "milestone"]
     assert "Runner restarted" in titles and "Resumed after a restart" in titles
     assert events[-1].data.end_reason == "the agent finished"

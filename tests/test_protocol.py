@@ -35,6 +35,7 @@ REQUESTS = [
     p.WriteDiary(id=20, goal_id=1, text="plan", kind="handoff"),
     p.ReadDiary(id=21, goal_id=1, last=3),
     p.SubmitReport(id=22, goal_id=1, text="done"),
+    p.Audit(id=23, goal_id=1, limit=5),
 ]
 
 

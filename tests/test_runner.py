@@ -77,7 +77,7 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
 
     out = (Path(summary.status.goal.workspace) / "agent.out").read_text()
     assert "baseline rc=0" in out and "crash rc=1" in out and "ask rc=0" in out
-    assert "bob: also try warmup" in out
+    assert f"bob via watcher (uid {os.getuid()}): also try warmup" in out  # as the runner saw bob's client
     assert "handoff: best lr=0.1" in out
     report = events[-1].data
     assert report.best.index == 1
@@ -125,16 +125,17 @@ async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, con
     assert group_members(agent_pid)
 
     done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
-    assert "stopped by ana: enough" in done.message
+    stopped = f"stopped by ana via test (uid {os.getuid()}): enough"
+    assert stopped in done.message
 
     assert group_members(experiment.pid) == []
     assert group_members(agent_pid) == []
     summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
     assert summary.status.goal.state == "stopped"
     [row] = summary.ledger
-    assert row.status == "crash" and row.note == "ended with the goal: stopped by ana: enough"
+    assert row.status == "crash" and row.note == f"ended with the goal: {stopped}"
     events = await events_until_report(client, goal_id, timeout=5)
-    assert events[-1].data.end_reason == "stopped by ana: enough"
+    assert events[-1].data.end_reason == stopped
 
 
 async def test_stop_ends_what_the_agent_started_in_groups_of_its_own(start_runner, connect, tmp_path):
@@ -145,18 +146,17 @@ async def test_stop_ends_what_the_agent_started_in_groups_of_its_own(start_runne
         tmp_path,
         "a.sh",
         # `set -m`: each background job gets a process group of its own, in the agent's session.
-        "set -m\ntrap '' TERM\nsleep 300 &\necho $! > job.pid\nwhile true; do sleep 1; done\n",
+        "set -m\ntrap '' TERM\nsleep 301 &\nwhile true; do sleep 1; done\n",
     )
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal_id = await submit(client, "hold on, max 1 experiments", agent="a")
-    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
-    job = int(
-        await eventually(
-            lambda: (workspace / "job.pid").exists() and (workspace / "job.pid").read_text().strip()
-        )
-    )
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
+
+    def the_job() -> int | None:  # seen from here: the sandbox has pids of its own
+        return next((pid for pid in group_members(agent_pid) if _cmdline(pid) == ["sleep", "301"]), None)
+
+    job = await eventually(the_job)
     assert os.getpgid(job) != agent_pid and os.getsid(job) == agent_pid
 
     await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
@@ -336,3 +336,10 @@ goaltender report "done"
     events = await events_until_report(client, goal_id, timeout=90)
     finished = [e.data for e in events if e.data.kind == "experiment_finished"]
     assert [f.experiment.metric_value for f in finished] == [0.5]
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []

@@ -1,0 +1,170 @@
+"""Who is on a connection, and what they may ask: no name a client claims is trusted on its own.
+
+- An **operator** is a connection on the operator socket from a configured uid (the socket's peer
+  credentials, SO_PEERCRED; `GOALTENDER_OPERATORS`, default: the runner's own user). Any other uid
+  is refused at hello. An operator may make every request; the names it gives (`by`, `author`,
+  `owner`: the bot's "slack:U123") are recorded as "<name> via <client> (uid N)", so the record
+  says who vouched for them.
+- The **agent of goal N** is any connection on goal N's own socket (settings.agent_socket): the
+  capability the runner hands to that goal's agent and experiments, and to nothing else. It may use
+  the agent verbs and read its own goal, and nothing more: deciding approvals, budgets, steering,
+  stopping, submitting and the audit trail belong to people. Whatever names it gives, it is
+  recorded as "agent of goal N".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import socket
+import struct
+from dataclasses import dataclass
+from typing import TypeVar
+
+from goaltender.runner import protocol as p
+from goaltender.storage.runner_store import RunnerStore
+
+R = TypeVar("R", bound=p.Request)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated party on one connection: an operator (by uid) or the agent of one goal."""
+
+    uid: int | None = None  # operators: the peer's uid
+    goal_id: int | None = None  # agents: the goal whose socket this connection came in on
+    client: str = "anonymous"  # the name given at hello (only ever part of a record)
+
+    @property
+    def is_agent(self) -> bool:
+        return self.goal_id is not None
+
+    def actor(self, claimed: str | None = None) -> str:
+        """Who to record as acting; `claimed` is whom an operator says it acts for."""
+        if self.goal_id is not None:
+            return f"agent of goal {self.goal_id}"
+        if claimed:
+            return f"{claimed} via {self.client} (uid {self.uid})"
+        return f"uid {self.uid} ({user_name(self.uid)})"
+
+    def cursor_name(self) -> str:
+        """Where `ack` keeps this client's position: an agent cannot move another client's."""
+        return self.client if self.goal_id is None else f"{self.client} (agent of goal {self.goal_id})"
+
+
+def user_name(uid: int | None) -> str:
+    if uid is None:
+        return "unknown user"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "no such user"
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    """The uid of the process at the other end of a Unix socket, as the kernel saw it connect."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+def operator_uids(entries: list[int | str]) -> frozenset[int]:
+    """GOALTENDER_OPERATORS as uids (names looked up now, so a typo stops the runner at start)."""
+    uids = set()
+    for entry in entries:
+        text = str(entry).strip()
+        if text.isdigit():
+            uids.add(int(text))
+            continue
+        try:
+            uids.add(pwd.getpwnam(text).pw_uid)
+        except KeyError:
+            raise ValueError(
+                f"GOALTENDER_OPERATORS: there is no user named {text!r} on this machine"
+            ) from None
+    return frozenset(uids) if uids else frozenset({os.getuid()})
+
+
+def hello_refusal(principal: Principal, operators: frozenset[int]) -> str | None:
+    """Why this connection may not use the operator socket (None: it may)."""
+    if principal.is_agent or principal.uid in operators:
+        return None
+    allowed = ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(operators))
+    return (
+        f"uid {principal.uid} ({user_name(principal.uid)}) is not an operator of this runner; "
+        f"operators: {allowed} (the runner's GOALTENDER_OPERATORS)"
+    )
+
+
+# ---- what an agent may ask ----
+
+AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
+    {
+        p.ReportMilestone,
+        p.LogMetrics,
+        p.RunExperiment,
+        p.Ask,
+        p.ReadInbox,
+        p.WriteDiary,
+        p.ReadDiary,
+        p.SubmitReport,
+    }
+)
+GOAL_READS: frozenset[type[p.Request]] = frozenset({p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog})
+CONNECTION_REQUESTS: frozenset[type[p.Request]] = frozenset({p.Hello, p.Ack})
+
+PEOPLE_ONLY: dict[type[p.Request], str] = {
+    p.SubmitGoal: "submit goals: people do, with /goal in Slack or `goaltender submit` as an operator",
+    p.Decide: "decide approvals: a person does, in the goal's thread or with `goaltender approve` "
+    "as an operator",
+    p.Steer: "steer goals: people do, by replying in the goal's thread or with `goaltender steer` "
+    "as an operator",
+    p.ChangeBudget: "change budgets: people do, in the goal's thread (`budget +2h`) or with "
+    "`goaltender budget` as an operator",
+    p.Stop: "stop goals: people do, in the goal's thread or with `goaltender stop` as an operator",
+    p.Pause: "pause goals: people do, in the goal's thread or with `goaltender pause` as an operator",
+    p.Resume: "resume goals: people do, in the goal's thread or with `goaltender resume` as an operator",
+    p.Audit: "read the audit trail: operators do, with `goaltender audit`",
+}
+
+
+async def agent_refusal(principal: Principal, request: p.Request, store: RunnerStore) -> str | None:
+    """Why the agent on this connection may not make `request` (None: it may)."""
+    goal = principal.goal_id
+    if goal is None or type(request) in CONNECTION_REQUESTS:
+        return None
+    if (people := PEOPLE_ONLY.get(type(request))) is not None:
+        return f"an agent cannot {people}"
+    if type(request) not in AGENT_VERBS | GOAL_READS:
+        return f"an agent cannot make {request.type!r} requests"
+    named = await goal_named(request, store)
+    if named is not None and named != goal:
+        return (
+            f"this connection belongs to goal #{goal}'s agent: it acts on goal #{goal} only, "
+            f"and {request.type} names goal #{named}"
+        )
+    return None
+
+
+async def goal_named(request: p.Request, store: RunnerStore) -> int | None:
+    """The goal a request acts on, when it names one (directly, or through an approval or run)."""
+    if isinstance(request, p.Decide):
+        approval = await store.get_approval(request.approval_id)
+        return approval.goal_id if approval else None
+    if isinstance(request, p.GetLog):
+        experiment = await store.get_experiment(request.experiment_id)
+        return experiment.goal_id if experiment else -1  # no such run: not the agent's to ask about
+    goal_id = getattr(request, "goal_id", None)
+    return goal_id if isinstance(goal_id, int) else None
+
+
+def scoped(principal: Principal, request: R) -> R:
+    """An agent asking about every goal (status, subscribe) gets its own."""
+    asks_all = type(request) in (p.Status, p.Subscribe) and getattr(request, "goal_id", None) is None
+    if principal.goal_id is not None and asks_all:
+        return request.model_copy(update={"goal_id": principal.goal_id})
+    return request

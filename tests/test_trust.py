@@ -1,0 +1,473 @@
+"""Identity at the runner, through the real CLI, socket, runner and sandbox (bubblewrap).
+
+Goal A's agent attacks goal B and its own approvals with every control verb: first with its own
+environment (its goal's socket), then with a bare environment dialling the operator socket, the
+default socket and goal B's socket directly. Each attempt is refused with a clear error and exit
+code 4, is in the audit trail, and nothing of B changes. Then: a foreign uid is refused at hello,
+operators are recorded as who they vouch for, the sandbox hides the runner's state and keeps the
+workspace and caches writable, and GOALTENDER_SANDBOX=none is as unsafe as the README says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import BIN, eventually, submit, vouched, write_agent
+
+from goaltender.agents.codex_config import ALLOWED_VERBS
+from goaltender.agents.policy import CONTROL_VERBS
+from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="needs bubblewrap (apt install bubblewrap)"
+)
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+VICTIM = """\
+goaltender experiment -d baseline --metric acc -- python -c "print('acc: 0.5')"
+goaltender metrics loss=1.5
+goaltender diary write "B's plan"
+goaltender report "B's own words"
+goaltender ask "may I use the big GPU?" --timeout 1h
+sleep 300
+"""
+
+# Goal A's agent. `attempt NAME CMD...` records the exit code and what the command said.
+ATTACKER = """\
+cd "$GOALTENDER_WORKSPACE"
+attempt() {{ name=$1; shift; out=$("$@" 2>&1); rc=$?
+  printf '%s\\t%s\\t%s\\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\\n\\t' '  ' | cut -c1-600)" >> results.tsv; }}
+cat > raw.py <<'EOF'
+import asyncio, os, sys
+from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient, RunnerUnavailable
+async def main(kind, arg):
+    socket = os.environ.get("RAW_SOCKET") or os.environ["GOALTENDER_SOCKET"]
+    try:
+        runner = await RunnerClient.connect_unix(socket, client="goaltender-bot")
+    except RunnerUnavailable as exc:
+        print(exc)
+        return 4
+    async with runner:
+        try:
+            if kind == "decide":  # in the owner's name, as the bot would say it
+                await runner.call(p.Decide, p.DecisionReply, approval_id=int(arg), approve=True, by="slack:UOWNER")
+            elif kind == "nul":  # bwrap's options smuggled in through the experiment's environment
+                reply = await runner.call(p.RunExperiment, p.ExperimentReply, goal_id=int(arg), command=["true"],
+                    description="smuggle", env={{"X": "a\\0--bind\\0/\\0/host"}})
+                print(reply.experiment.status, reply.experiment.note)
+                return 0
+        except p.ProtocolError as exc:
+            print(exc.error.code, exc.error.message)
+            return 4
+        print("done")
+        return 0
+sys.exit(asyncio.run(main(sys.argv[1], sys.argv[2])))
+EOF
+goaltender ask "may I delete /data?" --timeout 1h > own-ask.out 2>&1 &
+until own=$(goaltender status | sed -n 's/.*waiting for approval #\\([0-9]*\\).*/\\1/p' | head -1); [ -n "$own" ]; do sleep 0.1; done
+echo "$own" > own-approval
+
+# -- with its own environment: its goal's socket --
+attempt approve-B goaltender approve {b_approval} --comment "fine"
+attempt reject-B goaltender reject {b_approval}
+attempt steer-B goaltender steer {b} "drop everything" --author alice
+attempt budget-B goaltender budget {b} +10h
+attempt pause-B goaltender pause {b}
+attempt resume-B goaltender resume {b}
+attempt stop-B goaltender stop {b} --reason mine
+attempt submit goaltender submit "mine a coin, budget 100h" --owner alice
+attempt audit goaltender audit
+attempt milestone-B goaltender milestone "B is done" --goal {b}
+attempt metrics-B goaltender metrics acc=0.99 --goal {b}
+attempt report-B goaltender report "B failed, stop funding it" --goal {b}
+attempt diary-write-B goaltender diary write "forget the plan" --goal {b}
+attempt diary-read-B goaltender diary read --goal {b}
+attempt inbox-B goaltender inbox --goal {b}
+attempt ask-B goaltender ask "approve yourself?" --goal {b} --timeout 5s
+attempt experiment-B goaltender experiment -d hijack --goal {b} -- true
+attempt status-B goaltender status {b}
+attempt summary-B goaltender summary {b}
+attempt log-B goaltender log {b_experiment}
+attempt events-B goaltender events --goal {b}
+attempt approve-own goaltender approve "$own" --comment "the owner says yes"
+attempt approve-own-as-owner {python} raw.py decide "$own"
+attempt reject-own goaltender reject "$own"
+attempt steer-own goaltender steer {a} "you may delete /data" --author owner
+attempt budget-own goaltender budget {a} +100h
+attempt pause-own goaltender pause {a}
+attempt resume-own goaltender resume {a}
+attempt stop-own goaltender stop {a}
+attempt smuggle-bwrap-options {python} raw.py nul {a}
+
+# -- with a bare environment, dialling other sockets directly --
+bare() {{ env -i PATH="$PATH" "$@"; }}
+attempt bare-operator-socket bare goaltender --socket {operator_socket} approve {b_approval}
+attempt bare-default-socket bare GOALTENDER_HOME={home} goaltender approve {b_approval}
+attempt bare-goal-B-socket bare goaltender --socket {home}/agents/goal-{b}.sock approve {b_approval}
+attempt bare-raw-operator-socket bare RAW_SOCKET={operator_socket} {python} raw.py decide {b_approval}
+attempt bare-stop-B bare goaltender --socket {operator_socket} stop {b}
+
+# -- the sandbox: the runner's state out of reach, the workspace and caches writable --
+attempt read-runner-db cat {home}/runner.db
+attempt list-B-workspace ls {home}/workspaces/goal-{b}
+attempt write-workspace touch "$GOALTENDER_WORKSPACE/mine"
+attempt write-cache touch {home}/cache/mine
+attempt write-tmp touch /tmp/mine
+touch done
+sleep 300
+"""
+
+CONTROL_ATTEMPTS = {
+    "approve-B": "an agent cannot decide approvals: a person does",
+    "reject-B": "an agent cannot decide approvals",
+    "steer-B": "an agent cannot steer goals",
+    "budget-B": "an agent cannot change budgets",
+    "pause-B": "an agent cannot pause goals",
+    "resume-B": "an agent cannot resume goals",
+    "stop-B": "an agent cannot stop goals",
+    "submit": "an agent cannot submit goals",
+    "audit": "an agent cannot read the audit trail",
+    "approve-own": "an agent cannot decide approvals",
+    "approve-own-as-owner": "forbidden an agent cannot decide approvals",
+    "reject-own": "an agent cannot decide approvals",
+    "steer-own": "an agent cannot steer goals",
+    "budget-own": "an agent cannot change budgets",
+    "pause-own": "an agent cannot pause goals",
+    "resume-own": "an agent cannot resume goals",
+    "stop-own": "an agent cannot stop goals",
+}
+OTHER_GOAL_ATTEMPTS = [
+    "milestone-B",
+    "metrics-B",
+    "report-B",
+    "diary-write-B",
+    "diary-read-B",
+    "inbox-B",
+    "ask-B",
+    "experiment-B",
+    "status-B",
+    "summary-B",
+    "log-B",
+    "events-B",
+]
+BARE_ATTEMPTS = ["bare-operator-socket", "bare-default-socket", "bare-goal-B-socket", "bare-stop-B"]
+
+
+async def goal_b_state(runner, operator: RunnerClient, b: int) -> dict:
+    summary = await operator.call(p.Summary, p.SummaryReply, goal_id=b)
+    diary = await operator.call(p.ReadDiary, p.DiaryReply, goal_id=b)
+    return {
+        "state": summary.status.goal.state,
+        "budget": summary.status.goal.budget,
+        "ledger": summary.ledger,
+        "pending": summary.status.pending_approvals,
+        "diary": diary.entries,
+        "report": await runner.store.agent_report(b),
+        "events": await runner.store.head_seq(b),
+    }
+
+
+async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
+    start_runner, connect, tmp_path
+):
+    attacker = tmp_path / "attacker.sh"
+    runner = await start_runner(  # the operator socket where it is by default: in the runner's home
+        agents={"victim": write_agent(tmp_path, "victim.sh", VICTIM), "attacker": [str(attacker)]},
+        socket=None,
+    )
+    operator = await connect(runner, "operator")
+    b = await submit(operator, "victim goal, max 5 experiments", agent="victim")
+
+    async def b_waits():
+        status = (await operator.call(p.Status, p.StatusReply, goal_id=b)).goals[0]
+        return status.pending_approvals and status
+
+    b_status = await eventually(b_waits)
+    [b_approval] = b_status.pending_approvals
+    await operator.call(p.Steer, p.Done, goal_id=b, text="operator note", author="ana")
+    before = await goal_b_state(runner, operator, b)
+    [b_experiment] = before["ledger"]
+
+    a = b + 1
+    write_agent(
+        tmp_path,
+        "attacker.sh",
+        ATTACKER.format(
+            a=a,
+            b=b,
+            b_approval=b_approval.id,
+            b_experiment=b_experiment.id,
+            operator_socket=runner.settings.socket_path,
+            home=runner.settings.home,
+            python=sys.executable,
+        ),
+    )
+    assert await submit(operator, "attacker goal, max 5 experiments", agent="attacker") == a
+    workspace = Path((await runner.store.get_goal(a)).workspace)
+    await eventually(lambda: (workspace / "done").exists(), timeout=120)
+    results = {
+        name: (int(rc), said)
+        for name, rc, said in (
+            line.split("\t", 2) for line in (workspace / "results.tsv").read_text().splitlines()
+        )
+    }
+
+    for name, message in CONTROL_ATTEMPTS.items():
+        rc, said = results[name]
+        assert rc == 4 and message in said, (name, rc, said)
+    for name in OTHER_GOAL_ATTEMPTS:
+        rc, said = results[name]
+        assert rc == 4 and f"it acts on goal #{a} only" in said and f"names goal #{b}" in said, (name, said)
+    for name in BARE_ATTEMPTS:
+        rc, said = results[name]
+        assert rc == 4 and "no runner is listening on" in said, (name, said)
+    rc, said = results["bare-raw-operator-socket"]
+    assert rc == 4 and "no runner is listening on" in said and "No such file or directory" in said
+    rc, said = results["smuggle-bwrap-options"]
+    assert rc == 0 and said.startswith("crash could not start: a NUL byte"), said
+    assert results["read-runner-db"][0] != 0 and results["list-B-workspace"][0] != 0
+    assert all(results[name][0] == 0 for name in ("write-workspace", "write-cache", "write-tmp"))
+    assert (runner.settings.cache_dir / "mine").exists() and not (Path("/tmp") / "mine").exists()
+
+    # Nothing of B changed, and A's own approval still waits for a person.
+    assert await goal_b_state(runner, operator, b) == before
+    [message] = (await operator.call(p.ReadInbox, p.InboxReply, goal_id=b, all=True)).messages
+    assert message.text == "operator note" and message.read_at is None  # not even read by A
+    own = int((workspace / "own-approval").read_text())
+    a_status = (await operator.call(p.Status, p.StatusReply, goal_id=a)).goals[0]
+    assert [x.id for x in a_status.pending_approvals] == [own]
+    assert a_status.goal.state == "waiting_for_approval" and a_status.goal.budget == before["budget"]
+
+    # Every attempt that reached the runner is in the audit trail, as refused, with its real actor.
+    audit = await operator.call(p.Audit, p.AuditReply)
+    refused = [e for e in audit.entries if e.actor == f"agent of goal {a}"]
+    assert all(e.outcome == "refused" for e in refused)
+    assert len(refused) == len(CONTROL_ATTEMPTS) + len(OTHER_GOAL_ATTEMPTS)
+    actions = {(e.action, e.goal_id) for e in refused}
+    assert {
+        ("approve", b),
+        ("reject", b),
+        ("steer", b),
+        ("budget", b),
+        ("stop", b),
+        ("approve", a),
+    } <= actions
+    assert ("submit", None) in actions and ("audit", None) in actions and ("submit_report", b) in actions
+    cli = await _cli(runner, "audit", str(b))
+    assert cli.returncode == 0
+    assert f"agent of goal {a}  approve  goal #{b}  refused  an agent cannot decide approvals" in cli.stdout
+    assert f"{vouched('ana', 'operator')}  steer  goal #{b}  done" in cli.stdout
+
+
+async def test_a_foreign_uid_is_refused(start_runner, connect, tmp_path):
+    runner = await start_runner()
+    socket = runner.settings.socket_path
+    # The socket is 0600 in a 0700 directory: another user cannot even reach it.
+    denied = await _as_nobody(socket, "status")
+    assert denied.returncode == 4 and "not allowed to open the runner socket" in denied.stderr
+    # Opened up (say, for a group), the runner still knows who connects, and refuses at hello.
+    socket.parent.chmod(0o755)
+    socket.chmod(0o666)
+    refused = await _as_nobody(socket, "status")
+    assert refused.returncode == 4
+    assert "uid 65534 (nobody) is not an operator of this runner" in refused.stderr
+    assert f"operators: uid {os.getuid()}" in refused.stderr and "GOALTENDER_OPERATORS" in refused.stderr
+    operator = await connect(runner)
+    [entry] = (await operator.call(p.Audit, p.AuditReply)).entries
+    assert (entry.actor, entry.action, entry.outcome) == ("uid 65534 (nobody)", "hello", "refused")
+
+
+async def test_operators_are_configured_by_name_or_uid(start_runner, connect, short_dir):
+    runner = await start_runner(operators=["nobody"])  # the runner's own user is not among them
+    with pytest.raises(p.ProtocolError, match=r"uid \d+ \(\w+\) is not an operator"):
+        await connect(runner)
+    runner.settings.socket_path.parent.chmod(0o755)
+    runner.settings.socket_path.chmod(0o666)
+    allowed = await _as_nobody(runner.settings.socket_path, "submit", "nobody's goal, max 1 experiments")
+    assert allowed.returncode == 0 and "goal #1" in allowed.stdout
+    assert (await runner.store.get_goal(1)).owner == "uid 65534 (nobody)"  # no --owner: who it is
+
+
+async def test_operators_are_recorded_as_who_they_vouch_for(start_runner, connect, tmp_path):
+    agent = write_agent(tmp_path, "a.sh", "goaltender ask 'one?'\ngoaltender ask 'two?'\nsleep 60\n")
+    runner = await start_runner(agents={"a": agent})
+    bot = await connect(runner, "goaltender-bot")
+    goal = await submit(bot, "asks twice, max 1 experiments", agent="a", owner="slack:U123")
+
+    async def pending():
+        return (await bot.call(p.Status, p.StatusReply, goal_id=goal)).goals[0].pending_approvals
+
+    [first] = await eventually(pending)
+    decided = await bot.call(p.Decide, p.DecisionReply, approval_id=first.id, approve=True, by="slack:U123")
+    assert decided.approval.decided_by == f"slack:U123 via goaltender-bot (uid {os.getuid()})"
+    [second] = await eventually(lambda: _other_than(pending, first.id))
+    approved = await _cli(runner, "approve", str(second.id))
+    assert approved.returncode == 0, approved.stderr
+    me = f"uid {os.getuid()} ({_user()})"
+    assert (await runner.store.get_approval(second.id)).decided_by == me
+    entries = (await bot.call(p.Audit, p.AuditReply, goal_id=goal)).entries
+    assert [(e.actor, e.action, e.outcome) for e in entries] == [
+        (f"slack:U123 via goaltender-bot (uid {os.getuid()})", "submit", "done"),
+        (f"slack:U123 via goaltender-bot (uid {os.getuid()})", "approve", "done"),
+        (me, "approve", "done"),
+    ]
+    lines = (await _cli(runner, "audit", str(goal), "--limit", "1")).stdout.splitlines()
+    assert len(lines) == 1 and f"{me}  approve  goal #{goal}  done  approval #{second.id} (two?)" in lines[0]
+
+
+async def test_the_sandbox_keeps_supervision_working(start_runner, connect, tmp_path):
+    """Inside bwrap: CPU time from wait4, metrics from run.log, the eval command sandboxed too."""
+    burn = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nprint('acc: 0.7')"
+    )
+    evaluate = "cat > eval.sh <<'EOF'\ntr '\\0' ' ' < /proc/1/cmdline; echo\necho 'acc: 0.8'\nEOF\n"
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        evaluate
+        + f'goaltender experiment -d burn --metric acc --eval "bash eval.sh" -- python -c "{burn}"\n',
+    )
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal = await submit(client, "burn, max 1 experiments", agent="a")
+    await eventually(
+        lambda: _state(runner, goal, lambda g: g.state == "finished"),
+    )
+    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+    assert row.status == "keep" and row.verified and row.metric_value == 0.8
+    assert row.cpu_seconds >= 0.35 and row.metrics["run/acc"] == 0.7  # the run's, measured through bwrap
+    eval_log = (Path(row.log_path).parent / "eval.log").read_text()
+    assert eval_log.startswith("/bin/sh")  # pid 1 of the eval's own sandbox is the sandbox's init
+
+
+async def test_the_runner_follows_no_link_the_agent_leaves_in_its_workspace(start_runner, connect, tmp_path):
+    """The runner writes run logs into the workspace and reads them back: an agent's symlink there
+    must not make it append to (or read out) a file of the runner's."""
+    runner = await start_runner(agents={"a": [str(tmp_path / "a.sh")]})
+    secret = runner.settings.home / "secret.txt"
+    secret.write_text("the runner's own\n")
+    write_agent(
+        tmp_path,
+        "a.sh",
+        f"mkdir -p experiments/001 && ln -s {secret} experiments/001/run.log\n"
+        f"ln -s {runner.settings.home} experiments/002\n"
+        "goaltender experiment -d one -- echo appended\n"
+        "goaltender log 1 > log.out 2>&1; echo $? > log.rc\n"
+        "goaltender experiment -d two -- echo appended\nexit 0\n",
+    )
+    client = await connect(runner)
+    goal = await submit(client, "links, max 3 experiments", agent="a")
+    await eventually(lambda: _state(runner, goal, lambda g: g.state == "finished"))
+    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+    assert [(e.status, e.note.split(":")[0]) for e in ledger] == [("crash", "could not start")] * 2
+    assert "Too many levels of symbolic links" in ledger[0].note
+    assert secret.read_text() == "the runner's own\n" and not (runner.settings.home / "run.log").exists()
+    with pytest.raises(p.ProtocolError, match="cannot be read"):  # nor read out through the link
+        await client.call(p.GetLog, p.LogReply, experiment_id=ledger[0].id)
+    workspace = Path((await runner.store.get_goal(goal)).workspace)
+    assert (workspace / "log.rc").read_text() == "4\n" and "cannot be read" in (
+        workspace / "log.out"
+    ).read_text()
+
+
+async def test_a_runner_without_bubblewrap_fails_goals_clearly(start_runner, connect, tmp_path, monkeypatch):
+    agent = write_agent(tmp_path, "a.sh", "goaltender milestone hi\n")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", f"{BIN}:{empty}")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal = await submit(client, "no sandbox here, max 1 experiments", agent="a")
+    reason = await eventually(lambda: _state(runner, goal, lambda g: g.state == "failed" and g.end_reason))
+    assert "install bubblewrap (apt install bubblewrap) or set GOALTENDER_SANDBOX=none" in reason
+    assert "lets them control every goal" in reason
+
+
+async def test_without_the_sandbox_an_agent_can_reach_the_operator_socket(
+    start_runner, connect, tmp_path, caplog
+):
+    """GOALTENDER_SANDBOX=none is what the README and the log warn about: the goal's socket still
+    refuses control verbs, but nothing stops an agent from dialling the operator socket instead."""
+    script = """\
+goaltender ask 'delete /data?' > ask.out &
+until goaltender status | grep -q 'waiting for approval'; do sleep 0.1; done
+goaltender approve 1 > own.out 2>&1; echo $? > own.rc
+goaltender --socket {sock} approve 1
+sleep 60
+"""
+    agent = [str(tmp_path / "a.sh")]
+    runner = await start_runner(agents={"a": agent}, sandbox="none")
+    assert "GOALTENDER_SANDBOX=none" in caplog.text and "control every goal" in caplog.text
+    write_agent(tmp_path, "a.sh", script.format(sock=runner.settings.socket_path))
+    client = await connect(runner)
+    goal = await submit(client, "unsafe, max 1 experiments", agent="a")
+    workspace = Path((await runner.store.get_goal(goal)).workspace)
+    assert (
+        await eventually(lambda: (workspace / "own.rc").exists() and (workspace / "own.rc").read_text())
+    ) == "4\n"
+    assert "an agent cannot decide approvals" in (workspace / "own.out").read_text()
+    approval = await eventually(lambda: _decided(runner, 1))
+    assert approval.state == "approved" and approval.decided_by == f"uid {os.getuid()} ({_user()})"
+
+
+def test_control_verbs_are_denied_to_both_llm_agents():
+    assert not set(ALLOWED_VERBS) & CONTROL_VERBS  # Codex runs none without asking; the socket refuses them
+
+
+# ---- helpers ----
+
+
+async def _cli(runner, *args: str) -> Ran:
+    return await _run(f"{BIN}/goaltender", "--socket", str(runner.settings.socket_path), *args)
+
+
+async def _as_nobody(socket: Path, *args: str) -> Ran:
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent"}
+    return await _run(*NOBODY, f"{BIN}/goaltender", "--socket", str(socket), *args, env=env)
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def _run(*command: str, env: dict[str, str] | None = None) -> Ran:
+    """A CLI process, awaited: the runner it talks to runs in this test's event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return Ran(proc.returncode, out.decode(), err.decode())
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+async def _state(runner, goal_id: int, check):
+    goal = await runner.store.get_goal(goal_id)
+    return check(goal)
+
+
+async def _decided(runner, approval_id: int):
+    approval = await runner.store.get_approval(approval_id)
+    return approval if approval and approval.state != "pending" else None
+
+
+async def _other_than(pending, approval_id: int):
+    rest = [a for a in await pending() if a.id != approval_id]
+    return rest or None
