@@ -89,8 +89,13 @@ class Runner:
             log.error("agents cannot start until this is fixed: %s", problem)
         elif not runner.campaigns.sandbox.enabled:
             log.warning(UNSAFE_WARNING)
+        try:
+            await runner.server.listen()
+        except BaseException:
+            await store.close()
+            raise
         await runner.campaigns.recover()
-        await runner.server.listen()
+        await runner.server.start_serving()
         log.info(
             "runner %s listening on %s (compute unit: %s; sandbox: %s; operators: %s)",
             settings.name,

@@ -76,12 +76,20 @@ class SocketServer:
         self._agent_servers: dict[int, tuple[asyncio.Server, Path]] = {}  # goal id -> its socket
 
     async def listen(self) -> None:
-        """Serve the operator socket."""
+        """Bind the operator socket; connections wait until start_serving(). Bound before any agent
+        starts, so every sandbox is made with the socket in place (and a second runner on the same
+        socket stops here, before it touches a goal)."""
         if self.path.exists():
             if await _socket_answers(self.path):
                 raise RuntimeError(f"a runner is already serving {self.path}")
             self.path.unlink()
-        self._server = await asyncio.start_unix_server(self._serve, sock=_bind(self.path), limit=p.MAX_LINE)
+        self._server = await asyncio.start_unix_server(
+            self._serve, sock=_bind(self.path), limit=p.MAX_LINE, start_serving=False
+        )
+
+    async def start_serving(self) -> None:
+        assert self._server is not None, "listen() first"
+        await self._server.start_serving()
 
     async def open_agent_socket(self, goal_id: int, path: Path) -> None:
         """Serve goal `goal_id`'s own socket at `path`: whoever connects there is its agent."""

@@ -14,6 +14,7 @@ import asyncio
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +25,6 @@ from goaltender.agents.codex_config import ALLOWED_VERBS
 from goaltender.agents.policy import CONTROL_VERBS
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("bwrap") is None, reason="needs bubblewrap (apt install bubblewrap)"
-)
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
@@ -377,6 +374,29 @@ async def test_the_runner_follows_no_link_the_agent_leaves_in_its_workspace(star
     assert (workspace / "log.rc").read_text() == "4\n" and "cannot be read" in (
         workspace / "log.out"
     ).read_text()
+
+
+async def test_an_operator_socket_outside_the_runners_home_is_covered_too(start_runner, connect, tmp_path):
+    """Wherever the operator socket lives (here /var/tmp, which the sandbox does not hide), an agent
+    that dials it finds nothing answering — also after a runner restart recovers its goal."""
+    directory = Path(tempfile.mkdtemp(prefix="gt-", dir="/var/tmp"))
+    try:
+        socket = directory / "runner.sock"
+        script = f"while true; do goaltender --socket {socket} stop 1 >> tries.out 2>&1; echo $? >> tries.rc; sleep 0.2; done\n"
+        agents = {"a": write_agent(tmp_path, "a.sh", script)}
+        first = await start_runner(agents=agents, socket=socket)
+        goal = await submit(await connect(first), "dial out, max 1 experiments", agent="a")
+        workspace = Path((await first.store.get_goal(goal)).workspace)
+        await eventually(lambda: (workspace / "tries.rc").exists())
+        await first.close()
+        second = await start_runner(agents=agents, socket=socket)  # the goal resumes in a new sandbox
+        tries = len((workspace / "tries.rc").read_text().split())
+        await eventually(lambda: len((workspace / "tries.rc").read_text().split()) > tries + 2)
+        assert set((workspace / "tries.rc").read_text().split()) == {"4"}
+        assert "Connection refused" in (workspace / "tries.out").read_text()
+        assert (await second.store.get_goal(goal)).state == "running"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def test_a_runner_without_bubblewrap_fails_goals_clearly(start_runner, connect, tmp_path, monkeypatch):
