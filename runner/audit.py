@@ -88,8 +88,6 @@ class AuditTrail:
         )
 
     async def _write(self, actor: str, action: str, goal_id: int | None, outcome: str, detail: str) -> None:
-        if goal_id is not None and goal_id < 0:
-            goal_id = None
         try:
             await self.store.add_audit(
                 actor=actor, action=action, goal_id=goal_id, outcome=outcome, detail=detail[:DETAIL_CHARS]

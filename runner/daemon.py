@@ -1,9 +1,11 @@
 """The runner daemon: what each protocol request does, and the daemon's life (start, serve, stop).
 
 A Runner owns runner.db (the goals, the event log, the ledger), the goals' campaigns
-(runner/campaign.py: agents, supervised experiments, approvals, deadlines) and the Unix socket
+(runner/campaign.py: agents, supervised experiments, approvals, deadlines) and the Unix sockets
 (runner/server.py: connections, the handshake, the event stream). The handlers below answer the
-bot, the demo console and the agents; `hello`, `subscribe` and `ack` belong to the connection and
+bot, the demo console and the agents, each with who asks: the server has already refused what that
+principal may not ask (runner/trust.py), and names given in `by` / `author` / `owner` are recorded
+as that principal vouching for them. `hello`, `subscribe` and `ack` belong to the connection and
 are answered by the server.
 """
 

@@ -157,7 +157,7 @@ async def goal_named(request: p.Request, store: RunnerStore) -> int | None:
         return approval.goal_id if approval else None
     if isinstance(request, p.GetLog):
         experiment = await store.get_experiment(request.experiment_id)
-        return experiment.goal_id if experiment else -1  # no such run: not the agent's to ask about
+        return experiment.goal_id if experiment else None  # no such run: the handler says so
     goal_id = getattr(request, "goal_id", None)
     return goal_id if isinstance(goal_id, int) else None
 
