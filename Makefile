@@ -51,6 +51,7 @@ check-wheel:
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_bot.py
+	$(BIN)/python benchmarks/bench_redact.py
 
 clean:
 	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build

@@ -102,7 +102,6 @@ class GoaltenderBot:
         if settings.slack_api_url:
             kwargs["base_url"] = settings.slack_api_url
         client = AsyncWebClient(**kwargs)
-        settings.db_path.parent.mkdir(parents=True, exist_ok=True)
         store = await BotStore.open(settings.db_path)
         return cls(settings, store, client)
 

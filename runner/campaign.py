@@ -500,7 +500,11 @@ async def _ignore_pid(pid: int) -> None:
 def _tail_text(workspace: Path, limit: int) -> str:
     """The end of the agent's log (in its workspace: never read through a link it left there)."""
     try:
-        data = read_beneath(workspace, workspace / "agent.log")[-limit:]
+        data = read_beneath(workspace, workspace / "agent.log")
     except OSError as exc:
         return f"(agent.log cannot be read: {exc})"
+    if len(data) > limit:
+        # Start at a line break: a tail cut mid-line could begin inside a secret, too short to redact.
+        data = data[-limit:]
+        data = data[data.find(b"\n") + 1 :]
     return data.decode(errors="replace").strip() or "(agent.log is empty)"

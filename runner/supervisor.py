@@ -163,12 +163,12 @@ def open_beneath(root: Path, path: Path, flags: int) -> int:
         for part in directories:
             if flags & os.O_CREAT:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, 0o700, dir_fd=fd)
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             os.close(fd)
             fd = inner
         # O_NONBLOCK: a FIFO put in the log's place must not hang the runner in open().
-        opened = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        opened = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=fd)
     finally:
         os.close(fd)
     if not stat.S_ISREG(os.fstat(opened).st_mode):

@@ -16,6 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from goaltender.runner import protocol as p
+from goaltender.runner.campaign import _tail_text
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.secrets import Redactor, agent_safe, configured_secrets, secret_looking
 from goaltender.storage.bot_store import BotStore
@@ -363,7 +364,21 @@ async def test_planted_secrets_never_reach_a_client(start_runner, connect, tmp_p
     workspace = Path(summary.status.goal.workspace)
     on_disk = (workspace / "agent.log").read_text() + (workspace / "experiments/001/run.log").read_text()
     assert all(secret in on_disk for secret in secrets)  # they were printed; the runner kept them in
+    for private in ("agent.log", "experiments/001/run.log"):  # ... and only the runner's user reads them
+        assert mode(workspace / private) == 0o600, private
+    assert mode(workspace / "experiments") == 0o700 and mode(workspace / "experiments/001") == 0o700
     for env_file in ("env.txt", "exp_env.txt"):
         names = {line.split("=", 1)[0] for line in (workspace / env_file).read_text().splitlines()}
         assert {"OPENAI_API_KEY", "HF_TOKEN"} <= names, env_file  # granted by default
         assert not names & {"SLACK_BOT_TOKEN", "WANDB_API_KEY", "MY_DB_URL"}, env_file
+
+
+def test_a_crashed_agents_log_tail_starts_at_a_line(tmp_path):
+    """The tail quoted when an agent fails never begins mid-line, where a cut secret would be too
+    short to recognise."""
+    secret = "hf_" + "A1b2C3d4" * 4
+    lines = [f"line {i}: token {secret}" for i in range(200)]
+    (tmp_path / "agent.log").write_text("\n".join(lines) + "\nbye\n")
+    tail = _tail_text(tmp_path, 1500)
+    assert tail.startswith("line ") and tail.endswith("bye") and len(tail) <= 1500
+    assert all(secret in line for line in tail.splitlines()[:-1])
