@@ -29,6 +29,7 @@ test: $(STAMP) $(CODEX)
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
 	$(BIN)/pytest -n auto --durations=10
+	$(BIN)/pytest -m soak  # alone: 50,000 events under SSH drops and SIGKILLs (tests/test_soak.py)
 
 # mypy names modules after folders, and the repository root is the goaltender package: check it
 # through a link of that name (kept inside .venv).
