@@ -505,11 +505,13 @@ class BotStore:
         async with self.db.write() as tx:
             await tx.run("UPDATE outbox SET attempts = attempts + 1 WHERE id = ?", (item_id,))
 
-    async def mark_retry(self, item_id: int, not_before: float, error: str) -> None:
-        """The attempt failed for now: try again from `not_before` (epoch seconds)."""
+    async def mark_retry(self, item_id: int, not_before: float, error: str, *, counts: bool = True) -> None:
+        """The attempt failed for now: try again from `not_before` (epoch seconds). An attempt that
+        does not count (`counts=False`: Slack said it took nothing, e.g. a 429) is given back."""
         async with self.db.write() as tx:
             await tx.run(
-                "UPDATE outbox SET not_before = ?, error = ? WHERE id = ?", (not_before, error, item_id)
+                "UPDATE outbox SET not_before = ?, error = ?, attempts = attempts - ? WHERE id = ?",
+                (not_before, error, 0 if counts else 1, item_id),
             )
 
     async def mark_failed(self, item_id: int, error: str) -> None:
@@ -546,6 +548,17 @@ class BotStore:
     async def pending_count(self) -> int:
         row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])
+
+    async def failed_count(self) -> int:
+        row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'failed'")
+        return int(row[0])
+
+    async def failed_writes(self, last: int = 5) -> list[OutboxItem]:
+        """The writes given up on, newest first."""
+        rows = await self.db.fetchall(
+            "SELECT * FROM outbox WHERE state = 'failed' ORDER BY id DESC LIMIT ?", (last,)
+        )
+        return [_outbox(row) for row in rows]
 
     # ---- Slack event dedupe ----
 
