@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
+from typing import NoReturn
 
 from pydantic import BaseModel
 
@@ -16,10 +17,34 @@ from goaltender.storage.records import Budget
 
 DEFAULT_BLOCK = 4  # baseline + 3; also how many more each "continue?" approval grants
 
+# What a goal may ask for. Zero is refused rather than read as "no limit" (leave the phrase out
+# for none), and so is anything past these caps: a typo, not a plan.
+MIN_DURATION_S = 1.0
+MAX_DURATION_S = 365 * 86400.0
+MAX_COMPUTE_HOURS = 100_000.0
+MAX_EXPERIMENTS = 10_000
+MAX_TARGET = 1e12  # `target 25` is any metric's value (BLEU, say); only `to 90%` is a share
+
+
+class GoalTextError(ValueError):
+    """The words ask for a limit that cannot be (zero, absurdly large, a target over 100%).
+
+    The message quotes the phrase and says what is accepted; the runner answers it as a
+    `bad_request`, the bot and the CLI show it as it is."""
+
+
+# Every pattern here runs in linear time, whatever the text (goals are up to 4,000 characters and
+# parsed on the runner's event loop): each unbounded repeat is possessive (`++`, `*+`: never given
+# back, so never retried), and a number starts only where a digit run starts (`(?<![\d.])`), so no
+# two attempts scan the same run. tests/test_parsing_fuzz.py checks both rules on every pattern.
+_NUM = r"(?<![\d.])\d++(?:\.\d++)?+"
 _UNITS = r"(?:days?|d|hours?|hrs?|h|minutes?|mins?|m|seconds?|secs?|s)(?![a-z])"
-_DURATION = rf"(\d+(?:\.\d+)?)\s*({_UNITS})"
-_DURATION_PART = re.compile(_DURATION, re.I)
+_PART = rf"({_NUM})\s*+({_UNITS})"
+_RUN = rf"(?:{_NUM}\s*+{_UNITS}\s*+)++"  # "1h 30m ": consecutive duration parts, taken whole
+_DURATION_PART = re.compile(_PART, re.I)
+_DURATION = re.compile(rf"\s*+{_RUN}", re.I)
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_LONGEST_COUNT = 18  # digits; int() of more is refused by CPython past 4,300, and no count is that big
 
 
 class GoalSpec(BaseModel):
@@ -40,49 +65,157 @@ class GoalSpec(BaseModel):
 
 
 def parse_duration(text: str) -> float | None:
-    """'5h' -> 18000, '1h30m' -> 5400, '90 s' -> 90, '2.5 hours' -> 9000; None if not a duration."""
-    text = text.strip()
-    parts = list(_DURATION_PART.finditer(text))
-    if not parts or "".join(p.group(0) for p in parts).replace(" ", "") != text.replace(" ", ""):
+    """'5h' -> 18000, '1h30m' -> 5400, '90 s' -> 90, '2.5 hours' -> 9000; None if not a duration.
+
+    Any size: callers that take a limit from it check its bounds (`check_duration`)."""
+    if not _DURATION.fullmatch(text):
         return None
-    return sum(float(p.group(1)) * _UNIT_SECONDS[p.group(2)[0].lower()] for p in parts)
+    return sum(
+        float(p.group(1)) * _UNIT_SECONDS[p.group(2)[0].lower()] for p in _DURATION_PART.finditer(text)
+    )
 
 
-_DUR = rf"((?:\d+(?:\.\d+)?\s*{_UNITS}\s*)+)"
+def _count(digits: str) -> int:
+    """A whole number as written; one too long to be a count reads as past every cap."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _LONGEST_COUNT else 10**_LONGEST_COUNT
+
+
+def _quote(phrase: str) -> str:
+    phrase = " ".join(phrase.split())
+    return f"`{phrase if len(phrase) <= 60 else phrase[:59] + '…'}`"
+
+
+def check_duration(seconds: float, phrase: str, what: str, example: str) -> float:
+    """`seconds` if it is a sane limit (1 second to a year); GoalTextError saying why not."""
+    if MIN_DURATION_S <= seconds <= MAX_DURATION_S:
+        return seconds
+    return _refuse(phrase, f"{what} must be at least 1s and at most 365 days (e.g. {example})")
+
+
+def _check_compute(hours: float, phrase: str) -> float:
+    if 0 < hours <= MAX_COMPUTE_HOURS:
+        return hours
+    return _refuse(
+        phrase,
+        f"compute-hours must be more than 0 and at most {MAX_COMPUTE_HOURS:,.0f} "
+        "(e.g. `gpu-hours 8`; leave it out for no compute limit)",
+    )
+
+
+def _check_experiments(count: int, phrase: str, what: str, example: str) -> int:
+    if 1 <= count <= MAX_EXPERIMENTS:
+        return count
+    return _refuse(phrase, f"{what} must be from 1 to {MAX_EXPERIMENTS:,} (e.g. {example})")
+
+
+def _check_percent(percent: float, phrase: str) -> float:
+    if percent <= 100:
+        return percent / 100
+    return _refuse(
+        phrase,
+        "a percentage target is at most 100% (e.g. `to 90% accuracy`); for another value say `target 1.5`",
+    )
+
+
+def _check_target(value: float, phrase: str) -> float:
+    if value <= MAX_TARGET:
+        return value
+    return _refuse(phrase, f"a target is a value of the goal's metric, at most {MAX_TARGET:g}")
+
+
+def _refuse(phrase: str, rule: str) -> NoReturn:
+    raise GoalTextError(f"{_quote(phrase)}: {rule}")
+
+
 _PATTERNS = {
-    "wall": re.compile(rf"\b(?:time\s+)?budget\s*(?:of\s+)?{_DUR}", re.I),
-    "within": re.compile(rf"\bwithin\s+{_DUR}", re.I),
-    "compute": re.compile(r"\b(?:gpu|cpu|compute)[- ]hours?\s*(?:of\s+)?(\d+(?:\.\d+)?)", re.I),
-    "compute_after": re.compile(r"\b(\d+(?:\.\d+)?)\s*(?:gpu|cpu|compute)[- ]hours?\b", re.I),
-    "max_exp": re.compile(r"\b(?:max(?:imum)?|up\s+to|at\s+most)\s+(\d+)\s+(?:experiments?|runs?)\b", re.I),
-    "timeout": re.compile(rf"\b(?:timeout\s+{_DUR}|{_DUR}\s*(?:each|per\s+(?:experiment|run)))", re.I),
-    "target_pct": re.compile(r"(?:\bto|\breach|\btarget|>=|≥)\s*(\d+(?:\.\d+)?)\s*%", re.I),
-    "target": re.compile(r"\btarget\s+(?:of\s+)?(\d*\.\d+|\d+)\b(?!\s*%)", re.I),
-    "runner": re.compile(r"\bon\s+([A-Za-z0-9][\w.-]*)\s*$|\bon\s+runner\s+([\w.-]+)", re.I),
-    "agent": re.compile(r"\bwith\s+(sweep|codex|openai|[\w-]+-agent)\b", re.I),
+    "wall": re.compile(rf"\b(?:time\s++)?budget\s*+(?:of\s++)?({_RUN})", re.I),
+    "within": re.compile(rf"\bwithin\s++({_RUN})", re.I),
+    "compute": re.compile(rf"\b(?:gpu|cpu|compute)[- ]hours?\s*+(?:of\s++)?({_NUM})", re.I),
+    "compute_after": re.compile(rf"\b({_NUM})\s*+(?:gpu|cpu|compute)[- ]hours?\b", re.I),
+    "max_exp": re.compile(
+        r"\b(?:max(?:imum)?|up\s++to|at\s++most)\s++(\d++)\s++(?:experiments?|runs?)\b", re.I
+    ),
+    "timeout": re.compile(rf"\btimeout\s++({_RUN})", re.I),
+    # "10m each": found as duration runs, each run once, then what follows it is looked at.
+    "run": re.compile(rf"(?<![\w.]){_RUN}", re.I),
+    "each": re.compile(r"\s*+(?:each|per\s++(?:experiments?|runs?))\b", re.I),
+    "target_pct": re.compile(rf"(?:\bto|\breach|\btarget|>=|≥)\s*+({_NUM})\s*+%", re.I),
+    "target": re.compile(r"\btarget\s++(?:of\s++)?(\d*+\.\d++|\d++)\b(?!\s*+%)", re.I),
+    "runner": re.compile(r"\bon\s++([A-Za-z0-9][\w.-]*+)\s*+$|\bon\s++runner\s++([\w.-]++)", re.I),
+    "with": re.compile(r"\bwith\s++([\w-]++)", re.I),
 }
+_AGENTS = ("sweep", "codex", "openai")  # built in; any other is named `<something>-agent`
 
 
 def parse_goal_text(text: str) -> GoalSpec:
-    """Find budget and stop-rule phrases in free text ("... budget 5h, max 20 experiments")."""
-    spec = GoalSpec(text=text.strip())
-    if m := _PATTERNS["wall"].search(text) or _PATTERNS["within"].search(text):
-        spec.wall_seconds = parse_duration(m.group(1))
-    if m := _PATTERNS["compute"].search(text) or _PATTERNS["compute_after"].search(text):
-        spec.compute_hours = float(m.group(1))
-    if m := _PATTERNS["max_exp"].search(text):
-        spec.max_experiments = int(m.group(1))
-    if m := _PATTERNS["timeout"].search(text):
-        spec.experiment_timeout_s = parse_duration(m.group(1) or m.group(2))
-    if m := _PATTERNS["target_pct"].search(text):
-        spec.target = float(m.group(1)) / 100
-    elif m := _PATTERNS["target"].search(text):
-        spec.target = float(m.group(1))
+    """Find budget and stop-rule phrases in free text ("... budget 5h, max 20 experiments").
+
+    GoalTextError when a phrase asks for a limit that cannot be (see `GoalTextError`)."""
+    spec = _read_limits(text)
+    spec.target = _target(text)
     if m := _PATTERNS["runner"].search(text):
         spec.runner = m.group(1) or m.group(2)
-    if m := _PATTERNS["agent"].search(text):
-        spec.agent = m.group(1).lower()
+    spec.agent = _agent(text)
     return spec
+
+
+def _read_limits(text: str) -> GoalSpec:
+    """The budget phrases alone (what a budget change reads too), each checked."""
+    spec = GoalSpec(text=text.strip())
+    if m := _PATTERNS["wall"].search(text) or _PATTERNS["within"].search(text):
+        spec.wall_seconds = check_duration(
+            _seconds(m.group(1)),
+            m.group(0),
+            "a time budget",
+            "`budget 2h` or `within 30m`; leave it out for no time limit",
+        )
+    if m := _PATTERNS["compute"].search(text) or _PATTERNS["compute_after"].search(text):
+        spec.compute_hours = _check_compute(float(m.group(1)), m.group(0))
+    if m := _PATTERNS["max_exp"].search(text):
+        spec.max_experiments = _check_experiments(
+            _count(m.group(1)), m.group(0), "an experiment count", "`max 8 experiments`"
+        )
+    if timeout := _timeout_phrase(text):
+        phrase, seconds = timeout
+        spec.experiment_timeout_s = check_duration(
+            seconds,
+            phrase,
+            "a per-experiment timeout",
+            "`10m each` or `timeout 30m`; leave it out for the runner's default",
+        )
+    return spec
+
+
+def _seconds(run: str) -> float:
+    return parse_duration(run) or 0.0  # a run always parses: it is made of duration parts
+
+
+def _timeout_phrase(text: str) -> tuple[str, float] | None:
+    """'timeout 30m' or '30m each' / '30m per experiment': the phrase and its seconds."""
+    if m := _PATTERNS["timeout"].search(text):
+        return m.group(0), _seconds(m.group(1))
+    for run in _PATTERNS["run"].finditer(text):
+        if each := _PATTERNS["each"].match(text, run.end()):
+            return text[run.start() : each.end()], _seconds(run.group(0))
+    return None
+
+
+def _target(text: str) -> float | None:
+    if m := _PATTERNS["target_pct"].search(text):
+        return _check_percent(float(m.group(1)), m.group(0))
+    if m := _PATTERNS["target"].search(text):
+        return _check_target(float(m.group(1)), m.group(0))
+    return None
+
+
+def _agent(text: str) -> str | None:
+    """`with sweep`, `with codex`, `with openai`, or `with <name>-agent`."""
+    for m in _PATTERNS["with"].finditer(text):
+        name = m.group(1).lower()
+        if name in _AGENTS or (name.endswith("-agent") and name != "-agent"):
+            return name
+    return None
 
 
 def explicit_budget(spec: GoalSpec, now: datetime, default_timeout_s: float | None) -> Budget:
@@ -100,8 +233,8 @@ def explicit_budget(spec: GoalSpec, now: datetime, default_timeout_s: float | No
     return budget
 
 
-_EXTEND = re.compile(rf"^\s*(?:budget\s*)?\+\s*{_DUR}\s*$", re.I)
-_MORE_EXP = re.compile(r"^\s*\+\s*(\d+)\s+(?:experiments?|runs?)\s*$", re.I)
+_EXTEND = re.compile(rf"\s*+(?:budget\s*+)?\+\s*+({_RUN})", re.I)
+_MORE_EXP = re.compile(r"\s*+\+\s*+(\d++)\s++(?:experiments?|runs?)\s*+", re.I)
 
 
 def apply_budget_change(budget: Budget, change: str, now: datetime) -> tuple[Budget, str] | None:
@@ -109,36 +242,52 @@ def apply_budget_change(budget: Budget, change: str, now: datetime) -> tuple[Bud
 
     Understands "+2h" / "budget +2h" (extend the deadline), "+5 experiments", and the phrases of
     `parse_goal_text` ("budget 5h" resets the deadline from now, "max 10 experiments", "gpu-hours 8").
-    Returns (new budget, what changed) or None when the phrase names no budget.
+    Returns (new budget, what changed) or None when the phrase names no budget; GoalTextError when
+    it asks for what cannot be: nothing more ("+0h"), or past a cap, by itself or in total.
     """
+    if m := _EXTEND.fullmatch(change):
+        return _extend_deadline(budget, change, _seconds(m.group(1)), now)
+    if m := _MORE_EXP.fullmatch(change):
+        return _more_experiments(budget, change, _count(m.group(1)))
+    return _set_limits(budget, _read_limits(change), now)
+
+
+def _extend_deadline(budget: Budget, change: str, extra: float, now: datetime) -> tuple[Budget, str]:
+    check_duration(extra, change, "an extension", "`budget +2h`")
+    total = (budget.wall_seconds or 0) + extra
+    if total > MAX_DURATION_S:
+        _refuse(change, f"the time budget would be {_fmt_seconds(total)}, and at most 365 days is accepted")
+    base = max(budget.deadline, now) if budget.deadline else now
+    new = budget.model_copy(update={"deadline": base + timedelta(seconds=extra), "wall_seconds": total})
+    return new, f"deadline +{_fmt_seconds(extra)}"
+
+
+def _more_experiments(budget: Budget, change: str, more: int) -> tuple[Budget, str]:
+    _check_experiments(more, change, "more experiments", "`+3 experiments`")
+    total = (budget.max_experiments or 0) + more
+    _check_experiments(total, change, f"the experiment count ({total:,} in all)", "`+3 experiments`")
+    new = budget.model_copy(update={"max_experiments": total, "ask_to_continue": False})
+    return new, f"max experiments {total}"
+
+
+def _set_limits(budget: Budget, spec: GoalSpec, now: datetime) -> tuple[Budget, str] | None:
+    """A budget's limits set as `spec` names them (each already checked)."""
     new = budget.model_copy()
     changes = []
-    if m := _EXTEND.match(change):
-        extra = parse_duration(m.group(1)) or 0
-        base = max(budget.deadline, now) if budget.deadline else now
-        new.deadline = base + timedelta(seconds=extra)
-        new.wall_seconds = (budget.wall_seconds or 0) + extra
-        changes.append(f"deadline +{_fmt_seconds(extra)}")
-    elif m := _MORE_EXP.match(change):
-        new.max_experiments = (budget.max_experiments or 0) + int(m.group(1))
+    if spec.wall_seconds:
+        new.deadline = now + timedelta(seconds=spec.wall_seconds)
+        new.wall_seconds = spec.wall_seconds
+        changes.append(f"deadline {_fmt_seconds(spec.wall_seconds)} from now")
+    if spec.max_experiments is not None:
+        new.max_experiments = spec.max_experiments
         new.ask_to_continue = False
-        changes.append(f"max experiments {new.max_experiments}")
-    else:
-        spec = parse_goal_text(change)
-        if spec.wall_seconds:
-            new.deadline = now + timedelta(seconds=spec.wall_seconds)
-            new.wall_seconds = spec.wall_seconds
-            changes.append(f"deadline {_fmt_seconds(spec.wall_seconds)} from now")
-        if spec.max_experiments is not None:
-            new.max_experiments = spec.max_experiments
-            new.ask_to_continue = False
-            changes.append(f"max experiments {spec.max_experiments}")
-        if spec.compute_hours is not None:
-            new.compute_hours = spec.compute_hours
-            changes.append(f"compute-hours {spec.compute_hours:g}")
-        if spec.experiment_timeout_s is not None:
-            new.experiment_timeout_s = spec.experiment_timeout_s
-            changes.append(f"per-experiment timeout {_fmt_seconds(spec.experiment_timeout_s)}")
+        changes.append(f"max experiments {spec.max_experiments}")
+    if spec.compute_hours is not None:
+        new.compute_hours = spec.compute_hours
+        changes.append(f"compute-hours {spec.compute_hours:g}")
+    if spec.experiment_timeout_s is not None:
+        new.experiment_timeout_s = spec.experiment_timeout_s
+        changes.append(f"per-experiment timeout {_fmt_seconds(spec.experiment_timeout_s)}")
     return (new, ", ".join(changes)) if changes else None
 
 

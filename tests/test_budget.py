@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from goaltender.runner.budget import (
     DEFAULT_BLOCK,
+    GoalTextError,
     apply_budget_change,
     check_new_experiment,
     experiment_timeout,
@@ -112,3 +114,58 @@ def test_budget_changes():
     new, said = apply_budget_change(budget, "please use gpu-hours 8", NOW)
     assert new.compute_hours == 8
     assert apply_budget_change(budget, "focus on the dense scenes", NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("x, budget 0h", "`budget 0h`: a time budget must be at least 1s"),
+        ("x, budget 0m", "leave it out for no time limit"),
+        ("x within 0s", "`within 0s`"),
+        ("x, budget 99999999h", "at most 365 days"),
+        ("x, budget 400d", "at most 365 days"),
+        ("x, max 0 experiments", "an experiment count must be from 1 to 10,000"),
+        ("x, max 10001 experiments", "from 1 to 10,000"),
+        ("x, max 99999999999999999999999999999 experiments", "from 1 to 10,000"),
+        ("x, 0s each", "a per-experiment timeout"),
+        ("x, timeout 0m", "a per-experiment timeout"),
+        ("x, gpu-hours 0", "compute-hours must be more than 0"),
+        ("x, 99999999 gpu-hours", "at most 100,000"),
+        ("reach 101% accuracy", "a percentage target is at most 100%"),
+        ("x, target " + "9" * 400, "a target is a value of the goal's metric"),
+    ],
+)
+def test_zero_and_absurd_limits_are_refused_saying_what_is_accepted(text, says):
+    with pytest.raises(GoalTextError, match=re.escape(says)):
+        parse_goal_text(text)
+
+
+def test_limits_at_their_bounds_are_accepted():
+    spec = parse_goal_text("x to 100%, budget 365d, 1s each, gpu-hours 100000, max 10000 experiments")
+    assert spec.wall_seconds == 365 * 86400 and spec.experiment_timeout_s == 1
+    assert spec.compute_hours == 100_000 and spec.max_experiments == 10_000 and spec.target == 1.0
+    assert parse_goal_text("x, target 25 BLEU").target == 25  # a metric's value, not a share
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ("budget +0h", "`budget +0h`: an extension must be at least 1s"),
+        ("+99999999h", "at most 365 days"),
+        ("+365d", "the time budget would be"),  # on top of the hour it has
+        ("+0 experiments", "more experiments must be from 1"),
+        ("+9999 experiments", "the experiment count (10,003 in all)"),
+        ("budget 0h", "a time budget"),
+        ("max 0 experiments", "an experiment count"),
+        ("gpu-hours 0", "compute-hours"),
+    ],
+)
+def test_budget_changes_that_cannot_be_are_refused(change, says):
+    budget = Budget(deadline=NOW + timedelta(hours=1), wall_seconds=3600, max_experiments=4)
+    with pytest.raises(GoalTextError, match=re.escape(says)):
+        apply_budget_change(budget, change, NOW)
+
+
+def test_a_target_in_steering_words_is_no_budget_change():
+    # Steering text is read for budget phrases only: a share over 100% there is not refused.
+    assert apply_budget_change(Budget(), "push throughput to 150% of the baseline", NOW) is None
