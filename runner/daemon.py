@@ -19,6 +19,7 @@ from pathlib import Path
 
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import (
+    GoalTextError,
     apply_budget_change,
     explicit_budget,
     parse_goal_text,
@@ -121,7 +122,10 @@ class Runner:
     # ---- operator requests ----
 
     async def _on_submit_goal(self, req: p.SubmitGoal, who: Principal) -> p.Reply:
-        spec = parse_goal_text(req.text)
+        try:
+            spec = parse_goal_text(req.text)
+        except GoalTextError as exc:
+            raise Refused("bad_request", str(exc)) from None
         agent = req.agent or spec.agent or self.settings.default_agent
         if agent not in self.settings.agents:
             raise Refused(
@@ -146,14 +150,21 @@ class Runner:
         author = who.actor(req.author)
         message = await self.store.add_inbox(goal.id, author, req.text)
         said = f"delivered to goal #{goal.id}'s inbox as message {message.id}"
-        if change := apply_budget_change(goal.budget, req.text, utcnow()):
+        try:
+            change = apply_budget_change(goal.budget, req.text, utcnow())
+        except GoalTextError as exc:  # the words still reach the agent; the budget stays
+            return p.Done(message=f"{said}; budget not changed: {exc}")
+        if change:
             await self.campaigns.set_budget(goal, change[0], f"{author}: {change[1]}")
             said += f"; budget changed: {change[1]}"
         return p.Done(message=said)
 
     async def _on_change_budget(self, req: p.ChangeBudget, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        change = apply_budget_change(goal.budget, req.change, utcnow())
+        try:
+            change = apply_budget_change(goal.budget, req.change, utcnow())
+        except GoalTextError as exc:
+            raise Refused("bad_request", str(exc)) from None
         if change is None:
             raise Refused(
                 "bad_request",
