@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 
 def utcnow() -> datetime:
@@ -89,9 +89,10 @@ class Experiment(Record):
 
 
 class MetricPoint(Record):
+    # Finite: JSON has no NaN or infinity (they would be stored as null, and not read back).
     name: str
-    value: float
-    step: float | None = None
+    value: FiniteFloat
+    step: FiniteFloat | None = None
 
 
 class Approval(Record):
@@ -203,6 +204,16 @@ class FinalReport(Record):
     best: Experiment | None = None
 
 
+class UnreadableEvent(Record):
+    """Delivered in place of a logged event that no longer reads back into its model (written by
+    an older runner, or holding a value its model now refuses): same seq, goal and time, so a
+    subscriber sees the event was there, can ack past it and never stalls on it."""
+
+    kind: Literal["unreadable"] = "unreadable"
+    stored_kind: str  # the kind the row was logged as
+    reason: str
+
+
 EventData = Annotated[
     GoalAccepted
     | GoalStateChanged
@@ -214,7 +225,8 @@ EventData = Annotated[
     | ApprovalDecided
     | SteerReceived
     | BudgetChanged
-    | FinalReport,
+    | FinalReport
+    | UnreadableEvent,
     Field(discriminator="kind"),
 ]
 

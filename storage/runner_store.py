@@ -7,13 +7,14 @@ listeners are told only after the commit: nothing is announced that the log does
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from goaltender.storage.db import Database, Tx
 from goaltender.storage.records import (
@@ -39,11 +40,13 @@ from goaltender.storage.records import (
     MetricPoint,
     MetricsLogged,
     SteerReceived,
+    UnreadableEvent,
     utcnow,
 )
 from goaltender.storage.runner_schema import MIGRATIONS
 
 _event_data = TypeAdapter(EventData)
+log = logging.getLogger("goaltender.runner")
 
 
 class RunnerStore:
@@ -86,11 +89,11 @@ class RunnerStore:
     async def events_since(self, seq: int, limit: int = 500, goal_id: int | None = None) -> list[Event]:
         if goal_id is None:
             rows = await self.db.fetchall(
-                "SELECT * FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
             )
         else:
             rows = await self.db.fetchall(
-                "SELECT * FROM events WHERE seq > ? AND goal_id = ? ORDER BY seq LIMIT ?",
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > ? AND goal_id = ? ORDER BY seq LIMIT ?",
                 (seq, goal_id, limit),
             )
         return [_event(row) for row in rows]
@@ -523,7 +526,42 @@ def _inbox(row: sqlite3.Row) -> InboxMessage:
     return InboxMessage(**dict(row))
 
 
+# Text columns come as bytes, decoded here: text that is not UTF-8 (a row written by other means)
+# must fail its own row, not the query that reads a whole batch.
+_EVENT_COLUMNS = (
+    "seq, goal_id, CAST(ts AS BLOB) AS ts, CAST(kind AS BLOB) AS kind, CAST(data AS BLOB) AS data"
+)
+
+
 def _event(row: sqlite3.Row) -> Event:
-    return Event(
-        seq=row["seq"], goal_id=row["goal_id"], ts=row["ts"], data=_event_data.validate_json(row["data"])
-    )
+    """The logged event; one that no longer reads back becomes an UnreadableEvent with its seq:
+    a row every subscriber would fail on must not stall them all, nor leave a gap in seq order."""
+    try:
+        data = _event_data.validate_json(row["data"])
+        return Event(seq=row["seq"], goal_id=row["goal_id"], ts=row["ts"].decode(), data=data)
+    except (ValidationError, UnicodeDecodeError) as exc:
+        reason = _first_problem(exc)
+        kind = row["kind"].decode(errors="replace")
+        log.warning("event %s (%s) cannot be read, delivered as unreadable: %s", row["seq"], kind, reason)
+        return Event(
+            seq=row["seq"],
+            goal_id=row["goal_id"] if isinstance(row["goal_id"], int) else None,
+            ts=_stored_time(row["ts"]),
+            data=UnreadableEvent(stored_kind=kind, reason=reason),
+        )
+
+
+def _stored_time(ts: bytes) -> datetime:
+    try:
+        return datetime.fromisoformat(ts.decode())
+    except ValueError:  # (UnicodeDecodeError is one) no time kept: when it was found unreadable
+        return utcnow()
+
+
+def _first_problem(exc: ValidationError | UnicodeDecodeError) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8: {exc}"
+    err = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in err["loc"]) or "data"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {err['msg']}{more}"
