@@ -21,7 +21,7 @@ from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, replacing
 from goaltender.bot.roles import Roles, actor
 from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalSpec, parse_goal_text
+from goaltender.runner.budget import GoalSpec, GoalTextError, parse_goal_text
 from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, OutboxItem, QueuedGoal
 
@@ -59,7 +59,8 @@ def command_text(text: str) -> str:
 
 
 class GoalRefused(ValueError):
-    """The words make no goal (empty, or too long); the message says why and how."""
+    """The words make no goal (empty, too long, or asking for a limit that cannot be, such as
+    `budget 0h`); the message says why and how."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,10 @@ class GoalRequest:
             raise GoalRefused(
                 f"That goal is {len(text)} characters long; the limit is {MAX_GOAL_TEXT}. {HOWTO}"
             )
-        spec = parse_goal_text(text)
+        try:
+            spec = parse_goal_text(text)
+        except GoalTextError as exc:
+            raise GoalRefused(f"Your goal was not submitted: {exc}.") from None
         return cls(text, channel, owner, spec, _runner_named(text, spec.runner, runners))
 
     @classmethod
@@ -209,6 +213,9 @@ class Intake:
                     goal_id = await self._start(link, GoalRequest.queued(queued))
                 except RunnerUnavailable:
                     continue  # it went down again; the next link-up tries again
+                except GoalRefused as exc:  # queued before its words were refused
+                    await self._dequeue(queued, link.name, error=str(exc))
+                    continue
                 except p.ProtocolError as exc:
                     await self._dequeue(queued, link.name, error=exc.error.message)
                     continue
