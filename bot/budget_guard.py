@@ -18,7 +18,7 @@ from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, editing, in_thread
 from goaltender.bot.roles import Roles, actor
 from goaltender.runner import protocol as p
-from goaltender.runner.budget import apply_budget_change
+from goaltender.runner.budget import GoalTextError, apply_budget_change
 from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, BudgetRequest, Thread
 from goaltender.storage.records import utcnow
@@ -51,7 +51,10 @@ class BudgetGuard:
         if not status.goal.active:
             return None  # the runner says the goal has ended
         now = utcnow()
-        changed = apply_budget_change(status.goal.budget, words, now)
+        try:
+            changed = apply_budget_change(status.goal.budget, words, now)
+        except GoalTextError:
+            return None  # one that cannot be: the runner refuses it, saying why (a steer keeps the budget)
         if changed is None or (why := rule.over(status.goal.budget, changed[0], now)) is None:
             return None
         change = words.strip()
