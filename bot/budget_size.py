@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from goaltender.display.facts import format_duration
-from goaltender.runner.budget import parse_duration
+from goaltender.runner.budget import check_duration, parse_duration
 from goaltender.storage.records import Budget
 
-_SHARE = re.compile(r"^\+?\s*(\d+(?:\.\d+)?)\s*%$")
+_SHARE = re.compile(r"\+?+\s*+(\d++(?:\.\d++)?+)\s*+%")  # fullmatch; possessive: linear on any text
 OFF = ("off", "none", "never", "no")
 
 
@@ -54,8 +54,8 @@ class Threshold:
         words = " ".join(text.split()).lower()
         if words in OFF or not words:
             return None
-        if match := _SHARE.match(words):
-            return cls(f"{float(match.group(1)):g}%", share=float(match.group(1)) / 100)
+        if match := _SHARE.fullmatch(words):
+            return cls._share(float(match.group(1)), text)
         seconds = 0.0 if words.lstrip("+ ") == "0" else parse_duration(words.lstrip("+ "))
         if seconds == 0:
             return cls("0", hours=0.0)
@@ -64,7 +64,14 @@ class Threshold:
                 f"`{text}` is not a budget size: use a duration (`1h`, `90m`, `0` for every increase), "
                 "a share of the limit (`50%`), or `off`"
             )
+        check_duration(seconds, text, "a budget size", "`1h`, `0` for every increase, `off` for none")
         return cls(format_duration(seconds), hours=seconds / 3600)
+
+    @classmethod
+    def _share(cls, percent: float, text: str) -> Threshold:
+        if not math.isfinite(percent):
+            raise ValueError(f"`{text[:40]}…` is too big a share of a limit: use one such as `50%`, or `off`")
+        return cls(f"{percent:g}%", share=percent / 100)
 
     def over(self, before: Budget, after: Budget, now: datetime) -> str | None:
         """Why the change from `before` to `after` needs a second person; None when it does not."""
