@@ -53,17 +53,25 @@ class Database:
         private_directory(path.parent, tighten=False)
         private_file(path)  # SQLite gives -wal and -shm the database's mode when it creates them
         conn = await aiosqlite.connect(path, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        await conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute("PRAGMA synchronous=NORMAL")
-        await conn.execute("PRAGMA foreign_keys=ON")
+        db = cls(conn, path)
+        try:
+            await db._prepare(migrations)
+        except BaseException:
+            # The connection's thread is not a daemon: left open, it keeps the process from exiting.
+            await conn.close()
+            raise
+        return db
+
+    async def _prepare(self, migrations: Sequence[str]) -> None:
+        self.conn.row_factory = sqlite3.Row
+        await self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        await self.conn.execute("PRAGMA journal_mode=WAL")
+        await self.conn.execute("PRAGMA synchronous=NORMAL")
+        await self.conn.execute("PRAGMA foreign_keys=ON")
         for sidecar in ("-wal", "-shm"):  # left by an older version, or made under another umask
             with contextlib.suppress(FileNotFoundError):
-                os.chmod(f"{path}{sidecar}", PRIVATE_FILE)
-        db = cls(conn, path)
-        await db.migrate(migrations)
-        return db
+                os.chmod(f"{self.path}{sidecar}", PRIVATE_FILE)
+        await self.migrate(migrations)
 
     async def close(self) -> None:
         await self.conn.close()
@@ -95,11 +103,16 @@ class Database:
             await self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield Tx(self.conn)
-            except BaseException:
-                await self.conn.execute("ROLLBACK")
-                raise
-            else:
                 await self.conn.execute("COMMIT")
+            except BaseException:
+                await self._rollback()
+                raise
+
+    async def _rollback(self) -> None:
+        """Roll back what is left of a failed transaction. SQLite may have rolled it back already
+        (it does on SQLITE_FULL), and a COMMIT that failed leaves it open."""
+        if self.conn.in_transaction:
+            await self.conn.execute("ROLLBACK")
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one write statement in its own transaction; returns lastrowid."""
