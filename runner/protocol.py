@@ -362,6 +362,7 @@ ErrorCode = Literal[
     "not_found",
     "conflict",
     "budget_exhausted",
+    "disk_full",  # no room on the runner's disk: the goal is paused until there is
     "internal",
 ]
 
