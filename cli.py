@@ -5,18 +5,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shlex
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from goaltender.runner import protocol as p
-from goaltender.runner.budget import parse_duration
+from goaltender.runner.budget import (
+    GoalTextError,
+    apply_budget_change,
+    check_duration,
+    parse_duration,
+    parse_goal_text,
+)
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
 from goaltender.runner.report import format_params
-from goaltender.storage.records import MetricPoint
+from goaltender.storage.records import Budget, MetricPoint, utcnow
 
 EXIT_OK = 0
 EXIT_NO = 1  # rejected approval, crashed experiment
@@ -47,6 +58,14 @@ EXIT_CODES = """\
 exit codes: 0 ok / approved / experiment ran (keep or discard); 1 rejected / experiment crashed;
 2 bad arguments; 3 approval expired; 4 runner unreachable or request refused; 5 budget used up"""
 
+LARGEST_ID = 2**63 - 1  # ids are SQLite integers
+
+
+class UsageError(Exception):
+    """Bad input on the command line: said in one line on stderr, exit code 2 (as argparse does).
+
+    Found before the runner is asked, so the same input gets the same answer with or without one."""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -55,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        _check_text_arguments(args)
         return args.func(args) or EXIT_OK
+    except UsageError as exc:
+        print(f"goaltender: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RunnerUnavailable as exc:
         print(f"goaltender: {exc}", file=sys.stderr)
         return EXIT_RUNNER
@@ -67,6 +90,40 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `goaltender events | head`: the reader has gone, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _whole_number(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` to the largest id (argparse says what is wrong)."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
+        if not low <= value <= LARGEST_ID:
+            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: use {low} to {LARGEST_ID}")
+        return value
+
+    whole.__name__ = "id" if low else "count"  # argparse names the type in its message
+    return whole
+
+
+ID = _whole_number(1)
+COUNT = _whole_number(0)
+
+
+def _finite(text: str) -> float:
+    """An argparse type: a finite number (not nan or inf: the runner records numbers as JSON)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text[:40]!r}")
+    return value
+
+
+_finite.__name__ = "number"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,18 +206,18 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--agent", help="agent to run the goal (default: the runner's default)")
 
     cmd = command("status", cmd_status, "show goals: state, budgets used, best result")
-    cmd.add_argument("goal_id", nargs="?", type=int)
+    cmd.add_argument("goal_id", nargs="?", type=ID)
 
     cmd = command("summary", cmd_summary, "print a goal's summary and ledger (markdown)")
-    cmd.add_argument("goal_id", type=int)
+    cmd.add_argument("goal_id", type=ID)
 
     cmd = command("steer", cmd_steer, "send a steering message to a goal's agent (its inbox)")
-    cmd.add_argument("goal_id", type=int)
+    cmd.add_argument("goal_id", type=ID)
     cmd.add_argument("text")
     cmd.add_argument("--author", help="whom you speak for (recorded as AUTHOR via cli (uid N))")
 
     cmd = command("budget", cmd_budget, "change a goal's budget: '+2h', 'max 10 experiments', 'gpu-hours 8'")
-    cmd.add_argument("goal_id", type=int)
+    cmd.add_argument("goal_id", type=ID)
     cmd.add_argument("change")
 
     for name, func, help in (
@@ -169,31 +226,31 @@ def build_parser() -> argparse.ArgumentParser:
         ("stop", cmd_stop, "stop a goal: end its agent and experiments, write the final report"),
     ):
         cmd = command(name, func, help)
-        cmd.add_argument("goal_id", type=int)
+        cmd.add_argument("goal_id", type=ID)
         if name == "stop":
             cmd.add_argument("--reason", default="")
 
     for name, func in (("approve", cmd_approve), ("reject", cmd_reject)):
         cmd = command(name, func, f"{name} a pending approval prompt")
-        cmd.add_argument("approval_id", type=int)
+        cmd.add_argument("approval_id", type=ID)
         cmd.add_argument("--comment")
 
     cmd = command("audit", cmd_audit, "print the audit trail: control actions and refused attempts, and who")
-    cmd.add_argument("goal_id", nargs="?", type=int, help="only this goal's entries")
-    cmd.add_argument("--limit", type=int, default=200, help="the newest N entries (default 200)")
+    cmd.add_argument("goal_id", nargs="?", type=ID, help="only this goal's entries")
+    cmd.add_argument("--limit", type=COUNT, default=200, help="the newest N entries (default 200)")
 
     cmd = command("events", cmd_events, "print the event log (optionally follow it)")
-    cmd.add_argument("--since", type=int, default=0)
-    cmd.add_argument("--goal", type=int, dest="goal_id")
+    cmd.add_argument("--since", type=COUNT, default=0)
+    cmd.add_argument("--goal", type=ID, dest="goal_id")
     cmd.add_argument("--follow", "-f", action="store_true")
 
     cmd = command("log", cmd_log, "print an experiment's log")
-    cmd.add_argument("experiment_id", type=int)
-    cmd.add_argument("--offset", type=int, default=0)
+    cmd.add_argument("experiment_id", type=ID)
+    cmd.add_argument("--offset", type=COUNT, default=0)
 
     # -- agent verbs --
     def goal_arg(cmd: argparse.ArgumentParser) -> None:
-        cmd.add_argument("--goal", type=int, dest="goal_id", help="goal id (default: $GOALTENDER_GOAL_ID)")
+        cmd.add_argument("--goal", type=ID, dest="goal_id", help="goal id (default: $GOALTENDER_GOAL_ID)")
 
     cmd = command("milestone", cmd_milestone, "report a milestone to the goal's thread")
     cmd.add_argument("title", help="one line: what happened")
@@ -207,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         "log metric values: goaltender metrics loss=0.31 acc=0.82 --step 100",
     )
     cmd.add_argument("values", nargs="+", metavar="NAME=VALUE")
-    cmd.add_argument("--step", type=float)
-    cmd.add_argument("--experiment", type=int, dest="experiment_id")
+    cmd.add_argument("--step", type=_finite)
+    cmd.add_argument("--experiment", type=ID, dest="experiment_id")
     goal_arg(cmd)
 
     cmd = command(
@@ -273,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
         "read", help="print recent entries: goaltender diary read [--handoff] [--last N]"
     )
     read.add_argument("--handoff", action="store_true", help="only handoffs")
-    read.add_argument("--last", type=int, default=20, help="how many entries")
+    read.add_argument("--last", type=COUNT, default=20, help="how many entries")
     goal_arg(read)
     goal_arg(cmd)
 
@@ -296,26 +353,72 @@ def _run(args: argparse.Namespace, body: Callable[[RunnerClient], Awaitable[int 
     return asyncio.run(go()) or EXIT_OK
 
 
+def _check_text_arguments(args: argparse.Namespace) -> None:
+    """Every text argument is UTF-8: the runner takes JSON text (a path may be any bytes: not checked).
+
+    Python hands undecodable argv bytes over as lone surrogates; they could never be sent."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not _is_utf8(text):
+                shown = text.encode("utf-8", "surrogateescape")[:40]
+                raise UsageError(f"{name.replace('_', ' ')}: {shown!r} is not UTF-8; the runner takes text")
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
+    """`fields`, once they make a `kind` request the runner could take; UsageError saying why not.
+
+    Checked here, before connecting, so bad input never reaches the runner or prints a traceback."""
+    try:
+        size = len(p.encode(kind(id=0, **fields)))
+    except ValidationError as exc:
+        raise UsageError(_problems(exc)) from None
+    except PydanticSerializationError as exc:
+        raise UsageError(f"cannot send this to the runner: {exc}") from None
+    if size > p.MAX_LINE:
+        raise UsageError(f"too much to send: {size:,} bytes, over the runner's limit of {p.MAX_LINE:,}")
+    return fields
+
+
+def _problems(exc: ValidationError) -> str:
+    """pydantic's complaints in one line: 'title: String should have at most 300 characters'."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error['loc']) or 'input'}: {error['msg']}" for error in exc.errors()
+    )
+
+
 def _goal_id(args: argparse.Namespace) -> int:
     if args.goal_id is not None:
         return args.goal_id
     if value := os.environ.get("GOALTENDER_GOAL_ID"):
-        return int(value)
-    raise SystemExit(
-        "goaltender: no goal: pass --goal N or set GOALTENDER_GOAL_ID (the runner sets it for agents)"
-    )
+        try:
+            return ID(value)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"GOALTENDER_GOAL_ID is not a goal id ({exc}); pass --goal N") from None
+    raise UsageError("no goal: pass --goal N or set GOALTENDER_GOAL_ID (the runner sets it for agents)")
 
 
 def _duration(text: str | None) -> float | None:
+    """`10m`, `2h`, `90` (seconds): from 1s to 365 days."""
     if text is None:
         return None
     seconds = parse_duration(text)
     if seconds is None:
         try:
-            return float(text)
+            seconds = float(text)
         except ValueError:
-            raise SystemExit(f"goaltender: not a duration: {text!r} (try 90s, 10m, 2h)") from None
-    return seconds
+            raise UsageError(f"not a duration: {text[:40]!r} (try 90s, 10m, 2h)") from None
+    try:
+        return check_duration(seconds, text, "a timeout", "`90s`, `10m` or `2h`")
+    except GoalTextError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _key_values(items: list[str]) -> dict[str, str]:
@@ -323,16 +426,49 @@ def _key_values(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"goaltender: expected NAME=VALUE, got {item!r}")
+            raise UsageError(f"expected NAME=VALUE, got {item[:60]!r}")
         pairs[key] = value
     return pairs
 
 
-def _number_or_text(value: str):
+def _number_or_text(value: str) -> Any:
+    """A --param value: JSON when it is (3e-4, true, [64, 64]), else the text as given.
+
+    NaN and Infinity stay text: JSON has no such numbers."""
     try:
-        return json.loads(value)
-    except json.JSONDecodeError:
+        return json.loads(value, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # not JSON, too many digits, nested too deep
         return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _goal_words(text: str) -> None:
+    """The runner would refuse these goal words (budget 0h, max 0 experiments): say so now."""
+    try:
+        parse_goal_text(text)
+    except GoalTextError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _budget_words(change: str) -> None:
+    """A budget change that cannot be whatever the goal's budget (+0h, +99999999h): say so now."""
+    try:
+        apply_budget_change(Budget(), change, utcnow())
+    except GoalTextError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _read_text(read: Callable[[], bytes], what: str) -> str:
+    """Text from a file or stdin, which must be UTF-8 (the runner takes text)."""
+    try:
+        return read().decode("utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {what}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _print_status(status: p.GoalStatus) -> None:
@@ -375,22 +511,28 @@ def cmd_bot(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from goaltender.demo import run_demo
 
+    if args.goal is not None:
+        _checked(p.SubmitGoal, text=args.goal)
+        _goal_words(args.goal)
     return run_demo(args.goal, directory=args.dir, yes=args.yes, agent=args.agent)
 
 
 def cmd_submit(args):
+    fields = _checked(p.SubmitGoal, text=args.text, owner=args.owner, agent=args.agent)
+    _goal_words(args.text)
+
     async def body(runner: RunnerClient):
-        reply = await runner.call(
-            p.SubmitGoal, p.GoalReply, text=args.text, owner=args.owner, agent=args.agent
-        )
+        reply = await runner.call(p.SubmitGoal, p.GoalReply, **fields)
         _print_status(reply.status)
 
     return _run(args, body)
 
 
 def cmd_status(args):
+    fields = _checked(p.Status, goal_id=args.goal_id)
+
     async def body(runner: RunnerClient):
-        reply = await runner.call(p.Status, p.StatusReply, goal_id=args.goal_id)
+        reply = await runner.call(p.Status, p.StatusReply, **fields)
         for status in reply.goals:
             _print_status(status)
         if not reply.goals:
@@ -400,16 +542,23 @@ def cmd_status(args):
 
 
 def cmd_summary(args):
+    fields = _checked(p.Summary, goal_id=args.goal_id)
+
     async def body(runner: RunnerClient):
-        print((await runner.call(p.Summary, p.SummaryReply, goal_id=args.goal_id)).text)
+        print((await runner.call(p.Summary, p.SummaryReply, **fields)).text)
 
     return _run(args, body)
 
 
-def _done(kind: type[p.Request], **fields_from_args: str):
+def _done(
+    kind: type[p.Request], check: Callable[[argparse.Namespace], None] | None = None, **fields_from_args: str
+):
     def cmd(args):
+        if check is not None:
+            check(args)
+        fields = _checked(kind, **{field: getattr(args, attr) for field, attr in fields_from_args.items()})
+
         async def body(runner: RunnerClient):
-            fields = {field: getattr(args, attr) for field, attr in fields_from_args.items()}
             print((await runner.call(kind, p.Done, **fields)).message)
 
         return _run(args, body)
@@ -419,7 +568,9 @@ def _done(kind: type[p.Request], **fields_from_args: str):
 
 
 cmd_steer = _done(p.Steer, goal_id="goal_id", text="text", author="author")
-cmd_budget = _done(p.ChangeBudget, goal_id="goal_id", change="change")
+cmd_budget = _done(
+    p.ChangeBudget, lambda args: _budget_words(args.change), goal_id="goal_id", change="change"
+)
 cmd_pause = _done(p.Pause, goal_id="goal_id")
 cmd_resume = _done(p.Resume, goal_id="goal_id")
 cmd_stop = _done(p.Stop, goal_id="goal_id", reason="reason")
@@ -427,14 +578,10 @@ cmd_stop = _done(p.Stop, goal_id="goal_id", reason="reason")
 
 def _decide(approve: bool):
     def cmd(args):
+        fields = _checked(p.Decide, approval_id=args.approval_id, approve=approve, comment=args.comment)
+
         async def body(runner: RunnerClient):
-            reply = await runner.call(
-                p.Decide,
-                p.DecisionReply,
-                approval_id=args.approval_id,
-                approve=approve,
-                comment=args.comment,
-            )
+            reply = await runner.call(p.Decide, p.DecisionReply, **fields)
             print(f"approval #{reply.approval.id} {reply.approval.state}")
 
         return _run(args, body)
@@ -448,8 +595,10 @@ cmd_reject = _decide(False)
 
 
 def cmd_audit(args):
+    fields = _checked(p.Audit, goal_id=args.goal_id, limit=args.limit)
+
     async def body(runner: RunnerClient):
-        reply = await runner.call(p.Audit, p.AuditReply, goal_id=args.goal_id, limit=args.limit)
+        reply = await runner.call(p.Audit, p.AuditReply, **fields)
         for e in reply.entries:
             goal = f"goal #{e.goal_id}" if e.goal_id is not None else "-"
             print(f"{e.ts:%Y-%m-%d %H:%M:%S}  {e.actor}  {e.action}  {goal}  {e.outcome}  {e.detail}")
@@ -460,6 +609,8 @@ def cmd_audit(args):
 
 
 def cmd_events(args):
+    _checked(p.Subscribe, since=args.since, goal_id=args.goal_id)
+
     async def body(runner: RunnerClient):
         head = await runner.subscribe(since=args.since, goal_id=args.goal_id)
         if head <= args.since and not args.follow:
@@ -473,6 +624,8 @@ def cmd_events(args):
 
 
 def cmd_log(args):
+    _checked(p.GetLog, experiment_id=args.experiment_id, offset=args.offset)
+
     async def body(runner: RunnerClient):
         offset = args.offset
         while True:
@@ -486,54 +639,54 @@ def cmd_log(args):
 
 
 def cmd_milestone(args):
+    fields = _checked(p.ReportMilestone, goal_id=_goal_id(args), title=args.title, text=args.text)
+
     async def body(runner: RunnerClient):
-        reply = await runner.call(
-            p.ReportMilestone, p.Done, goal_id=_goal_id(args), title=args.title, text=args.text
-        )
-        print(reply.message)
+        print((await runner.call(p.ReportMilestone, p.Done, **fields)).message)
 
     return _run(args, body)
 
 
 def cmd_metrics(args):
-    values = _key_values(args.values)
-    try:
-        points = [MetricPoint(name=k, value=float(v), step=args.step) for k, v in values.items()]
-    except ValueError as exc:
-        raise SystemExit(f"goaltender: metric values must be numbers: {exc}") from None
+    points = [
+        MetricPoint(name=k, value=_metric_value(k, v), step=args.step)
+        for k, v in _key_values(args.values).items()
+    ]
+    fields = _checked(p.LogMetrics, goal_id=_goal_id(args), points=points, experiment_id=args.experiment_id)
 
     async def body(runner: RunnerClient):
-        reply = await runner.call(
-            p.LogMetrics, p.Done, goal_id=_goal_id(args), points=points, experiment_id=args.experiment_id
-        )
-        print(reply.message)
+        print((await runner.call(p.LogMetrics, p.Done, **fields)).message)
 
     return _run(args, body)
+
+
+def _metric_value(name: str, text: str) -> float:
+    try:
+        return _finite(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"metric {name[:40]!r}: {exc}") from None
 
 
 def cmd_experiment(args):
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise SystemExit(
-            "goaltender: give the command after --, e.g. goaltender experiment -d '...' -- python train.py"
-        )
-    params = {k: _number_or_text(v) for k, v in _key_values(args.param).items()}
+        raise UsageError("give the command after --, e.g. goaltender experiment -d '...' -- python train.py")
+    fields = _checked(
+        p.RunExperiment,
+        goal_id=_goal_id(args),
+        command=command,
+        description=args.description,
+        params={k: _number_or_text(v) for k, v in _key_values(args.param).items()},
+        metric=args.metric,
+        direction="minimize" if args.minimize else ("maximize" if args.metric else None),
+        timeout_s=_duration(args.timeout),
+        cwd=_working_directory(),
+        env=_environment(),  # what the agent exported reaches its experiment
+        eval_command=_split(args.eval_command) if args.eval_command else None,
+    )
 
     async def body(runner: RunnerClient):
-        reply = await runner.call(
-            p.RunExperiment,
-            p.ExperimentReply,
-            goal_id=_goal_id(args),
-            command=command,
-            description=args.description,
-            params=params,
-            metric=args.metric,
-            direction="minimize" if args.minimize else ("maximize" if args.metric else None),
-            timeout_s=_duration(args.timeout),
-            cwd=os.getcwd(),
-            env=dict(os.environ),  # what the agent exported reaches its experiment
-            eval_command=shlex.split(args.eval_command) if args.eval_command else None,
-        )
+        reply = await runner.call(p.RunExperiment, p.ExperimentReply, **fields)
         e = reply.experiment
         how = " (verified by the runner)" if e.verified else " (reported)"
         value = f"{e.metric_name} = {e.metric_value:.4g}{how}" if e.metric_value is not None else "no metric"
@@ -552,18 +705,44 @@ def cmd_experiment(args):
     return _run(args, body)
 
 
+def _working_directory() -> str:
+    cwd = os.getcwd()
+    if not _is_utf8(cwd):
+        raise UsageError("this directory's path is not UTF-8; run the experiment from one whose path is")
+    return cwd
+
+
+def _environment() -> dict[str, str]:
+    """The environment for an experiment, without variables that are not UTF-8 (named on stderr)."""
+    env = {}
+    for name, value in os.environ.items():
+        if _is_utf8(name) and _is_utf8(value):
+            env[name] = value
+        else:
+            shown = name.encode("utf-8", "surrogateescape")[:40]
+            print(f"goaltender: not passing {shown!r} to the experiment: not UTF-8", file=sys.stderr)
+    return env
+
+
+def _split(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"--eval: {exc}") from None
+
+
 def cmd_ask(args):
+    fields = _checked(
+        p.Ask,
+        goal_id=_goal_id(args),
+        question=args.question,
+        detail=args.detail,
+        kind=args.kind,
+        timeout_s=_duration(args.timeout),
+    )
+
     async def body(runner: RunnerClient):
-        reply = await runner.call(
-            p.Ask,
-            p.DecisionReply,
-            goal_id=_goal_id(args),
-            question=args.question,
-            detail=args.detail,
-            kind=args.kind,
-            timeout_s=_duration(args.timeout),
-        )
-        a = reply.approval
+        a = (await runner.call(p.Ask, p.DecisionReply, **fields)).approval
         print(f"{a.state} by {a.decided_by}" + (f": {a.comment}" if a.comment else ""))
         return {"approved": EXIT_OK, "rejected": EXIT_NO}.get(a.state, EXIT_EXPIRED)
 
@@ -571,8 +750,10 @@ def cmd_ask(args):
 
 
 def cmd_inbox(args):
+    fields = _checked(p.ReadInbox, goal_id=_goal_id(args), all=args.all)
+
     async def body(runner: RunnerClient):
-        reply = await runner.call(p.ReadInbox, p.InboxReply, goal_id=_goal_id(args), all=args.all)
+        reply = await runner.call(p.ReadInbox, p.InboxReply, **fields)
         if not reply.messages:
             print("(no new messages)")
         for m in reply.messages:
@@ -583,18 +764,17 @@ def cmd_inbox(args):
 
 def cmd_diary(args):
     kind = "handoff" if args.handoff else None
+    if args.action == "write":
+        text = _read_text(sys.stdin.buffer.read, "stdin") if args.text in (None, "-") else args.text
+        fields = _checked(p.WriteDiary, goal_id=_goal_id(args), text=text, kind=kind or "note")
+    else:
+        fields = _checked(p.ReadDiary, goal_id=_goal_id(args), last=args.last, kind=kind)
 
     async def body(runner: RunnerClient):
         if args.action == "write":
-            text = sys.stdin.read() if args.text in (None, "-") else args.text
-            done = await runner.call(
-                p.WriteDiary, p.Done, goal_id=_goal_id(args), text=text, kind=kind or "note"
-            )
-            print(done.message)
+            print((await runner.call(p.WriteDiary, p.Done, **fields)).message)
             return
-        diary = await runner.call(
-            p.ReadDiary, p.DiaryReply, goal_id=_goal_id(args), last=args.last, kind=kind
-        )
+        diary = await runner.call(p.ReadDiary, p.DiaryReply, **fields)
         if not diary.entries:
             print("(the diary is empty)")
         for e in diary.entries:
@@ -604,12 +784,13 @@ def cmd_diary(args):
 
 
 def cmd_report(args):
-    text = args.file.read_text() if args.file else args.text
+    text = _read_text(args.file.read_bytes, str(args.file)) if args.file else args.text
     if not text:
-        raise SystemExit("goaltender: give the report text, or --file report.md")
+        raise UsageError("give the report text, or --file report.md")
+    fields = _checked(p.SubmitReport, goal_id=_goal_id(args), text=text)
 
     async def body(runner: RunnerClient):
-        print((await runner.call(p.SubmitReport, p.Done, goal_id=_goal_id(args), text=text)).message)
+        print((await runner.call(p.SubmitReport, p.Done, **fields)).message)
 
     return _run(args, body)
 
