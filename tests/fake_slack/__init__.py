@@ -35,9 +35,18 @@ What it enforces, as Slack does (errors are HTTP 200 + {"ok": false, "error": ..
   `home_tab_enabled` is off; hash_conflict when `hash` is not the published view's.
 - users.info: is_admin / is_owner / is_primary_owner as set by add_user(..., is_admin=, is_owner=)
   (or on fake.users[id]); owners are admins too.
+- scopes: conversations.info needs channels:read / groups:read / im:read / mpim:read for the
+  channel's type (else missing_scope, with "needed" and "provided"); a private channel the bot is
+  not in is channel_not_found to it.
 - rate limits: `rate_limit()` injects HTTP 429 {"error": "ratelimited"} + `Retry-After: <int>`;
   `limit_channel_rate()` turns on Slack's "about one message per second per channel" for
-  chat.postMessage. `fail()` injects any other error.
+  chat.postMessage.
+- faults, on a chosen method (and channel) for the next `times` calls: `fail()` any
+  {"ok": false, "error": ...} (any HTTP status); `fail_text()` an HTTP 503 (or any status) with a
+  text/plain body, as a load balancer in front of Slack answers; `drop_connection()` closes the
+  socket mid-request (aiohttp raises ServerDisconnectedError), before the method runs or, with
+  after=True, after it did. The method "upload" is the upload URLs files.getUploadURLExternal
+  hands out (which answer in text). Calls record `status` (0: no answer) and `dropped`.
 - Socket Mode: envelopes must be acked by envelope_id within `ack_timeout` (3 s). An unacked
   events_api envelope is redelivered with retry_attempt+1 and retry_reason "timeout" (up to
   `max_retries` times, after `retry_delays`); an unacked slash command shows the user

@@ -10,7 +10,7 @@ import mimetypes
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 
@@ -135,9 +135,10 @@ class Call:
     params: dict[str, Any]
     token: str | None
     time: float  # time.monotonic()
-    status: int = 200
+    status: int = 200  # 0: no answer at all (the connection was dropped before the method ran)
     response: dict | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    dropped: bool = False  # the socket was closed instead of answering (see FakeSlack.drop_connection)
 
     @property
     def ok(self) -> bool:
@@ -257,9 +258,10 @@ class Connection:
 
 @dataclass(eq=False)
 class Injection:
-    """A scripted failure: the next `times` matching calls answer with `error` (and `status`)."""
+    """A scripted failure: the next `times` matching calls answer with `error` (and `status`) as
+    Slack's JSON, or with `text` as a text/plain body, or get no answer at all (`drop`)."""
 
-    method: str | None  # None: any method
+    method: str | None  # None: any method; "upload": the upload URLs files.getUploadURLExternal gives
     error: str
     times: int
     status: int = 200
@@ -267,6 +269,10 @@ class Injection:
     extra: dict[str, Any] = field(default_factory=dict)
     channel: str | None = None
     hits: int = 0
+    text: str | None = None  # answer this body as text/plain instead of Slack's JSON
+    drop: Literal["before", "after"] | None = None
+    """Close the socket without answering: before the method runs (nothing happened), or after
+    (Slack acted on the request, the app never hears so)."""
 
     @property
     def exhausted(self) -> bool:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from .arguments import MAX_TEXT, _truthy, _ts_key
 from .blocks import MAX_VIEW_BLOCKS, _validate_blocks, _with_block_ids
-from .records import Call, File, Interaction, Message, SlackError
+from .records import Call, File, Injection, Interaction, Message, SlackError
 
 
 class WebApi:
@@ -61,14 +61,40 @@ class WebApi:
         if (token == self.app_token) != wants_app_token:
             raise SlackError("not_allowed_token_type")
 
-    def _check_injections(self, method: str, params: dict[str, Any]) -> None:
+    def _take_injection(self, method: str, params: dict[str, Any]) -> Injection | None:
+        """The scripted failure this call meets, if any (each call uses up one of its `times`)."""
         for inj in self._injections:
             if inj.exhausted or (inj.method is not None and inj.method != method):
                 continue
             if inj.channel is not None and params.get("channel", params.get("channel_id")) != inj.channel:
                 continue
             inj.hits += 1
-            raise SlackError(inj.error, status=inj.status, headers=inj.headers, **inj.extra)
+            return inj
+        return None
+
+    def _dropped(self, request: web.Request, call: Call) -> web.Response:
+        """Close the socket instead of answering (the client sees ServerDisconnectedError)."""
+        call.dropped = True
+        if call.response is None:
+            call.status = 0
+        if request.transport is not None:
+            request.transport.close()
+        self._notify()
+        return web.Response(status=500)  # written to a closed socket: nobody reads it
+
+    def _injected(self, request: web.Request, call: Call, inj: Injection) -> web.Response:
+        """Answer as the injection says, without running the method."""
+        if inj.drop is not None:
+            return self._dropped(request, call)
+        if inj.text is not None:
+            call.status, call.response, call.headers = (
+                inj.status,
+                {"ok": False, "text": inj.text},
+                inj.headers,
+            )
+            self._notify()
+            return web.Response(status=inj.status, text=inj.text, headers=inj.headers)
+        raise SlackError(inj.error, status=inj.status, headers=inj.headers, **inj.extra)
 
     def _check_channel_rate(self, method: str, params: dict[str, Any]) -> None:
         if self._channel_rate is None:
@@ -92,6 +118,7 @@ class WebApi:
     async def _handle_api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         token = None
+        injection: Injection | None = None
         params: dict[str, Any] = {}
         call = Call(method, params, None, time.monotonic())
         self.api_calls.append(call)
@@ -105,7 +132,9 @@ class WebApi:
             handler = self._methods.get(method)
             if handler is None:
                 raise SlackError("unknown_method")
-            self._check_injections(method, params)
+            injection = self._take_injection(method, params)
+            if injection is not None and injection.drop != "after":
+                return self._injected(request, call, injection)
             self._check_channel_rate(method, params)
             body: dict[str, Any] = {"ok": True, **(await handler(params))}
             status, headers = 200, {}
@@ -115,6 +144,8 @@ class WebApi:
         if token == self.bot_token:
             headers["x-oauth-scopes"] = self.scopes
         call.status, call.response, call.headers = status, body, dict(headers)
+        if injection is not None and injection.drop == "after":
+            return self._dropped(request, call)  # Slack did it; the app never hears so
         self._notify()
         return web.json_response(body, status=status, headers=headers)
 
@@ -123,6 +154,8 @@ class WebApi:
         data = await request.read()
         call = Call("upload", {"file_id": file_id, "bytes": len(data)}, None, time.monotonic())
         self.api_calls.append(call)
+        if (injection := self._take_injection("upload", {})) is not None:
+            return self._injected_upload(request, call, injection)
         f = self.files.get(file_id)
         if f is None or f.completed:
             call.status, call.response = 404, {"ok": False, "error": "file_not_found"}
@@ -134,6 +167,15 @@ class WebApi:
         call.response = {"ok": True}
         self._notify()
         return web.Response(text=f"OK - {len(data)}")
+
+    def _injected_upload(self, request: web.Request, call: Call, inj: Injection) -> web.Response:
+        """An upload URL answers in text, not Slack's JSON: an injected error is its status and body."""
+        if inj.drop is not None:
+            return self._dropped(request, call)
+        text = inj.text if inj.text is not None else inj.error
+        call.status, call.response = inj.status, {"ok": False, "error": inj.error, "text": text}
+        self._notify()
+        return web.Response(status=inj.status, text=text, headers=inj.headers)
 
     async def _handle_response_url(self, request: web.Request) -> web.Response:
         rid = request.match_info["rid"]
@@ -364,7 +406,13 @@ class WebApi:
         return self._page(thread, p, newest_first=False)
 
     async def _conversations_info(self, p: dict) -> dict:
+        """Needs the read scope of the channel's type (channels:read for a public channel, ...);
+        a private channel the bot is not in does not exist for it."""
         ch = self._api_channel(p.get("channel"))
+        needed = {"channel": "channels:read", "group": "groups:read", "im": "im:read", "mpim": "mpim:read"}
+        self._require_scope(needed[ch.channel_type])
+        if ch.is_private and self.bot_user_id not in ch.members:
+            raise SlackError("channel_not_found")
         return {
             "channel": {
                 "id": ch.id,
@@ -380,6 +428,11 @@ class WebApi:
                 "context_team_id": self.team_id,
             }
         }
+
+    def _require_scope(self, scope: str) -> None:
+        provided = self.scopes.split(",")
+        if scope not in provided:
+            raise SlackError("missing_scope", needed=scope, provided=self.scopes)
 
     async def _users_info(self, p: dict) -> dict:
         user = self.users.get(str(p.get("user") or ""))

@@ -13,7 +13,7 @@ import math
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -48,8 +48,8 @@ DEFAULT_BOT_EVENTS = (
     "reaction_added",
 )
 DEFAULT_SCOPES = (
-    "app_mentions:read,channels:history,groups:history,chat:write,commands,files:write,"
-    "reactions:read,reactions:write,users:read"
+    "app_mentions:read,channels:history,channels:read,groups:history,groups:read,chat:write,commands,"
+    "files:write,reactions:read,reactions:write,users:read"
 )
 
 
@@ -363,8 +363,36 @@ class FakeSlack(Scripting, Delivery, WebApi, Arguments, Payloads):
         channel: str | None = None,
         **extra: Any,
     ) -> Injection:
-        """The next `times` calls of `method` (None: any) answer {"ok": false, "error": error}."""
+        """The next `times` calls of `method` (None: any) answer {"ok": false, "error": error}
+        (HTTP `status`; "upload" for the upload URLs, which answer the error as text)."""
         injection = Injection(method, error, times, status, dict(headers or {}), extra, channel)
+        self._injections.append(injection)
+        return injection
+
+    def fail_text(
+        self,
+        method: str | None,
+        body: str = "upstream connect error or disconnect/reset before headers",
+        *,
+        status: int = 503,
+        times: int = 1,
+        channel: str | None = None,
+    ) -> Injection:
+        """The next `times` calls of `method` answer HTTP `status` with a text/plain `body`, not
+        Slack's JSON (what a load balancer in front of Slack sends when Slack is unwell).
+        `method` "upload": the upload URLs of files.getUploadURLExternal."""
+        injection = Injection(method, f"http_{status}", times, status, {}, {}, channel, text=body)
+        self._injections.append(injection)
+        return injection
+
+    def drop_connection(
+        self, method: str | None, *, times: int = 1, after: bool = False, channel: str | None = None
+    ) -> Injection:
+        """The next `times` calls of `method` get no answer: the server closes the socket mid-request
+        (the client sees aiohttp's ServerDisconnectedError). By default before the method runs, so
+        nothing happened; `after=True`: Slack did it, and the app never hears so."""
+        drop: Literal["before", "after"] = "after" if after else "before"
+        injection = Injection(method, "connection_dropped", times, 0, {}, {}, channel, drop=drop)
         self._injections.append(injection)
         return injection
 
