@@ -1,9 +1,19 @@
 """The outbox: every Slack write goes through a durable per-channel queue in bot.db.
 
-At most one write per second per channel, in order; 429s wait for their Retry-After, 5xx and
-dropped connections are retried with backoff, and a restart neither loses nor duplicates a post:
-a post is marked as attempted before it is sent and carries its key in Slack message metadata, so
-after a crash the bot looks for that key in the channel before posting again.
+At most one write per second per channel, in order; and a restart neither loses nor duplicates a
+post: a post is marked as attempted before it is sent and carries its key in Slack message
+metadata, so after a crash (or an answer lost with its connection) the bot looks for that key in
+the channel before posting again.
+
+Nothing ends it and nothing fails silently. Every failed write is logged with its cause (what Slack
+or the network said, the channel, the write's kind and key) and tried again: after a 429's
+Retry-After, or with exponential backoff (capped) after a 5xx, a dropped connection, a timeout or a
+failed upload. A channel waiting to try again does not hold up the others. A write Slack refuses
+for good (not_in_channel, invalid_arguments, ...) or that fails `max_attempts` times is parked
+(bot.db state 'failed') with a note in its goal's thread, or its channel, saying what was not
+delivered and why; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain
+text. The send loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its
+traceback and the loop starts again after a pause.
 
 Payloads may refer to earlier posts by key instead of by ts (`in_thread`, `editing`, `replacing`),
 so a status-card update or a thread reply can be queued before the root message exists; and a
@@ -16,34 +26,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_interval_calculators import BackoffRetryIntervalCalculator
 from slack_sdk.web.async_client import AsyncWebClient
 
+from goaltender.bot import render
 from goaltender.bot.keys import OutboxKey, parse
+from goaltender.bot.slack_errors import TOKEN_ERRORS, Failure, api_error, failure_of
 from goaltender.storage.bot_store import BotStore, OutboxItem, OutboxKind
+from goaltender.storage.records import utcnow
 
 log = logging.getLogger("goaltender.bot.outbox")
 
 POLL_S = 0.2  # the longest the outbox sleeps without being notified
 POST_IN_FLIGHT_POLLS = 100  # x 50 ms: how long `posted_at` waits for a post Slack has not answered
 METADATA_EVENT = "goaltender_write"  # Slack message metadata event_type carrying the outbox key
-PERMANENT = {
-    "invalid_blocks",
-    "msg_too_long",
-    "channel_not_found",
-    "not_in_channel",
-    "invalid_auth",
-    "is_archived",
-    "no_text",
-    "message_not_found",
-    "cant_update_message",
-    "already_reacted",
-}
+RESTART_PAUSE_S = 5.0  # after the send loop itself failed: long enough not to spin on a broken bot.db
+# A layout Slack refuses is sent again as its plain text (cut to fit when it is too long).
+LAYOUT_ERRORS = frozenset({"invalid_blocks", "invalid_blocks_format", "msg_too_long"})
+MAX_PLAIN_TEXT = 39_000  # Slack refuses text over 40,000 characters
+# A parked write leaves a note where it was going, unless the channel itself refuses writes (the
+# note would fail the same way) or the post it belongs to was parked (that one has the note).
+NOTE_PREFIX = "note:"  # the dedupe key of the note about parked write N is "note:N"
+NOTED_KINDS = ("post", "update", "upload")
+THREAD_NOT_DELIVERED = "thread_not_delivered"
+UNNOTED_ERRORS = TOKEN_ERRORS | {"channel_not_found", "not_in_channel", "is_archived", THREAD_NOT_DELIVERED}
 
 Payload = dict[str, Any]
 FailureCallback = Callable[[OutboxItem, str], Awaitable[None]]
@@ -72,17 +84,26 @@ class Outbox:
         client: AsyncWebClient,
         *,
         per_channel_interval_s: float = 1.0,
-        max_attempts: int = 10,
+        max_attempts: int = 8,
+        backoff_s: float = 0.5,
+        backoff_cap_s: float = 60.0,
     ):
+        """`client` should not retry writes itself: a post whose answer was lost must be looked
+        for before it is sent again, which only the outbox does (see GoaltenderBot.open)."""
         self.store = store
         self.client = client
         self.interval = per_channel_interval_s
         self.max_attempts = max_attempts
+        self.backoff = BackoffRetryIntervalCalculator(backoff_factor=backoff_s)  # 2**n, plus jitter
+        self.backoff_cap = backoff_cap_s
+        self.restart_pause_s = RESTART_PAUSE_S
         self._last_write: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._next_pass = POLL_S
+        self.last_sent_at: datetime | None = None
+        """When Slack last took a write (this process)."""
         self.on_failed: FailureCallback | None = None
-        """Called when a write fails for good, e.g. to tell the goal's owner."""
+        """Called when a write is parked, with Slack's error (e.g. to tell the goal's owner)."""
 
     def notify(self) -> None:
         """Something was queued: look now rather than at the next poll."""
@@ -96,7 +117,7 @@ class Outbox:
         self.notify()
 
     async def idle(self) -> bool:
-        """Whether every queued write has been sent (or has failed for good)."""
+        """Whether every queued write has been sent (or parked)."""
         return await self.store.pending_count() == 0
 
     async def sent_ts(self, key: OutboxKey) -> str | None:
@@ -111,8 +132,8 @@ class Outbox:
             return None
         try:
             response = await self.client.chat_getPermalink(channel=channel, message_ts=ts)
-        except (SlackApiError, OSError, TimeoutError) as exc:
-            log.info("no permalink for %s/%s: %s", channel, ts, exc)
+        except Exception as exc:
+            log.info("no permalink for %s/%s: %s", channel, ts, failure_of(exc).reason)
             return None
         return response.get("permalink")
 
@@ -129,7 +150,19 @@ class Outbox:
             await asyncio.sleep(0.05)
         return None
 
+    # ---- the send loop ----
+
     async def run(self) -> None:
+        """Send what is queued for as long as the bot runs. Supervised: a failed pass is logged
+        with its traceback and the loop starts again after a pause; only a cancel ends it."""
+        while True:
+            try:
+                await self._send_forever()
+            except Exception:
+                log.exception("outbox: the send loop failed; starting it again in %gs", self.restart_pause_s)
+                await asyncio.sleep(self.restart_pause_s)
+
+    async def _send_forever(self) -> None:
         while True:
             self._wake.clear()  # before the pass: a notify() during it makes the next pass immediate
             await self.drain_once()
@@ -157,89 +190,137 @@ class Outbox:
         return sent
 
     async def _deliver(self, item: OutboxItem) -> bool:
-        # A 429 is not a failure: Slack said when to come back, so a rate-limited write is never
-        # given up; other errors are, after max_attempts tries.
-        if item.attempts >= self.max_attempts and item.error != "ratelimited":
-            await self._fail(item, f"gave up after {item.attempts} attempts: {item.error}")
-            return False
+        """One try at one write; True when Slack took it. Any failure is classified, logged, and
+        tried again later or parked: one odd answer from Slack never stops the outbox."""
+        self._last_write[item.channel] = time.monotonic()
         try:
-            if item.attempts and item.kind == "post" and (found := await self._already_posted(item)):
-                await self.store.mark_sent(item.id, found)  # the crash came after Slack took it
-                return False
-            await self.store.mark_attempt(item.id)
-            self._last_write[item.channel] = time.monotonic()
-            result = await self._call(item)
-        except SlackApiError as exc:
-            error = exc.response.get("error", "unknown_error")
-            status = exc.response.status_code
-            if status == 429 or error == "ratelimited":
-                retry_after = float(
-                    exc.response.headers.get("Retry-After", exc.response.headers.get("retry-after", 1))
-                )
-                await self.store.mark_retry(item.id, time.time() + retry_after, "ratelimited")
-            elif status >= 500:
-                await self.store.mark_retry(item.id, time.time() + self._backoff(item), f"{status} {error}")
-            elif error in PERMANENT or status < 500:
-                await self._fail(item, error)
-            return False
-        except (OSError, TimeoutError, _Unresolved) as exc:
-            await self.store.mark_retry(
-                item.id, time.time() + self._backoff(item), str(exc) or type(exc).__name__
-            )
+            await self.store.mark_attempt(item.id)  # before the call: see _already_posted
+            result = await self._attempt(item)
+        except Exception as exc:
+            await self._attempt_failed(item, _failure(exc), exc)
             return False
         await self.store.mark_sent(item.id, result)
+        self.last_sent_at = utcnow()
         return True
 
-    async def _fail(self, item: OutboxItem, error: str) -> None:
-        log.warning("slack write %s (%s to %s) failed: %s", item.id, item.kind, item.channel, error)
-        await self.store.mark_failed(item.id, error)
-        if self.on_failed is not None:
-            await self.on_failed(item, error)
+    async def _attempt(self, item: OutboxItem) -> dict[str, Any]:
+        if item.attempts and item.kind == "post" and (found := await self._already_posted(item)):
+            log.info("slack write %s: found in Slack already (an earlier try got there)", _named(item))
+            return found
+        return await self._send(item)
 
-    def _backoff(self, item: OutboxItem) -> float:
-        return min(60.0, 0.5 * 2**item.attempts) * random.uniform(0.8, 1.2)
-
-    async def _resolve(self, payload: dict[str, Any], ref: str, field: str) -> None:
-        if (key := payload.pop(ref, None)) is None:
+    async def _attempt_failed(self, item: OutboxItem, failure: Failure, exc: Exception) -> None:
+        # A 429 is not a failure: Slack said when to come back, and the try is given back.
+        tries = item.attempts + (0 if failure.rate_limited else 1)
+        trace = exc if failure.unexpected else None
+        if failure.permanent or (tries >= self.max_attempts and not failure.rate_limited):
+            why = failure.reason if failure.permanent else f"{failure.reason} (gave up after {tries} tries)"
+            log.error("slack write %s parked: %s", _named(item), why, exc_info=trace)
+            await self._park(item, failure, why)
             return
-        earlier = await self.store.outbox_by_key(key)
-        if earlier is None or earlier.state != "sent" or not earlier.result:
-            raise _Unresolved(f"waiting for {key!r} to be posted")
-        payload[field] = earlier.result["ts"]
+        delay = failure.retry_after if failure.rate_limited else self._backoff(tries)
+        log.log(
+            logging.INFO if failure.rate_limited else logging.WARNING,
+            "slack write %s failed (try %d of %d): %s; trying again in %.1fs",
+            _named(item),
+            tries,
+            self.max_attempts,
+            failure.reason,
+            delay,
+            exc_info=trace,
+        )
+        await self.store.mark_retry(
+            item.id, time.time() + (delay or 0.0), failure.reason, counts=not failure.rate_limited
+        )
 
-    async def _call(self, item: OutboxItem) -> dict[str, Any]:
-        payload = dict(item.payload)
-        payload.pop("replaces", None)
-        await self._resolve(payload, "thread_of", "thread_ts")
-        await self._resolve(payload, "ts_of", "ts")
+    def _backoff(self, tries: int) -> float:
+        return min(self.backoff_cap, self.backoff.calculate_sleep_duration(tries - 1))
+
+    async def _park(self, item: OutboxItem, failure: Failure, why: str) -> None:
+        await self.store.mark_failed(item.id, why)
+        await self._leave_note(item, failure, why)
+        if self.on_failed is not None:
+            await self.on_failed(item, failure.error if failure.permanent and failure.error else why)
+
+    async def _leave_note(self, item: OutboxItem, failure: Failure, why: str) -> None:
+        """Say, in the thread the write was for (or its channel), what was not delivered and why."""
+        if item.kind not in NOTED_KINDS or is_note(item) or failure.error in UNNOTED_ERRORS:
+            return
+        payload: Payload = {"text": note_text(item, why)}
+        if thread := item.payload.get("thread_of") or item.payload.get("ts_of"):
+            payload["thread_of"] = thread
+        await self.store.enqueue(item.channel, "post", payload, f"{NOTE_PREFIX}{item.id}")
+        self.notify()
+
+    # ---- one write ----
+
+    async def _send(self, item: OutboxItem) -> dict[str, Any]:
+        payload = await self._resolved(item.payload)
         if item.kind == "post":
             if item.dedupe_key:
                 payload["metadata"] = {
                     "event_type": METADATA_EVENT,
                     "event_payload": {"key": item.dedupe_key},
                 }
-            response = await self.client.chat_postMessage(channel=item.channel, **payload)
+            response = await self._with_plain_fallback(item, self.client.chat_postMessage, payload)
             return {"ts": response["ts"]}
         if item.kind == "update":
-            response = await self.client.chat_update(channel=item.channel, **payload)
+            response = await self._with_plain_fallback(item, self.client.chat_update, payload)
             return {"ts": response["ts"]}
         if item.kind == "ephemeral":
             response = await self.client.chat_postEphemeral(channel=item.channel, **payload)
             return {"ts": response.get("message_ts")}
         if item.kind == "reaction":
-            await self.client.reactions_add(channel=item.channel, **payload)
+            try:
+                await self.client.reactions_add(channel=item.channel, **payload)
+            except SlackApiError as exc:
+                if api_error(exc) != "already_reacted":  # (an earlier try got there: it is done)
+                    raise
             return {"ts": payload.get("timestamp")}
         if item.kind == "upload":
             response = await self.client.files_upload_v2(channel=item.channel, **payload)
             return {"file": (response.get("file") or {}).get("id")}
         raise ValueError(f"unknown outbox kind {item.kind}")
 
+    async def _with_plain_fallback(
+        self, item: OutboxItem, method: Callable[..., Awaitable[Any]], payload: Payload
+    ) -> Any:
+        """Post or edit; should Slack refuse the layout, send the text alone (the words get there)."""
+        try:
+            return await method(channel=item.channel, **payload)
+        except SlackApiError as exc:
+            plain = plain_version(payload, api_error(exc))
+            if plain is None:
+                raise
+            log.warning(
+                "slack write %s: Slack refused it (%s); sending its text alone", _named(item), api_error(exc)
+            )
+            return await method(channel=item.channel, **plain)
+
+    async def _resolved(self, stored: Payload) -> Payload:
+        """The payload as Slack takes it: references to earlier posts by key replaced by their ts."""
+        payload = dict(stored)
+        payload.pop("replaces", None)
+        for ref, field in (("thread_of", "thread_ts"), ("ts_of", "ts")):
+            if (key := payload.pop(ref, None)) is not None:
+                payload[field] = await self._ts_of(key)
+        return payload
+
+    async def _ts_of(self, key: str) -> str:
+        earlier = await self.store.outbox_by_key(key)
+        if earlier is not None and earlier.state == "failed":
+            raise _NeverPosted(f"the message it belongs to ({key}) was not delivered")
+        if earlier is None or earlier.state != "sent" or not earlier.result:
+            raise _Unresolved(f"waiting for {key!r} to be posted")
+        return earlier.result["ts"]
+
     async def _already_posted(self, item: OutboxItem) -> dict[str, Any] | None:
         """Find a message carrying this item's key (posted before a crash) among recent ones."""
-        payload = dict(item.payload)
-        with contextlib.suppress(_Unresolved):
-            await self._resolve(payload, "thread_of", "thread_ts")
-        if thread_ts := payload.get("thread_ts"):
+        thread_ts = None
+        if thread_of := item.payload.get("thread_of"):
+            with contextlib.suppress(_Unresolved):
+                thread_ts = await self._ts_of(thread_of)
+        if thread_ts:
             response = await self.client.conversations_replies(
                 channel=item.channel, ts=thread_ts, include_all_metadata=True, limit=200
             )
@@ -258,5 +339,54 @@ class Outbox:
         return None
 
 
+def _failure(exc: Exception) -> Failure:
+    if isinstance(exc, _NeverPosted):
+        return Failure(str(exc), permanent=True, error=THREAD_NOT_DELIVERED)
+    if isinstance(exc, _Unresolved):
+        return Failure(str(exc), permanent=False)
+    return failure_of(exc)
+
+
+def is_note(item: OutboxItem) -> bool:
+    return (item.dedupe_key or "").startswith(NOTE_PREFIX)
+
+
+def note_text(item: OutboxItem, why: str) -> str:
+    """What a parked write's note says: what it was (and its words), and why it did not get here."""
+    what = {
+        "post": "a message",
+        "update": "an update of the message above",
+        "upload": f"the file {item.payload.get('filename') or ''}".rstrip(),
+    }.get(item.kind, "a write")
+    words = item.payload.get("text") or item.payload.get("initial_comment") or ""
+    quote = f"\n>{render.escape(_shorten(words, 300))}" if words else ""
+    return f":warning: I could not deliver {what} to Slack: {render.escape(why)}.{quote}"
+
+
+def plain_version(payload: Payload, error: str | None) -> Payload | None:
+    """The payload as text alone, for a layout Slack refused; None when there is nothing to fall
+    back to (or the error is not about the layout)."""
+    text = payload.get("text")
+    if error not in LAYOUT_ERRORS or not text:
+        return None
+    plain = {k: v for k, v in payload.items() if k not in ("blocks", "attachments")}
+    plain["text"] = _shorten(text, MAX_PLAIN_TEXT) + f"\n_(plain text: Slack refused the layout: {error})_"
+    return plain
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split()) if limit < 1000 else text
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _named(item: OutboxItem) -> str:
+    """A write as logs name it: id, kind, key, channel."""
+    return f"#{item.id} ({item.kind} {item.dedupe_key or 'unkeyed'} to {item.channel})"
+
+
 class _Unresolved(Exception):
     """A payload refers to a post that has not gone out yet."""
+
+
+class _NeverPosted(_Unresolved):
+    """A payload refers to a post that was parked: it never will go out."""
