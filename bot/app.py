@@ -10,6 +10,12 @@ their event_id (bot.db) in a middleware, before they are acked: a redelivery is 
 dropped. A listener that fails is logged by the app's error handler. Every write to Slack goes
 through the outbox.
 
+Before serving, the bot checks its tokens with Slack (a refused one stops it, naming the
+variable). Its long-lived tasks (the outbox, the runner links, the health watcher) are watched:
+one that ends while the bot runs is logged as an error. Listeners' own calls to Slack (auth.test,
+conversations.info, users.info, views.publish, ...) go through slack_sdk's retry handlers; the
+outbox's writes do not (it retries them itself, looking before posting again).
+
 Entry point: `goaltender.bot.app:main`.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import sys
@@ -28,6 +35,12 @@ from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.response import BoltResponse
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+    AsyncServerErrorRetryHandler,
+)
 from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import admin, digest, views
@@ -35,17 +48,42 @@ from goaltender.bot.admin import Admin
 from goaltender.bot.approvals import Approvals
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.config import BotSettings
+from goaltender.bot.health import HealthMonitor
 from goaltender.bot.intake import GoalRefused, Intake, command_text
 from goaltender.bot.links import RunnerPool
+from goaltender.bot.membership import Membership
 from goaltender.bot.messages import Messages
 from goaltender.bot.outbox import Outbox, Payload
 from goaltender.bot.roles import Roles
+from goaltender.bot.slack_errors import failure_of
 from goaltender.bot.thread import ThreadWriter
+from goaltender.bot.tokens import TokenRefused, check_app_token, check_bot_token
 from goaltender.bot.views import Views
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.records import Event
 
 log = logging.getLogger("goaltender.bot")
+
+SLACK_UNREACHABLE_RETRY_S = (1.0, 30.0)  # first and longest wait between tries to reach Slack at start
+
+
+def listener_retry_handlers() -> list[AsyncRetryHandler]:
+    """For the calls listeners make and wait on: a dropped connection, a 429 (after its
+    Retry-After) and a 500/503 are tried again, twice, inside slack_sdk."""
+    return [
+        AsyncConnectionErrorRetryHandler(max_retry_count=2),
+        AsyncRateLimitErrorRetryHandler(max_retry_count=2),
+        AsyncServerErrorRetryHandler(max_retry_count=2),
+    ]
+
+
+def writes_client(client: AsyncWebClient) -> AsyncWebClient:
+    """The outbox's client: the same token and connections, and no retries inside slack_sdk. A
+    blind retry of a post whose answer was lost would post it twice; the outbox first looks for
+    it, and waits for a 429's Retry-After without holding up other channels."""
+    return AsyncWebClient(
+        token=client.token, base_url=client.base_url, session=client.session, retry_handlers=[]
+    )
 
 
 class GoaltenderBot:
@@ -59,7 +97,14 @@ class GoaltenderBot:
         secret = settings.slack_signing_secret
         # HTTP mode: Bolt verifies every request's signature (and age) with the signing secret.
         self.app = AsyncApp(client=client, signing_secret=secret.get_secret_value() if secret else None)
-        self.outbox = Outbox(store, client, per_channel_interval_s=settings.outbox_interval_s)
+        self.outbox = Outbox(
+            store,
+            writes_client(client),
+            per_channel_interval_s=settings.outbox_interval_s,
+            max_attempts=settings.outbox_max_attempts,
+            backoff_s=settings.outbox_backoff_s,
+            backoff_cap_s=settings.outbox_backoff_cap_s,
+        )
         self.pool = RunnerPool(
             settings.runner_targets(),
             on_event=self._on_runner_event,
@@ -68,7 +113,8 @@ class GoaltenderBot:
         )
         plots_dir = settings.home / "plots"
         self.roles = Roles(settings, store, client)
-        self.intake = Intake(store, self.pool, self.outbox, self.roles)
+        self.membership = Membership(client)
+        self.intake = Intake(store, self.pool, self.outbox, self.roles, self.membership)
         self.outbox.on_failed = self.intake.on_outbox_failed
         self.threads = ThreadWriter(store, self.pool, self.outbox, plots_dir, self.intake.submitting)
         self.budget = BudgetGuard(store, self.pool, self.outbox, self.roles)
@@ -86,6 +132,7 @@ class GoaltenderBot:
         self.approvals = Approvals(store, self.pool, self.outbox, self.roles, self.budget)
         self.digests = digest.Digests(store, self.pool, self.outbox, plots_dir)
         self.admin = Admin(self.roles, self.outbox)
+        self.health = HealthMonitor(store, self.pool, self.outbox, log_every_s=settings.health_log_interval_s)
         self._tasks: list[asyncio.Task] = []
         self._closed = False
         self.handler: AsyncSocketModeHandler | None = None
@@ -101,14 +148,17 @@ class GoaltenderBot:
         kwargs: dict[str, Any] = {"token": token, "session": aiohttp.ClientSession()}
         if settings.slack_api_url:
             kwargs["base_url"] = settings.slack_api_url
-        client = AsyncWebClient(**kwargs)
+        client = AsyncWebClient(**kwargs, retry_handlers=listener_retry_handlers())
         store = await BotStore.open(settings.db_path)
         return cls(settings, store, client)
 
     async def start(self) -> None:
-        """Start the outbox, the runner links, the digest schedules and the Socket Mode connection."""
-        self._tasks.append(asyncio.ensure_future(self.outbox.run()))
-        self._tasks.append(asyncio.ensure_future(self.pool.run()))
+        """Check the tokens (TokenRefused when Slack refuses one), then start the outbox, the
+        runner links, the health watcher, the digest schedules and the Socket Mode connection."""
+        await self.check_tokens()
+        self._watch(self.outbox.run(), "the outbox")
+        self._watch(self.pool.run(), "the runner links")
+        self._watch(self.health.watch(), "the health watcher")
         self.digests.schedules.start(await self.store.digests())
         if self.settings.slack_mode == "http":
             server = self.app.server(port=self.settings.http_port, host=self.settings.http_host)
@@ -125,6 +175,41 @@ class GoaltenderBot:
                 self.app, app_token=self.settings.slack_app_token.get_secret_value(), web_client=self.client
             )
             await self.handler.connect_async()
+
+    async def check_tokens(self) -> None:
+        """auth.test (and, in Socket Mode, apps.connections.open) until Slack answers: a refused
+        token raises TokenRefused; a Slack that cannot be reached is tried again, and logged."""
+        wait, longest = SLACK_UNREACHABLE_RETRY_S
+        while True:
+            try:
+                identity = await check_bot_token(self.client)
+                if self.settings.slack_mode == "socket" and self.settings.slack_app_token is not None:
+                    await check_app_token(self.client, self.settings.slack_app_token.get_secret_value())
+                break
+            except TokenRefused:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "cannot reach Slack to check the tokens (%s); trying again in %.0fs",
+                    failure_of(exc).reason,
+                    wait,
+                )
+                await asyncio.sleep(wait)
+                wait = min(longest, wait * 2)
+        self.health.identity = identity
+        self.membership.name = identity.name
+        log.info("Slack: connected as %s", identity.describe())
+
+    def _watch(self, work: Awaitable[None], what: str) -> None:
+        """Run one of the bot's long-lived tasks; should it end while the bot runs, say so."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(functools.partial(self._task_ended, what))
+        self._tasks.append(task)
+
+    def _task_ended(self, what: str, task: asyncio.Task) -> None:
+        if self._closed or task.cancelled():
+            return
+        log.error("%s stopped while the bot runs", what, exc_info=task.exception())
 
     async def close(self) -> None:
         if self._closed:
@@ -204,7 +289,9 @@ class GoaltenderBot:
             async def show(payload: Payload) -> None:
                 await respond(text=payload["text"], blocks=payload["blocks"], response_type="ephemeral")
 
-            if (words := admin.command_words(raw)) is not None:
+            if text.lower() == "health":
+                await reply((await self.health.report()).text())
+            elif (words := admin.command_words(raw)) is not None:
                 await self.admin.command(words, channel, user, reply)
             elif (view := views.command_words(text)) is not None:
                 await self.views.command(*view, channel, show)
@@ -282,5 +369,9 @@ def main() -> None:
         bot = await GoaltenderBot.open(settings)
         await bot.run_forever()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run())
+    except TokenRefused as refused:
+        print(f"goaltender bot: {refused}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -80,6 +80,15 @@ class BotSettings(GoaltenderSettings):
     """Slack Web API base URL (tests point it at a fake Slack); default Slack's own."""
     outbox_interval_s: float = Field(default=1.0, ge=0)
     """Minimum time between two writes to one channel (Slack allows about one per second)."""
+    outbox_max_attempts: int = Field(default=8, ge=1)
+    """A write that fails this many times (5xx, dropped connections, ...; 429s do not count) is
+    parked, with a note in its goal's thread saying what was not delivered and why."""
+    outbox_backoff_s: float = Field(default=0.5, gt=0)
+    """The first wait before a failed write is tried again; it doubles with every try (plus jitter)..."""
+    outbox_backoff_cap_s: float = Field(default=60.0, gt=0)
+    """... up to this."""
+    health_log_interval_s: float = Field(default=300.0, gt=0)
+    """The bot logs its health this often, and whenever it changes."""
     slack_bot_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("SLACK_BOT_TOKEN", "slack_bot_token")
     )

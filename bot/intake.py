@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from goaltender.bot import render
 from goaltender.bot.keys import CardKey, OutboxKey, QueueKey, parse
 from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
+from goaltender.bot.membership import Membership
 from goaltender.bot.outbox import Outbox, replacing
 from goaltender.bot.roles import Roles, actor
 from goaltender.runner import protocol as p
@@ -34,7 +35,7 @@ HOWTO = (
     "Optional: `gpu-hours 8`, `30m each`, `with <agent>`, `on <runner>`. "
     "Then steer it from the goal's thread: `stop`, `pause`, `resume`, `status`, `summary`, "
     "`budget +2h`, or any message for the agent. Also: `/goal list`, `/goal show <n>`, "
-    "`/goal digest …`, `/goal admin show`."
+    "`/goal digest …`, `/goal admin show`, `/goal health`."
 )
 
 Reply = Callable[[str], Awaitable[None]]
@@ -112,11 +113,14 @@ def _runner_named(text: str, parsed: str | None, runners: Collection[str]) -> st
 class Intake:
     """Submits goals to runners, and keeps the ones no runner can take yet until one can."""
 
-    def __init__(self, store: BotStore, pool: RunnerPool, outbox: Outbox, roles: Roles):
+    def __init__(
+        self, store: BotStore, pool: RunnerPool, outbox: Outbox, roles: Roles, membership: Membership
+    ):
         self.store = store
         self.pool = pool
         self.outbox = outbox
         self.roles = roles
+        self.membership = membership
         self._draining = asyncio.Lock()  # one pass over the queued goals at a time
         self._submitting: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._responders: dict[OutboxKey, Reply] = {}  # a card -> the /goal response_url, for errors
@@ -134,7 +138,11 @@ class Intake:
 
         When no runner can take it (all down, or the one asked for is down), the goal is queued
         with a visible card. `respond` (a /goal's response_url) hears if its card cannot be posted.
-        Someone who may not start goals in the channel is told so, and nothing starts."""
+        Where the bot is not a member, or for someone who may not start goals in the channel, the
+        asker is told so, and nothing starts."""
+        if await self.membership.is_member(request.channel) is False:
+            await reply(self.membership.invite_first(request.text))
+            return None
         if not await self.roles.may_start(request.channel, request.owner):
             starters = await self.roles.members(request.channel, "starters")
             await reply(
@@ -246,8 +254,9 @@ class Intake:
         await self.outbox.enqueue(queued.channel, "update", replacing(QueueKey(queued.id), card))
 
     async def on_outbox_failed(self, item: OutboxItem, error: str) -> None:
-        """A goal's card could not be posted because the bot is not in the channel: drop the
-        queued goal, or stop the goal (it would have no thread), and tell whoever asked."""
+        """A goal's card could not be posted because the bot is not in the channel (it was removed
+        after `/goal` checked, or Slack could not say): drop the queued goal, or stop the goal (it
+        would have no thread), and tell whoever asked."""
         if error != "not_in_channel" or item.dedupe_key is None:
             return
         match parse(item.dedupe_key):

@@ -144,11 +144,27 @@ async def test_goal_where_the_bot_is_not_a_member_says_invite(fake, make_bot, st
     runner = await start_runner(agents={"sleepy": agent}, default_agent="sleepy")
     bot = await make_bot(runner.settings.socket_path)
     res = await fake.slash_command("/goal", "tune the lr", "#random", ALICE)
+    invite = await res.wait_for_ephemeral(timeout=10)
+    assert "/invite @goaltender" in invite.text and "tune the lr" in invite.text
+    assert (await fake.wait_for_call("conversations.info")).response["channel"]["is_member"] is False
+    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    assert status.goals == []  # nothing started on the runner
+    assert fake.messages("#random") == [] and not fake.calls("chat.postMessage")
+
+
+async def test_goal_in_a_channel_the_bot_left_is_stopped(fake, make_bot, start_runner, tmp_path):
+    """Slack said the bot was a member (remembered for a minute); it was removed since: the card
+    is refused, so the goal is stopped and its owner told."""
+    agent = write_agent(tmp_path, "sleepy.sh", "sleep 30\n")
+    runner = await start_runner(agents={"sleepy": agent}, default_agent="sleepy")
+    bot = await make_bot(runner.settings.socket_path)
+    assert await bot.membership.is_member(fake.general) is True
+    fake.remove_bot(fake.general)
+    res = await fake.slash_command("/goal", "tune the lr", fake.general, ALICE)
     invite = await res.wait_for_ephemeral(2, timeout=10)
-    assert "/invite @goaltender" in invite.text
+    assert "/invite @goaltender" in invite.text and "goal #1" in invite.text
     assert (await fake.wait_for_call("chat.postMessage")).error == "not_in_channel"
     await eventually(lambda: goal_state(bot, "box", 1, "stopped"))  # not left running, threadless
-    assert fake.messages("#random") == []
 
 
 async def goal_state(bot, runner: str, goal_id: int, state: str) -> bool:
@@ -173,7 +189,8 @@ async def test_a_runner_named_like_a_key_part_routes_replies_and_failures(
     await fake.wait_for(lambda: fake.message(fake.general, steer.ts).reacted("eyes", fake.bot_user_id), 10)
     assert [m.text for m in await runner.store.read_inbox(1, unread_only=False)] == ["try lr 3e-4"]
 
-    elsewhere = await fake.slash_command("/goal", "tune the lr", "#random", ALICE)
+    fake.remove_bot(fake.general)  # (the bot still thinks it is a member: Slack said so just now)
+    elsewhere = await fake.slash_command("/goal", "tune the lr", fake.general, ALICE)
     invite = await elsewhere.wait_for_ephemeral(2, timeout=10)
     assert "/invite @goaltender" in invite.text and "goal #2" in invite.text
     await eventually(lambda: goal_state(bot, name, 2, "stopped"))
