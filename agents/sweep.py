@@ -136,8 +136,9 @@ class Planner:
         return pick(kept, key=lambda pair: pair[1])
 
     def propose(self, ledger: list[Experiment]) -> Proposal | None:
-        """The next experiment: baseline first, then a one-knob move from the best config."""
-        tried = {self.key(e.params) for e in ledger} | self.rejected
+        """The next experiment: baseline first, then a one-knob move from the best config. A run
+        the runner interrupted (it crashed, say) is not tried: it is proposed again."""
+        tried = {self.key(e.params) for e in ledger if e.counted} | self.rejected
         best = self.best(ledger)
         if best is None:
             config = {**self.task.baseline, **self.constraints.pinned}
@@ -201,7 +202,7 @@ class Planner:
         best = self.best(ledger)
         if best is None:
             return []
-        tried = {self.key(e.params) for e in ledger}
+        tried = {self.key(e.params) for e in ledger if e.counted}
         moves = []
         for knob, step in self._move_order(ledger, best):
             config = self._move(best.params, knob, step)
@@ -316,6 +317,8 @@ class SweepAgent(GoalAgent):
                 if exc.error.code in ("budget_exhausted", "conflict"):
                     self.end_note = exc.error.message
                     break
+                if exc.error.code == "disk_full":
+                    continue  # the goal is paused until there is room: the next request waits for it
                 raise
             self.ledger.append(reply.experiment)
             await self._after_run(reply)
@@ -352,7 +355,9 @@ class SweepAgent(GoalAgent):
         ratios = [
             e.wall_seconds / est
             for e in self.ledger
-            if e.wall_seconds and e.status != "crash" and (est := self.task.estimate_cost(e.params)) > 0
+            if e.wall_seconds
+            and e.status in ("keep", "discard")
+            and (est := self.task.estimate_cost(e.params)) > 0
         ]
         return raw * statistics.median(ratios) if ratios else raw
 
@@ -412,7 +417,7 @@ class SweepAgent(GoalAgent):
             "best": {"index": best.index, "value": best.metric_value, "config": best.params}
             if best
             else None,
-            "attempted": len(self.ledger),
+            "attempted": sum(e.counted for e in self.ledger),
             "stop_status": stop_status,
         }
         await self.runner.call(
@@ -434,11 +439,17 @@ class SweepAgent(GoalAgent):
             self.planner.rejected = set(state["rejected"])
             restored = f"handoff restored ({state['attempted']} attempted at the time)"
         best = self.planner.best(self.ledger)
+        interrupted = [f"#{e.index}" for e in self.ledger if not e.counted]
         await self.milestone(
             "Resumed after a restart",
             f"{restored}; the ledger has {len(self.ledger)} rows"
             + (f", best #{best.index} {self.task.metric} {best.metric_value:.4g}" if best else "")
-            + ".",
+            + "."
+            + (
+                f" Interrupted, so run again if still wanted: {', '.join(interrupted)}."
+                if interrupted
+                else ""
+            ),
         )
 
     async def stop(self) -> None:

@@ -31,7 +31,9 @@ from goaltender.runner.server import Refused
 from goaltender.runner.supervisor import (
     Launch,
     ProcessResult,
+    RunCancelled,
     kill_leftover_group,
+    leftover_usage,
     read_beneath,
     run_supervised,
     spawn,
@@ -51,10 +53,12 @@ from goaltender.storage.records import (
     utcnow,
 )
 from goaltender.storage.runner_store import RunnerStore
+from goaltender.storage.space import DiskFull, FreeSpace, free_space, is_disk_full
 
 log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
 OnStart = Callable[[int], Awaitable[None]]
+SpaceProbe = Callable[[Path], FreeSpace]
 
 
 class AgentSockets(Protocol):
@@ -68,22 +72,32 @@ class AgentSockets(Protocol):
 class Campaigns:
     """Every goal's campaign on this runner, and the processes, tasks and waits each one holds."""
 
-    def __init__(self, settings: RunnerSettings, store: RunnerStore, sockets: AgentSockets):
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        store: RunnerStore,
+        sockets: AgentSockets,
+        probe: SpaceProbe = free_space,
+    ):
         self.settings = settings
         self.store = store
         self.sockets = sockets
+        self.probe = probe  # how much room the home's disk has (tests may pass their own)
         self.sandbox = Sandbox(settings)
         self.gpus = count_gpus() if settings.compute_unit != "cpu" else 0
         self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or self.gpus) else "cpu"
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
         self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
         self._experiment_goal: dict[int, int] = {}
-        self._cancel_notes: dict[int, str] = {}  # experiment id -> why its task was cancelled
+        # experiment id -> how its row ends when its task is cancelled, and why
+        self._cancel_reasons: dict[int, tuple[ExperimentStatus, str]] = {}
         self._approval_waiters: dict[int, asyncio.Future[Approval]] = {}
         self._deadline_timers: dict[int, asyncio.Task] = {}
         self._unpaused: dict[int, asyncio.Event] = {}  # set unless the goal is paused
         self._goal_locks: dict[int, asyncio.Lock] = {}
         self._ending: set[int] = set()
+        self._disk_paused: set[int] = set()  # goals held until the disk has room again
+        self._disk_full_logged = False
         self._tasks: set[asyncio.Task] = set()
 
     # ---- goals ----
@@ -110,11 +124,7 @@ class Campaigns:
     async def recover(self) -> None:
         """After a crash or restart: nothing the log says is running may be left half-done."""
         for experiment in await self.store.running_experiments():
-            killed = kill_leftover_group(experiment.pid, experiment.started_at.timestamp())
-            note = "interrupted: the runner restarted while it ran" + (
-                " (process group killed)" if killed else ""
-            )
-            await self._finish(experiment, "crash", note)
+            await self._close_interrupted(experiment)
         for approval in await self.store.pending_approvals():
             await self.store.decide_approval(
                 approval.id,
@@ -125,10 +135,25 @@ class Campaigns:
         for goal in await self.store.list_goals(active_only=True):
             await self._resume(goal)
 
+    async def _close_interrupted(self, experiment: Experiment) -> None:
+        """A run the runner lost track of in a crash: killed if it still runs, charged what can
+        still be measured of it, and entered as `interrupted`, which does not count against
+        max experiments (the agent runs it again if it wants it)."""
+        started = experiment.started_at.timestamp()
+        used = leftover_usage(experiment.pid, started)  # before the kill: its CPU time so far
+        killed = kill_leftover_group(experiment.pid, started)
+        note = "interrupted: the runner restarted while it ran" + (
+            " (process group killed)" if killed else ""
+        )
+        await self._finish(experiment, "interrupted", note, result=used)
+
     async def _resume(self, goal: Goal) -> None:
         kill_leftover_group(goal.agent_pid, goal.accepted_at.timestamp() if goal.accepted_at else None)
         if goal.state == "paused":
             self.hold_experiments(goal.id)
+            if await self.store.paused_for_disk(goal.id):
+                self._disk_paused.add(goal.id)
+                self._spawn(self._resume_when_space(goal.id))
         if goal.budget.deadline and utcnow() >= goal.budget.deadline:
             await self.end_goal(goal.id, "finished", "deadline reached while the runner was down")
             return
@@ -138,7 +163,8 @@ class Campaigns:
             goal.id,
             MilestoneReported(
                 title="Runner restarted",
-                text="Interrupted experiments are marked crash; the agent resumes from the ledger and diary.",
+                text="Interrupted experiments are marked interrupted (they do not count against max "
+                "experiments); the agent resumes from the ledger and diary.",
             ),
         )
         await self.start_agent(await self.goal(goal.id), resumed=True)
@@ -152,7 +178,7 @@ class Campaigns:
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
             proc.poll()  # reap it (its watcher was cancelled), so no zombie is left behind
         for experiment_id, task in list(self._experiments.items()):
-            self._cancel_notes[experiment_id] = "interrupted: the runner shut down"
+            self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
             task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
 
@@ -227,6 +253,73 @@ class Campaigns:
             self._unpaused[goal_id].set()
         return self._unpaused[goal_id]
 
+    # ---- a full disk ----
+
+    def free_space(self) -> FreeSpace:
+        try:
+            return self.probe(self.settings.home)
+        except OSError:
+            return FreeSpace(self.settings.home, 0)
+
+    def low_space(self) -> FreeSpace | None:
+        """The home's free space, when it is below the floor (GOALTENDER_MIN_FREE_MB)."""
+        space = self.free_space()
+        return space if space.free_mb < self.settings.min_free_mb else None
+
+    def wait_for_space_on_writes(self) -> None:
+        """From now on a write to runner.db that finds the disk full waits and is tried again
+        (until then it fails, so that a runner that cannot start says so and exits)."""
+        self.store.when_full = self._on_disk_full
+
+    async def _on_disk_full(self, full: DiskFull) -> None:
+        """A write found the disk full: every active goal pauses, and the write is tried again
+        once there is room. Nothing is lost: the row that could not be closed is closed then."""
+        if not self._disk_full_logged:
+            log.error("%s: goals pause, writes wait until there is room", full)
+            self._disk_full_logged = True
+        for goal in await self.store.list_goals(active_only=True):
+            self.pause_for_disk(goal.id, full.space)
+        await asyncio.sleep(self.settings.disk_check_s)
+        await self._until_space()
+
+    def pause_for_disk(self, goal_id: int, space: FreeSpace) -> None:
+        """Hold the goal's experiments until the disk has room again; its thread is told why (as
+        soon as that can be written) and again when it goes on."""
+        if goal_id in self._disk_paused or goal_id in self._ending:
+            return
+        self._disk_paused.add(goal_id)
+        self.hold_experiments(goal_id)
+        self._spawn(self._pause_until_space(goal_id, space))
+
+    async def _pause_until_space(self, goal_id: int, space: FreeSpace) -> None:
+        reason = (
+            f"disk full: {space}, under the {self.settings.min_free_mb:g} MB this runner keeps free "
+            "(GOALTENDER_MIN_FREE_MB); no new experiment starts until there is room"
+        )
+        if await self.store.pause_for_disk(goal_id, reason) is None:
+            # Paused by a person already (it stays so), or ended.
+            self._disk_paused.discard(goal_id)
+            if (await self.goal(goal_id)).state != "paused":
+                self.release_experiments(goal_id)
+            return
+        await self._resume_when_space(goal_id)
+
+    async def _resume_when_space(self, goal_id: int) -> None:
+        try:
+            await self._until_space()
+            resumed = await self.store.end_disk_pause(goal_id, f"disk space is back: {self.free_space()}")
+            if resumed is not None:
+                self.release_experiments(goal_id)
+        finally:
+            self._disk_paused.discard(goal_id)
+
+    async def _until_space(self) -> None:
+        while self.low_space():  # noqa: ASYNC110 - nothing signals free space
+            await asyncio.sleep(self.settings.disk_check_s)
+        if self._disk_full_logged:
+            log.info("disk space is back: %s", self.free_space())
+            self._disk_full_logged = False
+
     # ---- approvals ----
 
     async def ask(
@@ -274,6 +367,7 @@ class Campaigns:
             log.info("goal #%d is paused: its next experiment waits until it resumes", goal.id)
         await unpaused.wait()
         async with self._goal_locks.setdefault(goal.id, asyncio.Lock()):
+            self._check_space(goal.id)
             goal = await self._admit(goal.id, req)
             metric = req.metric or goal.metric
             if metric and goal.metric is None:
@@ -301,6 +395,18 @@ class Campaigns:
             finished = await self.store.get_experiment(experiment.id)
             assert finished is not None, "its row was written before its task started"
             return finished, False
+
+    def _check_space(self, goal_id: int) -> None:
+        """Refuse to start an experiment the disk has no room for; its goal pauses until it has."""
+        if (space := self.low_space()) is None:
+            return
+        self.pause_for_disk(goal_id, space)
+        raise Refused(
+            "disk_full",
+            f"experiment not started: disk full: {space}, under the {self.settings.min_free_mb:g} MB "
+            f"this runner keeps free (GOALTENDER_MIN_FREE_MB). Goal #{goal_id} is paused until there "
+            "is room; the next experiment waits for that.",
+        )
 
     async def _admit(self, goal_id: int, req: p.RunExperiment) -> Goal:
         """The goal, once the budget allows one more experiment (the default stop rule asks first)."""
@@ -354,23 +460,26 @@ class Campaigns:
             )
 
         try:
-            result = await run(req.command, log_path, record_pid)
-        except asyncio.CancelledError:
-            await self._finish(experiment, "crash", self._cancel_notes.pop(experiment.id, "cancelled"))
-            raise
+            result = await self._measure(experiment, run(req.command, log_path, record_pid))
         except OSError as exc:
-            return await self._finish(experiment, "crash", f"could not start: {exc}"), False
+            return await self._not_started(goal, experiment, exc), False
         metric, summary, verified = experiment.metric_name, result.summary, False
         # With an eval command the run need not print the metric: the evaluation measures it.
         status, note = _judge(result, timeout, None if req.eval_command else metric, summary)
         if status != "crash" and req.eval_command:
             # The runner measures the headline itself; the run's own numbers stay under `run/`.
-            evaluation = await run(req.eval_command, log_path.parent / "eval.log", _ignore_pid)
+            try:
+                evaluation = await self._measure(
+                    experiment, run(req.eval_command, log_path.parent / "eval.log", _ignore_pid), result
+                )
+            except OSError as exc:
+                return await self._not_started(goal, experiment, exc, result, what="eval: "), False
             status, note = _judge(evaluation, timeout, metric, evaluation.summary, what="eval")
             summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
-            result.wall_seconds += evaluation.wall_seconds
-            result.cpu_seconds += evaluation.cpu_seconds
+            result = _together(result, evaluation)
             verified = status != "crash"
+        if status == "crash" and (space := self.low_space()):
+            note = f"{note}; the disk was nearly full when it ended ({space})"
         value = summary.get(metric) if metric and status != "crash" else None
         new_best = False
         if status == "keep" and value is not None:
@@ -388,6 +497,39 @@ class Campaigns:
             verified=verified,
         )
         return finished, new_best
+
+    async def _measure(
+        self, experiment: Experiment, running: Awaitable[ProcessResult], before: ProcessResult | None = None
+    ) -> ProcessResult:
+        """One supervised process of the experiment, to its end. Cancelled (its goal ended, the
+        runner is stopping), the row is closed then and there, charged what the process used (and
+        `before`, an earlier process of the same experiment): killed work costs like any other."""
+        try:
+            return await running
+        except asyncio.CancelledError as cancelled:
+            used = cancelled.result if isinstance(cancelled, RunCancelled) else None
+            if before is not None:
+                used = before if used is None else _together(before, used)
+            status, note = self._cancel_reasons.pop(experiment.id, ("crash", "cancelled"))
+            await self._finish(experiment, status, note, result=used)
+            raise
+
+    async def _not_started(
+        self,
+        goal: Goal,
+        experiment: Experiment,
+        exc: OSError,
+        before: ProcessResult | None = None,
+        what: str = "",
+    ) -> Experiment:
+        """A process that could not be started. For want of disk space that is no fault of the
+        experiment: its goal pauses until there is room, and the row does not count."""
+        if is_disk_full(exc):
+            space = self.free_space()
+            self.pause_for_disk(goal.id, space)
+            note = f"{what}not started: disk full: {space}"
+            return await self._finish(experiment, "interrupted", note, result=before)
+        return await self._finish(experiment, "crash", f"{what}could not start: {exc}", result=before)
 
     async def _finish(
         self,
@@ -453,7 +595,7 @@ class Campaigns:
         tasks = []
         for experiment_id, task in list(self._experiments.items()):
             if self._experiment_goal.get(experiment_id) == goal_id:
-                self._cancel_notes[experiment_id] = note
+                self._cancel_reasons[experiment_id] = ("crash", note)
                 task.cancel()
                 tasks.append(task)
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -484,6 +626,20 @@ def _judge(
     if metric and metric not in summary:
         return "crash", f"{prefix}no '{metric}: <value>' summary line in the output"
     return "keep", None
+
+
+def _together(first: ProcessResult, then: ProcessResult) -> ProcessResult:
+    """One experiment's processes (its run, then its eval) as one charge: times add up; the exit,
+    the timeout and the summary are the first's."""
+    return ProcessResult(
+        exit_code=first.exit_code,
+        signal=first.signal,
+        wall_seconds=first.wall_seconds + then.wall_seconds,
+        cpu_seconds=first.cpu_seconds + then.cpu_seconds,
+        peak_rss_mb=max(first.peak_rss_mb, then.peak_rss_mb),
+        timed_out=first.timed_out,
+        summary=first.summary,
+    )
 
 
 def _beats(value: float, best: Experiment | None, direction: str) -> bool:

@@ -63,6 +63,11 @@ class RunnerSettings(GoaltenderSettings):
     approval_timeout_s: float = 3600.0
     experiment_timeout_s: float = 3600.0
     stop_grace_s: float = 5.0
+    min_free_mb: float = Field(default=1024.0, ge=0)
+    """Free space (MB) the home's disk must keep: below it no new experiment starts, and its goal
+    pauses (with a message in its thread) until space returns."""
+    disk_check_s: float = Field(default=5.0, gt=0)
+    """How often a goal paused for a full disk, or a write waiting for space, looks again."""
     compute_unit: Literal["auto", "gpu", "cpu"] = "auto"
     operators: Annotated[list[int | str], NoDecode] = Field(default_factory=list)
     """Who may control goals over the runner socket, by the peer's uid: uids or user names,

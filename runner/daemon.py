@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from goaltender.runner.supervisor import read_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
 from goaltender.storage.records import MilestoneReported, utcnow
 from goaltender.storage.runner_store import RunnerStore
+from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 log = logging.getLogger("goaltender.runner")
 
@@ -76,38 +78,67 @@ class Runner:
             operators=operator_uids(settings.operators),
         )
         self.campaigns = Campaigns(settings, store, self.server)
+        self._listening = False
 
     # ---- life cycle ----
 
     @classmethod
     async def start(cls, settings: RunnerSettings) -> Runner:
-        settings.make_dirs()
-        store = await RunnerStore.open(settings.db_path)
+        """Open runner.db, bind the socket, recover the goals, serve. Raises StartupFailed (with
+        everything it opened closed again) when the home, the database or the disk will not do."""
+        try:
+            settings.make_dirs()
+            store = await RunnerStore.open(settings.db_path)
+        except (OSError, sqlite3.Error) as exc:
+            raise StartupFailed(startup_problem(settings, exc)) from exc
         try:
             runner = cls(settings, store)
         except BaseException:
             await store.close()
             raise
-        if problem := runner.campaigns.sandbox.problem():
-            log.error("agents cannot start until this is fixed: %s", problem)
-        elif not runner.campaigns.sandbox.enabled:
-            log.warning(UNSAFE_WARNING)
         try:
-            await runner.server.listen()
-        except BaseException:
-            await store.close()
+            await runner._start()
+        except BaseException as exc:
+            await runner._abandon()
+            if isinstance(exc, OSError | sqlite3.Error | DiskFull | AlreadyServing):
+                raise StartupFailed(startup_problem(settings, exc)) from exc
             raise
-        await runner.campaigns.recover()
-        await runner.server.start_serving()
+        return runner
+
+    async def _start(self) -> None:
+        settings = self.settings
+        if problem := self.campaigns.sandbox.problem():
+            log.error("agents cannot start until this is fixed: %s", problem)
+        elif not self.campaigns.sandbox.enabled:
+            log.warning(UNSAFE_WARNING)
+        await self._listen()
+        await self.campaigns.recover()
+        self.campaigns.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
+        await self.server.start_serving()
         log.info(
             "runner %s listening on %s (compute unit: %s; sandbox: %s; operators: %s)",
             settings.name,
             settings.socket_path,
-            runner.campaigns.compute_unit,
+            self.campaigns.compute_unit,
             settings.sandbox,
-            ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(runner.server.operators)),
+            ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(self.server.operators)),
         )
-        return runner
+
+    async def _listen(self) -> None:
+        try:
+            await self.server.listen()
+        except RuntimeError as exc:  # another runner answers on the socket: it is not ours to remove
+            raise AlreadyServing(str(exc)) from exc
+        self._listening = True
+
+    async def _abandon(self) -> None:
+        """Undo a start that failed half-way: agents recovery started, the socket, the database
+        (whose thread, left open, would keep the process from exiting)."""
+        self.server.close()
+        await self.campaigns.close()
+        await self.store.close()
+        if self._listening:
+            self.server.remove_socket()
 
     async def serve_forever(self) -> None:
         await self.server.serve_forever()
@@ -295,7 +326,8 @@ class Runner:
     async def _status(self, goal_id: int) -> p.GoalStatus:
         goal = await self.campaigns.goal(goal_id)
         experiments = await self.store.experiments(goal_id)
-        attempted, compute_used = len(experiments), sum(e.compute_hours or 0 for e in experiments)
+        attempted = sum(e.counted for e in experiments)
+        compute_used = sum(e.compute_hours or 0 for e in experiments)
         running = next((e for e in reversed(experiments) if e.status == "running"), None)
         return p.GoalStatus(
             goal=goal,
@@ -323,8 +355,47 @@ async def run_forever(settings: RunnerSettings) -> None:
         await runner.close()
 
 
+class AlreadyServing(Exception):
+    """Another runner answers on this runner's socket."""
+
+
+class StartupFailed(Exception):
+    """The runner cannot start; the message says why in one line, for whoever reads its stderr."""
+
+
+EXIT_STARTUP_FAILED = 1  # non-zero, so that systemd (Restart=on-failure) and people notice
+
+
+def startup_problem(settings: RunnerSettings, exc: BaseException) -> str:
+    """What stops the runner, said so that the operator knows what to do."""
+    db = settings.db_path
+    if isinstance(exc, DiskFull):
+        return f"disk full: {exc.space}"
+    if is_disk_full(exc):
+        return f"disk full: {probe_after_failure(settings.home)}"
+    if isinstance(exc, sqlite3.DatabaseError) and exc.sqlite_errorcode in _NOT_A_DATABASE:
+        return (
+            f"{db} is not a usable SQLite database ({exc}): move it aside to start with an empty one, "
+            "or restore it from a backup"
+        )
+    if isinstance(exc, sqlite3.Error):
+        return f"cannot use {db}: {exc}"
+    if isinstance(exc, OSError):
+        where = Path(exc.filename) if exc.filename else settings.home
+        what = "the runner's home " if where == settings.home else ""
+        return f"cannot write {what}{where}: {exc.strerror or exc}"
+    return str(exc)
+
+
+_NOT_A_DATABASE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+
+
 def main(settings: RunnerSettings | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
     )
-    asyncio.run(run_forever(settings or RunnerSettings()))
+    try:
+        asyncio.run(run_forever(settings or RunnerSettings()))
+    except StartupFailed as failed:
+        print(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", file=sys.stderr)
+        sys.exit(EXIT_STARTUP_FAILED)

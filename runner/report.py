@@ -85,7 +85,7 @@ def summary_text(
         reached = best is not None and _reached(best.metric_value, goal.target, goal.direction)
         lines.append(f"**Target:** {goal.target:g} — {'reached' if reached else 'not reached'}")
     lines += [
-        f"**Stop status:** {stop_status(goal.budget, len(experiments), compute_used, now)}",
+        f"**Stop status:** {stop_status(goal.budget, sum(e.counted for e in experiments), compute_used, now)}",
         f"**Compute used:** {compute_used:.4f} compute-hours",
         "",
         "## Ledger",

@@ -219,6 +219,15 @@ async def wait_process(proc: subprocess.Popen) -> tuple[int, struct_rusage]:
     return status, rusage
 
 
+class RunCancelled(asyncio.CancelledError):
+    """The run was cancelled (its goal ended, the runner is stopping) and its process group killed;
+    `result` is what it used until then, so that killed work is charged like any other."""
+
+    def __init__(self, result: ProcessResult):
+        super().__init__("the run was cancelled; its process group was killed")
+        self.result = result
+
+
 async def run_supervised(
     launch: Launch,
     *,
@@ -230,14 +239,18 @@ async def run_supervised(
     grace_s: float = 5.0,
 ) -> ProcessResult:
     """Run one experiment to its end: live metrics, timeout by process-group kill, rusage. Its
-    files (log_path, metrics.jsonl beside it) are inside `beneath`, the goal's workspace."""
+    files (log_path, metrics.jsonl beside it) are inside `beneath`, the goal's workspace.
+
+    However it ends (exit, timeout, cancellation) its wall and CPU time are measured: a cancelled
+    run raises RunCancelled carrying them."""
     parser = MetricParser()
     tails = [_Tail(beneath, log_path), _Tail(beneath, log_path.parent / "metrics.jsonl")]
     started = time.monotonic()
     proc = spawn(launch, log_path=log_path, beneath=beneath)
-    await on_start(proc.pid)
     waiter = asyncio.ensure_future(wait_process(proc))
-    timed_out = False
+    # A timer, not a check between reads: a metrics write waiting for disk space must not stop
+    # the timeout from being enforced.
+    timer = asyncio.ensure_future(_kill_after(timeout_s, proc.pid, waiter, grace_s))
 
     async def drain(final: bool = False) -> None:
         points = [p for tail in tails for line in tail.read_lines(final) for p in parser.feed(line)]
@@ -245,27 +258,62 @@ async def run_supervised(
             await on_points(points)
 
     try:
+        await on_start(proc.pid)
         while not waiter.done():
             await asyncio.wait({waiter}, timeout=TAIL_INTERVAL_S)
             await drain()
-            if not waiter.done() and timeout_s is not None and time.monotonic() - started > timeout_s:
-                timed_out = True
-                await terminate_group(proc.pid, waiter, grace_s)
-        status, rusage = await waiter
+        ended = await waiter
+        timed_out = await timer  # returns at once now (or once its kill is done)
+        await drain(final=True)
     except asyncio.CancelledError:
         # The runner is stopping this experiment: take its whole process group down with it.
+        timer.cancel()
         await terminate_group(proc.pid, waiter, grace_s)
-        raise
-    await drain(final=True)
+        raise RunCancelled(_measured(launch, started, _reaped(waiter), False, parser.summary)) from None
+    return _measured(launch, started, ended, timed_out, parser.summary)
+
+
+async def _kill_after(
+    timeout_s: float | None, pgid: int, waiter: asyncio.Future[tuple[int, struct_rusage]], grace_s: float
+) -> bool:
+    """Whether the run outlived its timeout (and so was killed, with its process group)."""
+    if timeout_s is None:
+        return False
+    done, _ = await asyncio.wait({waiter}, timeout=timeout_s)
+    if done:
+        return False
+    await terminate_group(pgid, waiter, grace_s)
+    return True
+
+
+def _reaped(waiter: asyncio.Future[tuple[int, struct_rusage]]) -> tuple[int, struct_rusage] | None:
+    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+        return waiter.result()
+    return None
+
+
+def _measured(
+    launch: Launch,
+    started: float,
+    reaped: tuple[int, struct_rusage] | None,
+    timed_out: bool,
+    summary: dict[str, float],
+) -> ProcessResult:
+    """The run's ProcessResult: its exit, wall time since `started`, wait4's rusage. `reaped` is
+    None only when a killed group's leader could not be reaped: then wall time alone is known."""
+    wall = time.monotonic() - started
+    if reaped is None:
+        return ProcessResult(None, None, wall, 0.0, 0.0, timed_out, summary)
+    status, rusage = reaped
     code = launch.exit_code(status)
     return ProcessResult(
         exit_code=code if code >= 0 else None,
         signal=-code if code < 0 else None,
-        wall_seconds=time.monotonic() - started,
+        wall_seconds=wall,
         cpu_seconds=rusage.ru_utime + rusage.ru_stime,
         peak_rss_mb=rusage.ru_maxrss / 1024,  # KiB on Linux
         timed_out=timed_out,
-        summary=parser.summary,
+        summary=summary,
     )
 
 
@@ -351,6 +399,28 @@ def group_members(pgid: int) -> list[int]:
 def group_alive(pgid: int) -> bool:
     """Is any process still in the group, or in the session it leads (zombies aside)?"""
     return bool(group_members(pgid))
+
+
+def leftover_usage(pid: int | None, started_at: float) -> ProcessResult | None:
+    """After a runner restart: what a run we lost track of has used, measured before it is killed
+    (wait4 cannot reach it: it is no longer our child). CPU time of its group and session so far
+    (with children they reaped); wall time since it started, since it is still running. None when
+    it is gone, or is not ours (as in kill_leftover_group)."""
+    if not pid:
+        return None
+    try:
+        leader = psutil.Process(pid)
+        if leader.create_time() < started_at - 5 or os.getpgid(pid) != pid:
+            return None
+    except (psutil.Error, ProcessLookupError):
+        return None
+    cpu = 0.0
+    for member in group_members(pid):
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(member).cpu_times()
+            cpu += times.user + times.system + times.children_user + times.children_system
+    wall = max(0.0, time.time() - started_at)
+    return ProcessResult(None, None, wall, cpu, 0.0, False, {})
 
 
 def kill_leftover_group(pid: int | None, started_after: float | None = None) -> bool:

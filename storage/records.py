@@ -56,7 +56,10 @@ class Goal(Record):
         return self.state not in TERMINAL_STATES
 
 
-ExperimentStatus = Literal["running", "keep", "discard", "crash"]
+ExperimentStatus = Literal["running", "keep", "discard", "crash", "interrupted"]
+"""`crash`: the run failed, timed out, or was killed with its goal. `interrupted`: the runner cut it
+short itself (it crashed or shut down while the run ran, or the disk was full): no fault of the
+run's, so it does not count against max experiments, and the agent may run it again."""
 
 
 class Experiment(Record):
@@ -86,6 +89,11 @@ class Experiment(Record):
     log_path: str = ""
     pid: int | None = None
     note: str | None = None
+
+    @property
+    def counted(self) -> bool:
+        """Does it count against max experiments (as attempted)? Not when it was interrupted."""
+        return self.status != "interrupted"
 
 
 class MetricPoint(Record):

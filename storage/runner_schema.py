@@ -119,4 +119,9 @@ MIGRATIONS = [
     );
     CREATE INDEX audit_by_goal ON audit (goal_id, id);
     """,
+    # 4: a goal paused because its disk was full resumes by itself when there is room again (one
+    # paused by a person does not)
+    """
+    ALTER TABLE goals ADD COLUMN paused_for_disk INTEGER NOT NULL DEFAULT 0;
+    """,
 ]

@@ -2,17 +2,23 @@
 
 Every change that others must hear about appends its event in the same transaction, and
 listeners are told only after the commit: nothing is announced that the log does not hold.
+
+A write that finds the disk full raises DiskFull until the runner sets `when_full`; from then on
+it awaits `when_full` (where the runner pauses goals and waits for room) and is tried again, so a
+row the runner must close (an experiment that ended, its ledger entry) is closed once there is
+room, not lost.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -44,9 +50,35 @@ from goaltender.storage.records import (
     utcnow,
 )
 from goaltender.storage.runner_schema import MIGRATIONS
+from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 _event_data = TypeAdapter(EventData)
 log = logging.getLogger("goaltender.runner")
+P = ParamSpec("P")
+T = TypeVar("T")
+WhenFull = Callable[[DiskFull], Awaitable[None]]
+
+
+def _waits_for_space(
+    write: Callable[Concatenate[RunnerStore, P], Awaitable[T]],
+) -> Callable[Concatenate[RunnerStore, P], Awaitable[T]]:
+    """A write (one transaction, so safe to repeat) that finds the disk full raises DiskFull, or,
+    once the runner has set `when_full`, waits there and is tried again."""
+
+    @functools.wraps(write)
+    async def writing(store: RunnerStore, *args: P.args, **kwargs: P.kwargs) -> T:
+        while True:
+            try:
+                return await write(store, *args, **kwargs)
+            except (sqlite3.Error, OSError) as exc:
+                if not is_disk_full(exc):
+                    raise
+                full = DiskFull(probe_after_failure(store.db.path.parent), exc)
+                if store.when_full is None:
+                    raise full from exc
+                await store.when_full(full)
+
+    return writing
 
 
 class RunnerStore:
@@ -55,6 +87,7 @@ class RunnerStore:
     def __init__(self, db: Database):
         self.db = db
         self.on_event: Callable[[Event], None] = lambda event: None
+        self.when_full: WhenFull | None = None  # None: a write that finds the disk full raises
 
     @classmethod
     async def open(cls, path: str | Path) -> RunnerStore:
@@ -79,6 +112,7 @@ class RunnerStore:
         for event in events:
             self.on_event(event)
 
+    @_waits_for_space
     async def append_event(self, goal_id: int | None, data: EventData) -> Event:
         pending: list[Event] = []
         async with self.db.write() as tx:
@@ -106,12 +140,19 @@ class RunnerStore:
         return int(row[0])
 
     async def set_cursor(self, client: str, seq: int) -> None:
-        await self.db.execute(
-            "INSERT INTO cursors (client, acked_seq, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (client) DO UPDATE SET acked_seq = MAX(acked_seq, excluded.acked_seq), "
-            "updated_at = excluded.updated_at",
-            (client, seq, utcnow().isoformat()),
-        )
+        """Keep a client's acked position. One the disk has no room for is dropped: the client acks
+        again, and a position left behind only means events sent twice, which clients skip by seq."""
+        try:
+            await self.db.execute(
+                "INSERT INTO cursors (client, acked_seq, updated_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (client) DO UPDATE SET acked_seq = MAX(acked_seq, excluded.acked_seq), "
+                "updated_at = excluded.updated_at",
+                (client, seq, utcnow().isoformat()),
+            )
+        except sqlite3.Error as exc:
+            if not is_disk_full(exc):
+                raise
+            log.warning("%s's ack of event %d not kept: the disk is full", client, seq)
 
     async def cursor(self, client: str) -> int:
         row = await self.db.fetchone("SELECT acked_seq FROM cursors WHERE client = ?", (client,))
@@ -119,6 +160,7 @@ class RunnerStore:
 
     # ---- goals ----
 
+    @_waits_for_space
     async def create_goal(
         self,
         *,
@@ -172,6 +214,7 @@ class RunnerStore:
         goals = [_goal(row) for row in rows]
         return [g for g in goals if g.active] if active_only else goals
 
+    @_waits_for_space
     async def set_goal_state(
         self, goal_id: int, state: GoalState, reason: str = "", *, only_from: Iterable[str] | None = None
     ) -> Goal | None:
@@ -187,7 +230,7 @@ class RunnerStore:
                 return goal
             ended = utcnow().isoformat() if state in TERMINAL_STATES else None
             await tx.run(
-                "UPDATE goals SET state = ?, ended_at = COALESCE(?, ended_at), "
+                "UPDATE goals SET state = ?, ended_at = COALESCE(?, ended_at), paused_for_disk = 0, "
                 "end_reason = CASE WHEN ? IS NULL THEN end_reason ELSE ? END WHERE id = ?",
                 (state, ended, ended, reason, goal_id),
             )
@@ -196,9 +239,56 @@ class RunnerStore:
         self._announce(pending)
         return goal
 
+    @_waits_for_space
+    async def pause_for_disk(self, goal_id: int, reason: str) -> Goal | None:
+        """Pause a running goal because its disk is full (so that it resumes by itself when there
+        is room: end_disk_pause). None, changing nothing, unless it was running or waiting."""
+        pending: list[Event] = []
+        async with self.db.write() as tx:
+            goal = await self._goal(tx, goal_id)
+            if goal.state not in ("running", "waiting_for_approval"):
+                return None
+            await tx.run("UPDATE goals SET state = 'paused', paused_for_disk = 1 WHERE id = ?", (goal_id,))
+            await self._append(tx, goal_id, GoalStateChanged(state="paused", reason=reason), pending)
+            goal = await self._goal(tx, goal_id)
+        self._announce(pending)
+        return goal
+
+    @_waits_for_space
+    async def end_disk_pause(self, goal_id: int, reason: str) -> Goal | None:
+        """Resume a goal that pause_for_disk paused (running, or waiting if an approval is
+        pending). None, changing nothing, if it is no longer paused for that."""
+        pending: list[Event] = []
+        async with self.db.write() as tx:
+            if not await self._paused_for_disk(tx, goal_id):
+                return None
+            waiting = await tx.row(
+                "SELECT 1 FROM approvals WHERE goal_id = ? AND state = 'pending' LIMIT 1", (goal_id,)
+            )
+            state: GoalState = "waiting_for_approval" if waiting else "running"
+            await tx.run("UPDATE goals SET state = ?, paused_for_disk = 0 WHERE id = ?", (state, goal_id))
+            await self._append(tx, goal_id, GoalStateChanged(state=state, reason=reason), pending)
+            goal = await self._goal(tx, goal_id)
+        self._announce(pending)
+        return goal
+
+    async def paused_for_disk(self, goal_id: int) -> bool:
+        row = await self.db.fetchone(
+            "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk", (goal_id,)
+        )
+        return row is not None
+
+    async def _paused_for_disk(self, tx: Tx, goal_id: int) -> bool:
+        row = await tx.row(
+            "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk", (goal_id,)
+        )
+        return row is not None
+
+    @_waits_for_space
     async def set_agent_pid(self, goal_id: int, pid: int | None) -> None:
         await self.db.execute("UPDATE goals SET agent_pid = ? WHERE id = ?", (pid, goal_id))
 
+    @_waits_for_space
     async def update_budget(self, goal_id: int, budget: Budget, reason: str) -> Goal:
         pending: list[Event] = []
         async with self.db.write() as tx:
@@ -208,6 +298,7 @@ class RunnerStore:
         self._announce(pending)
         return goal
 
+    @_waits_for_space
     async def set_agent_report(self, goal_id: int, text: str) -> None:
         await self.db.execute("UPDATE goals SET agent_report = ? WHERE id = ?", (text, goal_id))
 
@@ -215,6 +306,7 @@ class RunnerStore:
         row = await self.db.fetchone("SELECT agent_report FROM goals WHERE id = ?", (goal_id,))
         return row[0] if row else None
 
+    @_waits_for_space
     async def set_goal_metric(self, goal_id: int, metric: str, direction: str) -> None:
         await self.db.execute(
             "UPDATE goals SET metric = ?, direction = ? WHERE id = ? AND metric IS NULL",
@@ -223,6 +315,7 @@ class RunnerStore:
 
     # ---- the experiment ledger ----
 
+    @_waits_for_space
     async def start_experiment(
         self,
         goal_id: int,
@@ -266,9 +359,11 @@ class RunnerStore:
     async def _experiment(self, tx: Tx, experiment_id: int) -> Experiment:
         return _experiment(await tx.one("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
 
+    @_waits_for_space
     async def set_experiment_pid(self, experiment_id: int, pid: int) -> None:
         await self.db.execute("UPDATE experiments SET pid = ? WHERE id = ?", (pid, experiment_id))
 
+    @_waits_for_space
     async def finish_experiment(
         self,
         experiment_id: int,
@@ -329,14 +424,18 @@ class RunnerStore:
         return [_experiment(row) for row in rows]
 
     async def usage(self, goal_id: int) -> tuple[int, float]:
-        """(experiments attempted, compute-hours used) for a goal."""
+        """(experiments attempted, compute-hours used) for a goal. Interrupted runs (cut short by
+        the runner itself) are not counted as attempted; what they used is charged all the same."""
         row = await self.db.one(
-            "SELECT COUNT(*), COALESCE(SUM(compute_hours), 0) FROM experiments WHERE goal_id = ?", (goal_id,)
+            "SELECT COALESCE(SUM(status != 'interrupted'), 0), COALESCE(SUM(compute_hours), 0) "
+            "FROM experiments WHERE goal_id = ?",
+            (goal_id,),
         )
         return int(row[0]), float(row[1])
 
     # ---- metrics ----
 
+    @_waits_for_space
     async def add_metrics(self, goal_id: int, experiment_id: int | None, points: list[MetricPoint]) -> Event:
         pending: list[Event] = []
         now = utcnow().isoformat()
@@ -364,6 +463,7 @@ class RunnerStore:
 
     # ---- approvals ----
 
+    @_waits_for_space
     async def create_approval(
         self, goal_id: int, *, kind: str, question: str, detail: str, expires_at: datetime
     ) -> Approval:
@@ -389,6 +489,7 @@ class RunnerStore:
         row = await self.db.fetchone("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         return _approval(row) if row else None
 
+    @_waits_for_space
     async def decide_approval(
         self, approval_id: int, *, state: str, by: str, comment: str | None = None
     ) -> tuple[Approval, bool]:
@@ -421,6 +522,7 @@ class RunnerStore:
 
     # ---- inbox (steering) ----
 
+    @_waits_for_space
     async def add_inbox(self, goal_id: int, author: str, text: str) -> InboxMessage:
         pending: list[Event] = []
         async with self.db.write() as tx:
@@ -433,6 +535,7 @@ class RunnerStore:
         self._announce(pending)
         return message
 
+    @_waits_for_space
     async def read_inbox(self, goal_id: int, *, unread_only: bool = True) -> list[InboxMessage]:
         """Messages for the goal, oldest first; unread ones are marked read as they are returned."""
         async with self.db.write() as tx:
@@ -449,6 +552,7 @@ class RunnerStore:
 
     # ---- diary (session memory) ----
 
+    @_waits_for_space
     async def write_diary(self, goal_id: int, kind: str, text: str) -> DiaryEntry:
         entry_id = await self.db.execute(
             "INSERT INTO diary (goal_id, ts, kind, text) VALUES (?, ?, ?, ?)",
@@ -467,6 +571,7 @@ class RunnerStore:
 
     # ---- the audit trail ----
 
+    @_waits_for_space
     async def add_audit(
         self, *, actor: str, action: str, goal_id: int | None, outcome: str, detail: str = ""
     ) -> AuditEntry:
@@ -503,6 +608,7 @@ class RunnerStore:
 def _goal(row: sqlite3.Row) -> Goal:
     data = dict(row)
     data.pop("agent_report")
+    data.pop("paused_for_disk")
     data["budget"] = Budget.model_validate_json(data["budget"])
     return Goal(**data)
 

@@ -54,18 +54,22 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
+async def sigkill_while_running(tmp_path, short_dir, goal_text: str, index: int):
+    """Start a runner process, submit `goal_text` to the toy sweep, SIGKILL the runner while
+    experiment `index` runs, start it again and let the campaign finish. Returns the run that was
+    interrupted (as the first runner had it), the first agent's pid, the final summary and the
+    whole event log."""
     home, socket = tmp_path / "home", short_dir / "runner.sock"
     first = start_runner_process(home, socket)
     try:
         client = await connect_when_up(socket)
-        goal_id = await submit(client, "toy sweep, max 6 experiments", agent="toy")
+        goal_id = await submit(client, goal_text, agent="toy")
 
-        async def second_experiment_running():
+        async def experiment_running():
             status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-            return status if status.running and status.running.index == 2 and status.running.pid else None
+            return status if status.running and status.running.index == index and status.running.pid else None
 
-        status = await eventually(second_experiment_running, 30)
+        status = await eventually(experiment_running, 30)
         interrupted, agent_pid = status.running, status.goal.agent_pid
         assert alive(interrupted.pid) and alive(agent_pid)
         await client.close()
@@ -90,17 +94,28 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
     finally:
         if first.poll() is None:
             first.kill()
+    return interrupted, agent_pid, summary, all_events
+
+
+async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
+    interrupted, agent_pid, summary, all_events = await sigkill_while_running(
+        tmp_path, short_dir, "toy sweep, max 6 experiments", index=2
+    )
 
     # The event log: every event kept, seq gap-free across the crash.
     seqs = [e.seq for e in all_events]
     assert seqs == list(range(1, len(seqs) + 1))
-    # The ledger: intact, the interrupted run marked crash, and the campaign went on to its budget.
+    # The ledger: intact; the interrupted run marked so, charged what it used, and not counted:
+    # the campaign went on to 6 counted experiments, running the interrupted config again.
     ledger = summary.ledger
-    assert [e.index for e in ledger] == list(range(1, 7))
+    assert [e.index for e in ledger] == list(range(1, 8))
     assert ledger[0].status == "keep"
     row = ledger[1]
-    assert row.id == interrupted.id and row.status == "crash"
+    assert row.id == interrupted.id and row.status == "interrupted"
     assert row.note.startswith("interrupted: the runner restarted while it ran")
+    assert row.wall_seconds > 0 and row.cpu_seconds is not None
+    assert ledger[2].params == row.params and ledger[2].status in ("keep", "discard")
+    assert sum(e.counted for e in ledger) == 6 and summary.status.attempted == 6
     assert all(e.status != "running" for e in ledger)
     assert summary.status.goal.state == "finished"
     assert summary.status.best.metric_value == max(
@@ -111,3 +126,23 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
     titles = [e.data.title for e in all_events if e.data.kind == "milestone"]
     assert "Runner restarted" in titles and "Resumed after a restart" in titles
     assert [e.data.kind for e in all_events].count("report") == 1
+
+
+async def test_crash_during_the_baseline_runs_it_again(tmp_path, short_dir):
+    """The sweep's baseline, interrupted by a runner crash, is run again after the restart: the
+    campaign goes on to its budget instead of ending with 'nothing to build on' after 1 of 4."""
+    interrupted, _, summary, all_events = await sigkill_while_running(
+        tmp_path, short_dir, "toy sweep, max 4 experiments", index=1
+    )
+
+    ledger = summary.ledger
+    assert [e.status for e in ledger][:2] == ["interrupted", "keep"]
+    assert ledger[0].id == interrupted.id
+    assert ledger[1].params == ledger[0].params and ledger[1].description.startswith("baseline")
+    assert sum(e.counted for e in ledger) == 4 and len(ledger) == 5
+    goal = summary.status.goal
+    assert goal.state == "finished" and goal.end_reason == "the agent finished"
+    resumed = next(e.data for e in all_events if getattr(e.data, "title", "") == "Resumed after a restart")
+    assert "Interrupted, so run again if still wanted: #1" in resumed.text
+    report = next(e.data for e in all_events if e.data.kind == "report")
+    assert "nothing to build on" not in report.text and "4/4 attempted" in report.text
