@@ -12,7 +12,8 @@
 
 People are named by picking them in Slack's @-menu: Slack sends them as `<@U123|ana>` (the command
 escapes users, `should_escape: true` in manifest.yml); a bare user id `U123` works too. Changes are
-stored in bot.db and said in the channel.
+stored in bot.db and said in the channel; each change, and each refused attempt, goes into the audit
+trail in bot.db.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from goaltender.bot import render
+from goaltender.bot import audit, render
 from goaltender.bot.budget_size import Threshold
 from goaltender.bot.outbox import Outbox
-from goaltender.bot.roles import ROLES, Members, Role, Roles
+from goaltender.bot.roles import ROLES, Members, Role, Roles, actor
+from goaltender.storage.bot_audit import Outcome
 
 HOWTO = (
     "Roles in this channel: `/goal admin show`; an admin changes them with "
@@ -124,6 +126,7 @@ class Admin:
             await reply(await self.describe(channel))
             return
         if not await self.roles.is_admin(channel, user):
+            await self._audit(user, command, "refused", "not an admin here", channel)
             await reply(
                 "Only a workspace admin or one of this channel's Goaltender admins can change its "
                 "roles; nothing changed. `/goal admin show` lists them."
@@ -133,6 +136,7 @@ class Admin:
             await self.roles.set_budget_rule(channel, command.size, user)
             rule, _ = await self.roles.budget_rule(channel)
             said = _rule_text(rule)
+            await self._audit(user, command, "done", said, channel)
             await self._announce(channel, f"{render.user_ref(user)} set this channel's budget rule: {said}.")
             await reply(f"Budget rule: {said}.")
             return
@@ -154,6 +158,7 @@ class Admin:
                 new = None
         await self.roles.set(channel, command.role, new, user)
         now = await self.roles.members(channel, command.role)
+        await self._audit(user, command, "done", f"now {_plain(now)}", channel)
         await self._announce(
             channel,
             f"{render.user_ref(user)} changed this channel's *{command.role}* "
@@ -171,8 +176,29 @@ class Admin:
         lines.append("A goal's owner always controls it and decides its approvals. " + HOWTO)
         return "\n".join(lines)
 
+    async def _audit(
+        self, user: str, command: AdminCommand, outcome: Outcome, said: str, channel: str
+    ) -> None:
+        action = "budget rule" if command.action == "budget" else "role"
+        await audit.record(
+            self.roles.store, user, action, outcome, f"{_words(command)}: {said}", channel=channel
+        )
+
     async def _announce(self, channel: str, text: str) -> None:
         await self.outbox.enqueue(channel, "post", render.notice(f":busts_in_silhouette: {text}"))
+
+
+def _words(command: AdminCommand) -> str:
+    """The command as the trail keeps it, people as `slack:U123`: `controllers add slack:U0BOB`."""
+    if command.action == "budget":
+        return f"budget {command.size or command.verb}"
+    return " ".join([command.role or "", command.verb or "", *map(actor, command.users)]).strip()
+
+
+def _plain(members: Members) -> str:
+    if members.everyone:
+        return "everyone"
+    return ", ".join(map(actor, members.users)) or "nobody"
 
 
 def _rule_text(rule: Threshold | None) -> str:

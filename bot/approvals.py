@@ -1,7 +1,8 @@
 """Approvals decided from Slack: a button on the prompt, or a reaction on it (✅ 👍 approve,
 ❌ 👎 reject), by the goal's owner or an approver of its channel (bot/roles.py). A click by anyone
 else is answered (only the owner or an approver can decide); a reaction by anyone else is ignored.
-A reaction on a budget increase's prompt goes to the budget guard, which decides those.
+Either refusal goes into the audit trail (the runner records the decisions it makes). A reaction on
+a budget increase's prompt goes to the budget guard, which decides those.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from goaltender.bot import render
+from goaltender.bot import audit, render
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.keys import ApprovalKey, BudgetKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
@@ -61,6 +62,7 @@ class Approvals:
             await tell("I can't find the goal this approval belongs to.")
             return
         if not await self.roles.may_decide(thread, user):
+            await self._refused(thread, user, approve, f"approval #{approval_id}: {audit.NOT_AN_APPROVER}")
             await tell(f"Only {render.user_ref(thread.owner)} (the owner) or an approver can decide this.")
             return
         if problem := await self._decide(thread.runner, approval_id, approve, user):
@@ -84,10 +86,18 @@ class Approvals:
             return
         thread = await self.store.thread(key.runner, key.goal_id)
         if thread is None or not await self.roles.may_decide(thread, user):
+            if thread is not None:
+                why = f"approval #{key.approval_id} (a :{name}: reaction): {audit.NOT_AN_APPROVER}"
+                await self._refused(thread, user, approve, why)
             log.info("reaction by %s on approval #%s ignored: they may not decide it", user, key.approval_id)
             return
         if problem := await self._decide(key.runner, key.approval_id, approve, user):
             log.info("reaction by %s on approval #%s: %s", user, key.approval_id, problem)
+
+    async def _refused(self, thread: Thread, user: str, approve: bool, why: str) -> None:
+        await audit.record(
+            self.store, user, "approve" if approve else "reject", "refused", why, thread=thread
+        )
 
     async def _decide(self, runner: str, approval_id: int, approve: bool, user: str) -> str | None:
         """Ask the runner to decide; None on success, else what went wrong (for the person)."""

@@ -3,7 +3,8 @@ words the runner would read as a budget change) that grows the goal's budget by 
 channel's limit is not sent; it becomes a prompt in the goal's thread — Approve / Reject buttons,
 or ✅ 👍 / ❌ 👎 reactions — that someone else who controls the goal decides. Approved, it goes to
 the runner as `ChangeBudget` by the approver; rejected, it is dropped. The requester cannot decide
-it. Requests live in bot.db, so a bot restart loses none.
+it. Requests live in bot.db, so a bot restart loses none; so does the audit trail of each held
+increase, each decision (as `approve budget` / `reject budget`) and each refused attempt to decide.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from goaltender.bot import queries, render
+from goaltender.bot import audit, queries, render
 from goaltender.bot.keys import BudgetKey, CardKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, editing, in_thread
@@ -20,6 +21,7 @@ from goaltender.bot.roles import Roles, actor
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import GoalTextError, apply_budget_change
 from goaltender.runner.client import RunnerUnavailable
+from goaltender.storage.bot_audit import Outcome
 from goaltender.storage.bot_store import BotStore, BudgetRequest, Thread
 from goaltender.storage.records import utcnow
 
@@ -60,7 +62,7 @@ class BudgetGuard:
         change = words.strip()
         if len(change) > MAX_CHANGE:
             change = change[: MAX_CHANGE - 1] + "…"
-        await self.store.add_budget_request(
+        request = await self.store.add_budget_request(
             thread,
             change,
             why,
@@ -74,6 +76,8 @@ class BudgetGuard:
             ),
         )
         self.outbox.notify()
+        held = f"{change!r}: {why}; request #{request.id} waits for a second person"
+        await audit.record(self.store, user, "budget", "held", held, thread=thread)
         return ""
 
     async def on_button(self, body: dict[str, Any], respond: Callable[..., Awaitable[Any]]) -> None:
@@ -97,14 +101,16 @@ class BudgetGuard:
         thread = await self.store.thread(request.runner, request.goal_id) if request else None
         if request is None or thread is None:
             return "I can't find this budget request."
-        if user == request.requested_by:
-            return "You asked for this budget increase: someone else who controls the goal must decide it."
-        if not await self.roles.may_control(thread, user):
-            return f"Only {await self.roles.who_controls(thread)} can decide this budget increase."
+        if refusal := await self._refusal(request, thread, user):
+            told, why = refusal
+            await self._audit(thread, request, user, approve, "refused", why)
+            return told
         request, decided_now = await self.store.decide_budget_request(
             request_id, "approved" if approve else "rejected", user
         )
         if not decided_now:
+            by = actor(request.decided_by) if request.decided_by else "someone"
+            await self._audit(thread, request, user, approve, "refused", f"already {request.state} by {by}")
             return f"Already decided: {request.state} by {render.user_ref(request.decided_by)}."
         if approve:
             try:
@@ -113,14 +119,36 @@ class BudgetGuard:
                 )
             except (RunnerUnavailable, UnknownRunner) as exc:
                 await self.store.unapply_budget_request(request_id)
+                await self._audit(thread, request, user, approve, "failed", f"runner not reachable: {exc}")
                 return (
                     f"Runner {request.runner} is not reachable right now ({render.escape(str(exc))}); "
                     "the increase is still waiting. Try again soon."
                 )
             except p.ProtocolError as exc:
                 request = await self.store.unapply_budget_request(request_id, exc.error.message)
+        outcome: Outcome = "failed" if request.state == "failed" else "done"
+        await self._audit(thread, request, user, approve, outcome, request.error or request.state)
         await self._show(thread, request)
         return None
+
+    async def _refusal(self, request: BudgetRequest, thread: Thread, user: str) -> tuple[str, str] | None:
+        """Why `user` may not decide this request: (what they are told, what the trail says)."""
+        if user == request.requested_by:
+            return (
+                "You asked for this budget increase: someone else who controls the goal must decide it.",
+                "they asked for it; someone else must decide",
+            )
+        if not await self.roles.may_control(thread, user):
+            told = f"Only {await self.roles.who_controls(thread)} can decide this budget increase."
+            return told, audit.NOT_A_CONTROLLER
+        return None
+
+    async def _audit(
+        self, thread: Thread, request: BudgetRequest, user: str, approve: bool, outcome: Outcome, why: str
+    ) -> None:
+        action = "approve budget" if approve else "reject budget"
+        asked = f"request #{request.id} by {actor(request.requested_by)} ({request.change!r})"
+        await audit.record(self.store, user, action, outcome, f"{asked}: {why}", thread=thread)
 
     async def _show(self, thread: Thread, request: BudgetRequest) -> None:
         payload = render.budget_decided(

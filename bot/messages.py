@@ -1,11 +1,12 @@
 """People's messages: a new goal (a message that @mentions the bot, or any new top-level message
 in a goal channel), or a reply in a goal's thread — `stop`, `pause`, `resume`, `status`,
-`summary` (or "what happened so far?"), `budget +2h`, or anything else, which goes to the agent
-as steering.
+`summary` (or "what happened so far?"), `audit`, `budget +2h`, or anything else, which goes to the
+agent as steering.
 
-Anyone in the channel may ask for `status` and `summary` (the bot answers them; the agent is not
-disturbed). Everything else changes the goal: only those who control it (its owner, the approvers,
-the channel's controllers: bot/roles.py) may; anyone else is told so privately and nothing changes.
+Anyone in the channel may ask for `status`, `summary` and `audit` (the bot answers them; the agent
+is not disturbed). Everything else changes the goal: only those who control it (its owner, the
+approvers, the channel's controllers: bot/roles.py) may; anyone else is told so privately, nothing
+changes, and the refusal goes into the audit trail.
 A budget change over the channel's limit waits for a second person (bot/budget_guard.py).
 
 A message that @mentions the bot arrives twice (app_mention + message): it is handled once,
@@ -17,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from goaltender.bot import queries, render
+from goaltender.bot import audit, queries, render
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.intake import GoalRefused, Intake
 from goaltender.bot.keys import CardKey, ReplyKey
@@ -120,9 +121,16 @@ class Messages:
         if asks_for_summary(text):
             await self._summary(thread, key)
             return
+        if command == "audit":
+            await self._audit(thread, key)
+            return
         doing = command if command in CONTROL else "budget" if _BUDGET.match(text) else "steer"
         if not await self.roles.may_control(thread, user):
             who = await self.roles.who_controls(thread)
+            words = "" if command in CONTROL else f"{_words(doing, text)!r}: "
+            await audit.record(
+                self.store, user, doing, "refused", words + audit.NOT_A_CONTROLLER, thread=thread
+            )
             await self._tell(
                 thread, user, f"Only {who} can {DOING[doing]} goal #{thread.goal_id}; nothing changed.", key
             )
@@ -163,6 +171,12 @@ class Messages:
         if answer is None:
             await self._say(thread, f"Runner {thread.runner} did not answer; try again soon.", key)
             return
+        await self.outbox.enqueue(
+            thread.channel, "post", in_thread(CardKey(thread.runner, thread.goal_id), answer), key
+        )
+
+    async def _audit(self, thread: Thread, key: ReplyKey) -> None:
+        answer = await self.views.audit(thread)
         await self.outbox.enqueue(
             thread.channel, "post", in_thread(CardKey(thread.runner, thread.goal_id), answer), key
         )

@@ -1,10 +1,11 @@
 """Block Kit for the team's views of goals (pure functions, no I/O): `/goal list`, `/goal show N`,
-a goal's `summary` in its thread, and the App Home tab. Laid out over bot/render.py's helpers and
-display.facts, as the thread's messages are.
+a goal's `summary` and `audit` in its thread, `/goal audit`, and the App Home tab. Laid out over
+bot/render.py's helpers and display.facts, as the thread's messages are.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,9 +31,19 @@ from goaltender.display.facts import (
     state_label,
 )
 from goaltender.runner.protocol import GoalStatus
-from goaltender.storage.records import DiaryEntry, Experiment, utcnow
+from goaltender.storage.bot_audit import SlackAuditEntry
+from goaltender.storage.records import AuditEntry, DiaryEntry, Experiment, utcnow
 
 HOME_MAX_BLOCKS = 100  # a Home tab view holds up to 100 blocks
+AUDIT_MARK = {
+    "done": ":white_check_mark:",
+    "refused": ":no_entry:",
+    "held": ":hourglass_flowing_sand:",
+    "failed": ":warning:",
+}
+# A person as Slack sends them in a message's text (`<@U123>`, `<@U123|ana>`), which steering and
+# budget words keep: made `slack:U123` again, so that people() shows a mention, not markup.
+_SLACK_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 @dataclass(frozen=True)
@@ -164,6 +175,62 @@ def goal_summary(
         context("From the runner's ledger, milestones and the agent's diary; the agent was not interrupted.")
     )
     return payload(f"Goal #{goal.id} so far: {state_label(goal.state)}", blocks, "summary")
+
+
+def _audit_line(entry: AuditEntry | SlackAuditEntry, *, in_channel: bool = False) -> str:
+    """`✅ 05 Mar 10:02:03 @ana *stop* done — stopped`; among a goal's, `in Slack` marks the bot's
+    part, and a channel's name their goal."""
+    mark = AUDIT_MARK.get(entry.outcome, "•")
+    where = " _in Slack_" if isinstance(entry, SlackAuditEntry) and not in_channel else ""
+    goal = in_channel and entry.goal_id is not None
+    which = f" goal #{entry.goal_id}" if goal else ""
+    detail = _SLACK_MENTION.sub(r"slack:\1", entry.detail[:200])
+    said = f" — {people(detail)}" if detail else ""
+    return (
+        f"{mark} `{entry.ts:%d %b %H:%M:%S}` {user_ref(entry.actor)} *{escape(entry.action)}*{which} "
+        f"{entry.outcome}{where}{said}"
+    )
+
+
+def goal_audit(
+    goal_id: int,
+    runner: str,
+    ours: list[SlackAuditEntry],
+    theirs: list[AuditEntry] | None,
+    last: int = 20,
+) -> Payload:
+    """`audit` in a goal's thread: the runner's trail and the bot's (decisions made in Slack), by
+    time, newest last; `theirs` None when the runner did not answer (said, with the bot's part)."""
+    both: list[AuditEntry | SlackAuditEntry] = [*ours, *(theirs or [])]
+    entries = sorted(both, key=lambda e: e.ts)[-last:]
+    lines = [f"*Audit trail of goal #{goal_id}* (the last {last} actions, newest last)"]
+    lines += [_audit_line(e) for e in entries] or ["Nothing recorded yet."]
+    blocks = sections("\n".join(lines))
+    if theirs is None:
+        blocks.append(
+            section(
+                f":warning: Runner *{escape(runner)}* did not answer: only the decisions made in Slack are "
+                "shown. Ask again soon for the runner's part."
+            )
+        )
+    blocks.append(
+        context(
+            "Times in UTC. The runner's trail (runner.db) and the decisions made in Slack (bot.db, "
+            "_in Slack_); `goaltender audit <goal>` on the runner's box prints its part in full."
+        )
+    )
+    return payload(f"Audit trail of goal #{goal_id}: {len(entries)} entries", blocks, "audit trail")
+
+
+def channel_audit(entries: list[SlackAuditEntry]) -> Payload:
+    """`/goal audit`: what was decided in Slack in this channel (roles, refusals, held budgets)."""
+    lines = ["*Decided in Slack in this channel* (newest last)"]
+    lines += [_audit_line(e, in_channel=True) for e in entries] or ["Nothing recorded yet."]
+    blocks = sections("\n".join(lines))
+    blocks.append(
+        context("Times in UTC. Reply `audit` in a goal's thread for its whole trail, the runner's too.")
+    )
+    return payload(f"{len(entries)} audit entries in this channel", blocks, "audit trail")
 
 
 def home(user: str, mine: list[GoalLine], waiting: list[Waiting], now: datetime | None = None) -> dict:

@@ -5,6 +5,9 @@
 - `summary` (or "what happened so far?") in a goal's thread: its story so far from the ledger,
   its milestones and the agent's latest handoff in its diary — posted in the thread, never sent
   to the agent;
+- `audit` in a goal's thread: who did what to it, from its runner's trail (runner.db) and the bot's
+  (bot.db: what was decided in Slack), by time; `/goal audit`: the bot's part for the channel
+  (role changes, refusals, held budget increases), shown only to the asker;
 - the App Home tab (`app_home_opened` -> views.publish): the user's goals and their state, and the
   approvals and budget increases waiting for the user to decide.
 
@@ -30,9 +33,12 @@ from goaltender.bot.render_views import GoalLine, Waiting
 from goaltender.bot.roles import Roles
 from goaltender.runner import protocol as p
 from goaltender.storage.bot_store import BotStore, Thread
-from goaltender.storage.records import DiaryEntry
+from goaltender.storage.records import AuditEntry, DiaryEntry
 
 log = logging.getLogger("goaltender.bot")
+
+AUDIT_LINES = 20  # a thread's `audit`: the last actions
+CHANNEL_AUDIT_LINES = 30  # `/goal audit`
 
 _SHOW = re.compile(r"^show\s+#?(\d+)(?:\s+on\s+(\S+))?\s*$", re.I)
 _SUMMARY = re.compile(
@@ -43,10 +49,11 @@ _SUMMARY = re.compile(
 
 
 def command_words(text: str) -> tuple[str, str] | None:
-    """("list", "") or ("show", "3 on gpu1") when a /goal's text asks for a view, else None."""
+    """("list", ""), ("audit", "") or ("show", "3 on gpu1") when a /goal's text asks for a view,
+    else None."""
     words = " ".join(text.split())
-    if words.lower() == "list":
-        return "list", ""
+    if words.lower() in ("list", "audit"):
+        return words.lower(), ""
     if _SHOW.match(words):
         return "show", words.partition(" ")[2]
     return None
@@ -71,9 +78,13 @@ class Views:
     async def command(
         self, kind: str, words: str, channel: str, respond: Callable[[Payload], Awaitable[None]]
     ) -> None:
-        """`/goal list` or `/goal show N`, answered to the asker alone."""
+        """`/goal list`, `/goal audit` or `/goal show N`, answered to the asker alone."""
         if kind == "list":
             await respond(render_views.goal_list(await self._active_lines(channel)))
+            return
+        if kind == "audit":
+            entries = await self.store.audit.of_channel(channel, CHANNEL_AUDIT_LINES)
+            await respond(render_views.channel_audit(entries))
             return
         match = _SHOW.match(f"show {words}")
         assert match is not None
@@ -114,6 +125,24 @@ class Views:
         ]
         diary = await self._latest_diary(thread)
         return render_views.goal_summary(reply.status, reply.ledger, milestones, diary)
+
+    async def audit(self, thread: Thread, last: int = AUDIT_LINES) -> Payload:
+        """A goal's audit trail: its runner's part and the bot's, by time (the bot's alone, saying
+        so, when the runner does not answer)."""
+        ours = await self.store.audit.of_goal(thread.runner, thread.goal_id, last)
+        theirs = await self._runner_audit(thread, last)
+        return render_views.goal_audit(thread.goal_id, thread.runner, ours, theirs, last)
+
+    async def _runner_audit(self, thread: Thread, last: int) -> list[AuditEntry] | None:
+        try:
+            reply = await asyncio.wait_for(
+                self.pool[thread.runner].call(p.Audit, p.AuditReply, goal_id=thread.goal_id, limit=last),
+                queries.STATUS_TIMEOUT_S,
+            )
+        except queries.NO_ANSWER as exc:
+            log.warning("runner %s: no audit trail of goal #%s: %s", thread.runner, thread.goal_id, exc)
+            return None
+        return reply.entries
 
     async def _latest_diary(self, thread: Thread) -> DiaryEntry | None:
         """The agent's latest handoff (else its latest note), when the runner will say."""

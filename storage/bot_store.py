@@ -1,7 +1,8 @@
 """bot.db: what the Slack bot must not forget — where each goal's thread is, how far it has read
 each runner's event log, the outbox of Slack writes not yet confirmed, goals waiting for a runner,
 digest schedules, each channel's roles as set from Slack, budget increases waiting for a second
-person, and every goal's milestones.
+person, every goal's milestones, and the audit trail of what was decided in Slack
+(storage/bot_audit.py).
 
 The runner's events arrive at least once; storing an event's `seq` together with the outbox rows
 it produced, in one transaction, makes the bot's side exactly once.
@@ -17,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from goaltender.storage.bot_audit import MIGRATION as AUDIT_MIGRATION
+from goaltender.storage.bot_audit import BotAudit
 from goaltender.storage.db import Database, Tx
 from goaltender.storage.records import utcnow
 
@@ -120,6 +123,8 @@ MIGRATIONS = [
     );
     CREATE INDEX milestones_by_goal ON milestones (runner, goal_id, seq);
     """,
+    # v4: the audit trail of actions decided in Slack (refusals, held budget increases, roles).
+    AUDIT_MIGRATION,
 ]
 
 OutboxKind = Literal["post", "update", "ephemeral", "reaction", "upload"]
@@ -216,6 +221,7 @@ class Milestone(BaseModel):
 class BotStore:
     def __init__(self, db: Database):
         self.db = db
+        self.audit = BotAudit(db)
 
     @classmethod
     async def open(cls, path: str | Path) -> BotStore:
