@@ -1,0 +1,93 @@
+"""Killed work costs like any other: a run ended by its timeout, by its goal's end (a stop, the
+deadline) or by the runner shutting down is charged its wall and CPU time (wait4's rusage of the
+killed group), so compute budgets see it. Through the real runner, with real busy processes."""
+
+from __future__ import annotations
+
+import psutil
+from conftest import events_until_report, eventually, submit, write_agent
+
+from goaltender.runner import protocol as p
+from goaltender.storage.runner_store import RunnerStore
+
+SPIN = "goaltender experiment -d spin --metric acc -- python -c 'while True: pass'\n"
+
+
+async def spinning(client, goal_id: int, cpu_s: float = 0.3):
+    """Wait until the goal's run has burnt `cpu_s` of CPU (its whole sandboxed tree, as seen here)."""
+
+    async def burnt():
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        if not (status.running and status.running.pid):
+            return None
+        try:
+            leader = psutil.Process(status.running.pid)
+            tree = [leader, *leader.children(recursive=True)]
+            used = sum(sum(proc.cpu_times()[:2]) for proc in tree)
+        except psutil.Error:
+            return None
+        return status.running if used >= cpu_s else None
+
+    return await eventually(burnt)
+
+
+def assert_charged(row, at_least_s: float) -> None:
+    """The row has the wall and CPU time of a process that spun for `at_least_s`, in compute."""
+    assert row.wall_seconds >= at_least_s
+    assert row.cpu_seconds > 0
+    assert row.compute_hours == row.cpu_seconds / 3600  # a CPU box: compute is CPU time
+
+
+async def test_a_run_killed_at_its_timeout_is_charged(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", SPIN)}, compute_unit="cpu")
+    client = await connect(runner)
+    goal_id = await submit(client, "spin, max 1 experiments, 2s each", agent="a")
+    await events_until_report(client, goal_id)
+
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    [row] = summary.ledger
+    assert row.status == "crash" and row.note == "timeout after 2s"
+    assert_charged(row, 2.0)
+    assert summary.status.compute_hours_used == row.compute_hours > 0
+    assert summary.status.attempted == 1  # a run killed by its timeout counts
+
+
+async def test_a_run_killed_by_stop_or_deadline_is_charged(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", SPIN)}, compute_unit="cpu")
+    client = await connect(runner)
+    stopped = await submit(client, "spin until stopped, max 1 experiments", agent="a")
+    deadline = await submit(client, "spin until the deadline, budget 3s", agent="a")
+
+    await spinning(client, stopped)
+    await client.call(p.Stop, p.Done, goal_id=stopped, by="ana")
+    await events_until_report(client, deadline)
+
+    [by_stop] = (await client.call(p.Summary, p.SummaryReply, goal_id=stopped)).ledger
+    assert by_stop.status == "crash" and by_stop.note.startswith("ended with the goal: stopped by ana")
+    assert_charged(by_stop, 0.0)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=deadline)
+    [by_deadline] = summary.ledger
+    # The deadline's timer and the run's timeout (the time left) fall together; either way the
+    # killed run is charged.
+    assert by_deadline.note in ("ended with the goal: deadline reached", "timeout after 3s")
+    assert_charged(by_deadline, 1.0)
+    assert summary.status.compute_hours_used == by_deadline.compute_hours > 0
+
+
+async def test_a_run_cut_short_by_shutdown_is_interrupted_and_charged(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", SPIN)}, compute_unit="cpu")
+    client = await connect(runner)
+    goal_id = await submit(client, "spin, max 3 experiments", agent="a")
+
+    await spinning(client, goal_id)
+    await runner.close()  # SIGTERM's path: runs end, are recorded, and a restart resumes the goal
+
+    store = await RunnerStore.open(runner.settings.db_path)
+    try:
+        [row] = await store.experiments(goal_id)
+        attempted, compute_used = await store.usage(goal_id)
+    finally:
+        await store.close()
+    assert row.status == "interrupted" and row.note == "interrupted: the runner shut down"
+    assert_charged(row, 0.0)
+    assert attempted == 0 and compute_used == row.compute_hours > 0  # not counted, still charged
