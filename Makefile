@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_bot.py
 	$(BIN)/python benchmarks/bench_redact.py
+	$(BIN)/python benchmarks/bench_parsing.py
 
 clean:
 	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build
