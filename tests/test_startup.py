@@ -1,0 +1,83 @@
+"""A runner that cannot start says why and exits non-zero, at once: the real `goaltender runner`
+process, so that systemd (or whoever watches it) sees the failure instead of a process that waits
+forever with no socket.
+
+The unwritable home and the full disk are real, made with bubblewrap (no root needed): a read-only
+bind mount of the home, and a small tmpfs (`--size`) filled up before the runner starts on it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from test_recovery import connect_when_up, start_runner_process
+
+from goaltender.runner import protocol as p
+
+PROMPTLY_S = 30  # a hang fails here rather than at the suite's timeout
+
+
+def start_and_fail(home: Path, socket: Path, *, around: list[str] | None = None) -> list[str]:
+    """Run `goaltender runner`, expect it to exit 1, and return its stderr lines."""
+    command = [sys.executable, "-m", "goaltender.cli", "--socket", str(socket), "runner", "--home", str(home)]
+    done = subprocess.run(
+        [*(around or []), *command], capture_output=True, text=True, timeout=PROMPTLY_S, env=os.environ
+    )
+    assert done.returncode == 1, done.stderr
+    return done.stderr.splitlines()
+
+
+def in_bwrap(*options: str) -> list[str]:
+    return ["bwrap", "--dev-bind", "/", "/", *options, "--"]
+
+
+def test_a_corrupt_database(tmp_path, short_dir):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "runner.db").write_bytes(b"not a database, whatever it was\n" * 500)
+    assert start_and_fail(home, short_dir / "runner.sock") == [
+        f"goaltender runner: cannot start: {home}/runner.db is not a usable SQLite database (file is "
+        "not a database): move it aside to start with an empty one, or restore it from a backup"
+    ]
+    assert not (short_dir / "runner.sock").exists()
+
+
+def test_an_unwritable_home(tmp_path, short_dir):
+    home = tmp_path / "home"
+    home.mkdir()
+    lines = start_and_fail(
+        home, short_dir / "runner.sock", around=in_bwrap("--ro-bind", str(home), str(home))
+    )
+    assert lines == [
+        f"goaltender runner: cannot start: cannot write the runner's home {home}: Read-only file system"
+    ]
+
+
+def test_a_full_disk(tmp_path, short_dir):
+    home = tmp_path / "home"
+    home.mkdir()
+    # A 2 MB tmpfs as the home, filled before the runner starts on it.
+    fill = f'head -c 4000000 /dev/zero > {home}/filler 2>/dev/null; exec "$@"'
+    around = [*in_bwrap("--size", str(2 * 1024 * 1024), "--tmpfs", str(home)), "sh", "-c", fill, "sh"]
+    assert start_and_fail(home, short_dir / "runner.sock", around=around) == [
+        f"goaltender runner: cannot start: disk full: 0 MB free on {home}"
+    ]
+
+
+async def test_a_second_runner_on_the_same_socket(tmp_path, short_dir):
+    socket = short_dir / "runner.sock"
+    (tmp_path / "one").mkdir()
+    first = start_runner_process(tmp_path / "one" / "home", socket)
+    try:
+        client = await connect_when_up(socket)
+        lines = start_and_fail(tmp_path / "two", socket)
+        assert lines[-1] == f"goaltender runner: cannot start: a runner is already serving {socket}"
+        # The first runner's socket is left alone: it still answers.
+        assert (await client.call(p.Status, p.StatusReply)).goals == []
+        await client.close()
+    finally:
+        first.terminate()
+        first.wait(timeout=20)
