@@ -15,16 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from pydantic import ValidationError
+
 from goaltender.runner import protocol as p
-from goaltender.storage.records import Event
+from goaltender.runner import wire
+from goaltender.storage.records import Event, UnreadableEvent, utcnow
 
 R = TypeVar("R", bound=p.Reply)
+log = logging.getLogger("goaltender.client")
 
 
 class RunnerUnavailable(ConnectionError):
@@ -191,7 +198,13 @@ class RunnerClient:
         error: Exception = RunnerUnavailable("the runner closed the connection")
         try:
             while line := await self._stream.readline():
-                reply = p.parse_reply(line)
+                try:
+                    reply = p.parse_reply(line)
+                except ValidationError as exc:
+                    if (salvaged := _salvage(line, exc)) is None:
+                        log.warning("ignored a line from the runner this client cannot read: %s", exc)
+                        continue
+                    reply = salvaged
                 if isinstance(reply, p.EventMessage):
                     self._events.put_nowait(reply)
                     continue
@@ -206,6 +219,43 @@ class RunnerClient:
                 if not future.done():
                     future.set_exception(error)
             self._events.put_nowait(error)  # why the link dropped reaches events() readers too
+
+
+def _salvage(line: bytes, exc: ValidationError) -> p.EventMessage | p.Error | None:
+    """What can be kept of a line this client cannot read (a newer runner's event kind, say): an
+    event becomes an UnreadableEvent with its seq, so a subscriber acks past it instead of
+    reconnecting to fail on it again; a reply becomes an error for the request it answers."""
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    reason = f"this client cannot read it: {exc.errors(include_url=False)[0]['msg']}"
+    if raw.get("type") == "event" and isinstance(event := raw.get("event"), dict):
+        return _unreadable_event(event, reason)
+    if (request_id := wire.safe_id(raw.get("id"))) is not None:
+        return p.Error(id=request_id, code="internal", message=f"a {raw.get('type')!r} reply: {reason}")
+    return None
+
+
+def _unreadable_event(event: dict, reason: str) -> p.EventMessage | None:
+    seq, goal_id, data = event.get("seq"), event.get("goal_id"), event.get("data")
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        return None
+    kind = data.get("kind") if isinstance(data, dict) else None
+    try:
+        ts = datetime.fromisoformat(event["ts"])
+    except (KeyError, TypeError, ValueError):
+        ts = utcnow()
+    return p.EventMessage(
+        event=Event(
+            seq=seq,
+            goal_id=goal_id if isinstance(goal_id, int) and not isinstance(goal_id, bool) else None,
+            ts=ts,
+            data=UnreadableEvent(stored_kind=str(kind), reason=reason),
+        )
+    )
 
 
 @contextlib.contextmanager

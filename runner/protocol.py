@@ -4,15 +4,23 @@ Every line is one message, a pydantic model below, told apart by `type`. A clien
 `hello` (protocol version); requests carry an `id` that their reply echoes. `subscribe` streams
 `event` messages (no id) from the durable, sequence-numbered event log. Lines are capped at
 MAX_LINE bytes; large things (logs, metric series) are fetched by request, with offsets.
+
+Every request line gets exactly one reply: its answer, or an `error` saying what is wrong with it
+(echoing its id when that is safe to echo). A line over MAX_LINE gets a last `error` and the
+connection is closed, as the rest of it cannot be told from the next request. What a line may hold
+at all (UTF-8, finite numbers, 64-bit integers, limited nesting) is runner/wire.py's; the bounds of
+each field are below. `internal` is only ever a bug in the runner, never the client's input.
 """
 
 from __future__ import annotations
 
-import json
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from goaltender.runner import wire
+from goaltender.runner.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
 from goaltender.storage.records import (
     Approval,
     AuditEntry,
@@ -28,7 +36,53 @@ from goaltender.storage.records import (
 PROTOCOL_VERSION = 1
 MAX_LINE = 1024 * 1024  # bytes, newline included
 
-RequestId = int | str
+# ---- bounded values: every number a request carries fits SQLite and datetime arithmetic ----
+
+Int64 = Annotated[int, Field(ge=wire.INT64_MIN, le=wire.INT64_MAX)]
+RowId = Annotated[int, Field(ge=1, le=wire.INT64_MAX)]  # a goal, approval or experiment
+Seq = Annotated[int, Field(ge=0, le=wire.INT64_MAX)]  # a position in the event log
+Seconds = Annotated[float, Field(gt=0, le=MAX_DURATION_S)]  # a timeout: as long as any time budget
+RequestId = (
+    Annotated[int, Field(strict=True, ge=wire.INT64_MIN, le=wire.INT64_MAX)]
+    | Annotated[str, Field(strict=True, max_length=wire.MAX_ID_CHARS)]
+)
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise ValueError("contains a NUL character, which no command, path or variable may hold")
+    return text
+
+
+OsText = Annotated[str, AfterValidator(_no_nul)]  # passed to the OS: argv, paths, environment
+
+
+def _env_name(name: str) -> str:
+    if not name or "=" in name:
+        raise ValueError(f"{name[:40]!r} is not an environment variable name")
+    return _no_nul(name)
+
+
+EARLIEST_DEADLINE = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_DEADLINE = datetime(3000, 1, 1, tzinfo=UTC)
+
+
+def _sensible_budget(budget: Budget) -> Budget:
+    """An explicit budget the runner can compute with: a zoned deadline, and limits no larger than
+    the goal text may ask for (runner/budget.py)."""
+    if budget.deadline is not None:
+        if budget.deadline.tzinfo is None:
+            raise ValueError("deadline needs a time zone (e.g. 2030-01-01T12:00:00Z)")
+        if not EARLIEST_DEADLINE <= budget.deadline <= LATEST_DEADLINE:
+            raise ValueError(f"deadline must lie between {EARLIEST_DEADLINE:%Y} and {LATEST_DEADLINE:%Y}")
+    for name in ("wall_seconds", "experiment_timeout_s"):
+        if (seconds := getattr(budget, name)) is not None and not 0 <= seconds <= MAX_DURATION_S:
+            raise ValueError(f"{name} must be between 0 and {MAX_DURATION_S:.0f}")
+    if budget.compute_hours is not None and not 0 <= budget.compute_hours <= MAX_COMPUTE_HOURS:
+        raise ValueError(f"compute_hours must be between 0 and {MAX_COMPUTE_HOURS:g}")
+    if budget.max_experiments is not None and not 0 <= budget.max_experiments <= MAX_EXPERIMENTS:
+        raise ValueError(f"max_experiments must be between 0 and {MAX_EXPERIMENTS}")
+    return budget
 
 
 class Message(BaseModel):
@@ -36,6 +90,10 @@ class Message(BaseModel):
 
 
 class Request(Message):
+    # NaN and infinities are refused on the wire (runner/wire.py), and here too for requests made
+    # in Python (the CLI), before they are sent.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     id: RequestId
     type: str  # each request narrows it to its own literal
 
@@ -47,8 +105,8 @@ class Request(Message):
 
 class Hello(Request):
     type: Literal["hello"] = "hello"
-    version: int
-    client: str = "anonymous"
+    version: Int64
+    client: str = Field(default="anonymous", max_length=200)
 
 
 class SubmitGoal(Request):
@@ -58,12 +116,12 @@ class SubmitGoal(Request):
     text: str = Field(min_length=1, max_length=4000)
     owner: str | None = None  # default: the authenticated operator
     agent: str | None = None
-    budget: Budget | None = None  # explicit budgets override phrases in the text
+    budget: Annotated[Budget, AfterValidator(_sensible_budget)] | None = None  # overrides the text
 
 
 class Steer(Request):
     type: Literal["steer"] = "steer"
-    goal_id: int
+    goal_id: RowId
     text: str = Field(min_length=1, max_length=4000)
     author: str | None = None
 
@@ -72,33 +130,33 @@ class ChangeBudget(Request):
     """`change` is budget phrasing: "+2h", "budget 5h", "max 10 experiments", "gpu-hours 8"."""
 
     type: Literal["change_budget"] = "change_budget"
-    goal_id: int
+    goal_id: RowId
     change: str = Field(min_length=1, max_length=200)
     by: str | None = None
 
 
 class Stop(Request):
     type: Literal["stop"] = "stop"
-    goal_id: int
+    goal_id: RowId
     by: str | None = None
     reason: str = ""
 
 
 class Pause(Request):
     type: Literal["pause"] = "pause"
-    goal_id: int
+    goal_id: RowId
     by: str | None = None
 
 
 class Resume(Request):
     type: Literal["resume"] = "resume"
-    goal_id: int
+    goal_id: RowId
     by: str | None = None
 
 
 class Decide(Request):
     type: Literal["decide"] = "decide"
-    approval_id: int
+    approval_id: RowId
     approve: bool
     by: str | None = None
     comment: str | None = None
@@ -108,46 +166,46 @@ class Audit(Request):
     """The audit trail, newest `limit` entries (of one goal, or all), oldest first. Operators only."""
 
     type: Literal["audit"] = "audit"
-    goal_id: int | None = None
+    goal_id: RowId | None = None
     limit: int = Field(default=200, gt=0, le=10_000)
 
 
 class Status(Request):
     type: Literal["status"] = "status"
-    goal_id: int | None = None  # None: every goal
+    goal_id: RowId | None = None  # None: every goal
     active_only: bool = False  # only goals not yet finished, stopped or failed (cheap on a long history)
 
 
 class Summary(Request):
     type: Literal["summary"] = "summary"
-    goal_id: int
+    goal_id: RowId
 
 
 class Subscribe(Request):
     type: Literal["subscribe"] = "subscribe"
-    since: int = Field(default=0, ge=0)
-    goal_id: int | None = None
+    since: Seq = 0
+    goal_id: RowId | None = None
 
 
 class Ack(Request):
     """The client has durably stored every event up to `seq` (kept per client name)."""
 
     type: Literal["ack"] = "ack"
-    seq: int = Field(ge=0)
+    seq: Seq
 
 
 class GetLog(Request):
     type: Literal["get_log"] = "get_log"
-    experiment_id: int
-    offset: int = Field(default=0, ge=0)
+    experiment_id: RowId
+    offset: Annotated[int, Field(ge=0, le=wire.INT64_MAX)] = 0
     limit: int = Field(default=64 * 1024, gt=0, le=512 * 1024)
 
 
 class GetSeries(Request):
     type: Literal["get_series"] = "get_series"
-    goal_id: int
-    name: str
-    experiment_id: int | None = None
+    goal_id: RowId
+    name: str = Field(max_length=200)  # echoed in the reply
+    experiment_id: RowId | None = None
 
 
 # ---- agent verbs (the `goaltender <verb>` CLI and the built-in agents' tools) ----
@@ -155,63 +213,63 @@ class GetSeries(Request):
 
 class ReportMilestone(Request):
     type: Literal["milestone"] = "milestone"
-    goal_id: int
+    goal_id: RowId
     title: str = Field(min_length=1, max_length=300)
     text: str = Field(default="", max_length=20_000)
 
 
 class LogMetrics(Request):
     type: Literal["log_metrics"] = "log_metrics"
-    goal_id: int
+    goal_id: RowId
     points: list[MetricPoint] = Field(min_length=1, max_length=10_000)
-    experiment_id: int | None = None
+    experiment_id: RowId | None = None
 
 
 class RunExperiment(Request):
     """Run `command` under supervision; the reply comes when it has finished."""
 
     type: Literal["run_experiment"] = "run_experiment"
-    goal_id: int
-    command: list[str] = Field(min_length=1)
+    goal_id: RowId
+    command: list[OsText] = Field(min_length=1)
     description: str = Field(min_length=1, max_length=2000)
     params: dict[str, Any] = Field(default_factory=dict)
     metric: str | None = None  # the headline metric; defaults to the goal's
     direction: Literal["maximize", "minimize"] | None = None
-    timeout_s: float | None = Field(default=None, gt=0)
-    cwd: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: Seconds | None = None
+    cwd: OsText | None = None
+    env: dict[Annotated[str, AfterValidator(_env_name)], OsText] = Field(default_factory=dict)
     # Run by the runner itself after a successful run (GOALTENDER_EXPERIMENT_DIR points at the
     # run's directory); its `metric: value` line becomes the verified headline.
-    eval_command: list[str] | None = None
+    eval_command: list[OsText] | None = Field(default=None, min_length=1)
 
 
 class Ask(Request):
     """Ask the humans; the reply comes when someone decides or the prompt expires (= rejected)."""
 
     type: Literal["ask"] = "ask"
-    goal_id: int
+    goal_id: RowId
     question: str = Field(min_length=1, max_length=3000)
     detail: str = Field(default="", max_length=20_000)
     kind: str = "generic"
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: Seconds | None = None
 
 
 class ReadInbox(Request):
     type: Literal["read_inbox"] = "read_inbox"
-    goal_id: int
+    goal_id: RowId
     all: bool = False
 
 
 class WriteDiary(Request):
     type: Literal["write_diary"] = "write_diary"
-    goal_id: int
+    goal_id: RowId
     text: str = Field(min_length=1, max_length=50_000)
     kind: Literal["note", "handoff"] = "note"
 
 
 class ReadDiary(Request):
     type: Literal["read_diary"] = "read_diary"
-    goal_id: int
+    goal_id: RowId
     last: int = Field(default=20, gt=0, le=1000)
     kind: Literal["note", "handoff"] | None = None
 
@@ -220,7 +278,7 @@ class SubmitReport(Request):
     """The agent's own words for the final report (what was learnt, what to try next)."""
 
     type: Literal["submit_report"] = "submit_report"
-    goal_id: int
+    goal_id: RowId
     text: str = Field(min_length=1, max_length=50_000)
 
 
@@ -412,23 +470,43 @@ def encode(message: Message) -> bytes:
 def parse_request(line: bytes) -> AnyRequest | Error:
     """Decode one request line, or describe what is wrong with it (echoing the id when it can)."""
     try:
-        raw = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return Error(code="bad_json", message=f"not valid JSON: {exc}")
-    if not isinstance(raw, dict):
-        return Error(code="bad_json", message="a message must be a JSON object")
-    request_id = raw.get("id") if isinstance(raw.get("id"), int | str) else None
+        raw = wire.decode_object(line)
+    except wire.LineRefused as refused:
+        return Error(id=refused.request_id, code="bad_json", message=refused.message)
+    request_id = wire.safe_id(raw.get("id"))
     kind = raw.get("type")
+    if not isinstance(kind, str):
+        what = "missing" if kind is None else wire.json_type(kind)
+        return Error(
+            id=request_id,
+            code="bad_request",
+            message=f"`type` must be a string naming the request, not {what}",
+        )
     if kind not in REQUEST_TYPES:
         known = ", ".join(sorted(REQUEST_TYPES))
-        return Error(id=request_id, code="unknown_type", message=f"unknown type {kind!r}; known: {known}")
+        return Error(
+            id=request_id, code="unknown_type", message=f"unknown type {kind[:40]!r}; known: {known}"
+        )
     try:
         return _requests.validate_python(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'][1:]) or 'message'}: {err['msg']}" for err in exc.errors()
-        )
-        return Error(id=request_id, code="bad_request", message=f"invalid {kind}: {problems}")
+        return Error(id=request_id, code="bad_request", message=f"invalid {kind}: {_problems(exc)}")
+
+
+MAX_PROBLEMS = 5  # an error names the first few; the reply stays a short line whatever was sent
+
+
+def _problems(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    named = [f"{_where(err['loc'][1:])}: {err['msg']}" for err in errors[:MAX_PROBLEMS]]
+    if len(errors) > MAX_PROBLEMS:
+        named.append(f"and {len(errors) - MAX_PROBLEMS} more")
+    return "; ".join(named)
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    # Names in `loc` may be the client's own dict keys: shortened, as they are echoed.
+    return ".".join(str(part)[:40] for part in loc) or "message"
 
 
 def parse_reply(line: bytes) -> AnyReply:

@@ -8,7 +8,8 @@ request a connection's principal may not make gets an `error` with code `forbidd
 the audit trail as refused, and changes nothing; every control request is written there with its
 outcome (runner/audit.py).
 
-A connection reads lines capped at MAX_LINE and must open with `hello`. Three requests belong to
+A connection reads lines capped at MAX_LINE and must open with `hello`. Every line gets exactly one
+reply; a line over MAX_LINE gets a last `error` (line_too_long) and the connection is closed. Three requests belong to
 the connection itself: `hello`, `subscribe` (stream the event log from a position, woken by each
 commit) and `ack` (the client's durable position, kept under its name). Every other request goes
 to its handler in the table the runner gives (runner/daemon.py says what each one does), with the
@@ -155,8 +156,8 @@ class SocketServer:
         try:
             while (line := await conn.read_line()) is not None:
                 if line is _TOO_LONG:
-                    await conn.send(p.Error(code="line_too_long", message=f"line exceeds {p.MAX_LINE} bytes"))
-                    continue
+                    await conn.send(p.Error(code="line_too_long", message=_TOO_LONG_MESSAGE))
+                    break
                 request = p.parse_request(line)
                 if isinstance(request, p.Error):
                     await conn.send(request)
@@ -218,20 +219,34 @@ class SocketServer:
             await conn.send(reply)
 
     async def _stream(self, conn: _Connection, request: p.Subscribe) -> None:
+        try:
+            await self._stream_events(conn, request)
+        except ConnectionError:
+            pass
+        except Exception:  # a bug: hang up, so the client sees it and resubscribes, never waits forever
+            log.exception(
+                "subscription of %s since %d failed; closing its connection", conn.client, request.since
+            )
+            conn.close()
+
+    async def _stream_events(self, conn: _Connection, request: p.Subscribe) -> None:
         await conn.send(p.Subscribed(id=request.id, head=await self.store.head_seq(request.goal_id)))
         last = request.since
-        with contextlib.suppress(ConnectionError):
-            while True:
-                wake = self._new_events
-                events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
-                for event in events:
-                    await conn.send(p.EventMessage(event=event))
-                    last = event.seq
-                if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
-                    await wake.wait()
+        while True:
+            wake = self._new_events
+            events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
+            for event in events:
+                await conn.send(p.EventMessage(event=event))
+                last = event.seq
+            if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
+                await wake.wait()
 
 
 _TOO_LONG = b"\x00too-long"
+_TOO_LONG_MESSAGE = (
+    f"line longer than {p.MAX_LINE} bytes (newline included); closing the connection, as the rest "
+    "of it cannot be told from the next request. Large data is fetched by request, with offsets"
+)
 
 
 class _Connection:
@@ -246,21 +261,15 @@ class _Connection:
         self._write_lock = asyncio.Lock()
 
     async def read_line(self) -> bytes | None:
-        """The next line; _TOO_LONG for an oversized line (skipped whole); None at EOF."""
+        """The next line; _TOO_LONG for one over MAX_LINE bytes; None at EOF."""
         try:
-            return await self.reader.readuntil(b"\n")
+            line = await self.reader.readuntil(b"\n")
         except asyncio.IncompleteReadError as exc:
-            return exc.partial or None
-        except asyncio.LimitOverrunError as exc:
-            await self.reader.readexactly(exc.consumed)
-            while True:  # discard the rest of the oversized line
-                try:
-                    await self.reader.readuntil(b"\n")
-                    return _TOO_LONG
-                except asyncio.LimitOverrunError as more:
-                    await self.reader.readexactly(more.consumed)
-                except asyncio.IncompleteReadError:
-                    return None
+            line = exc.partial
+        except asyncio.LimitOverrunError:
+            return _TOO_LONG
+        # The reader's limit counts bytes before the newline: one more may slip through.
+        return _TOO_LONG if len(line) > p.MAX_LINE else line or None
 
     async def send(self, message: p.Message) -> None:
         """Write one message. Everything that leaves the runner passes here, and is redacted here."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 
 import pytest
 
 from goaltender.runner import protocol as p
-from goaltender.storage.records import Budget, Event, MetricPoint, MilestoneReported, utcnow
+from goaltender.storage.records import Budget, Event, MetricPoint, MilestoneReported, UnreadableEvent, utcnow
 
 REQUESTS = [
     p.Hello(id=1, version=p.PROTOCOL_VERSION, client="bot"),
@@ -109,7 +111,6 @@ async def test_daemon_survives_malformed_input_and_serves_others(start_runner, c
         (b'{"type": "nope", "id": 4}\n', "unknown_type"),
         (b'{"type": "summary", "id": 5, "goal_id": [1]}\n', "bad_request"),
         (b'{"type": "summary", "id": 6, "goal_id": 404}\n', "not_found"),
-        (b"x" * (p.MAX_LINE + 10) + b"\n", "line_too_long"),
     ]:
         reply = await _exchange(reader, writer, line)
         assert reply["type"] == "error" and reply["code"] == code, reply
@@ -123,7 +124,82 @@ async def test_daemon_survives_malformed_input_and_serves_others(start_runner, c
     writer.close()
 
 
+def _padded(request: bytes, size: int) -> bytes:
+    """`request` as a line of exactly `size` bytes, newline included (JSON allows the spaces)."""
+    return request + b" " * (size - len(request) - 1) + b"\n"
+
+
+async def test_line_limit_is_exact_and_an_overlong_line_ends_the_connection(start_runner):
+    runner = await start_runner()
+    reader, writer = await _raw(runner.settings.socket_path)
+    await _exchange(reader, writer, b'{"type": "hello", "id": 1, "version": 1, "client": "fuzz"}\n')
+
+    reply = await _exchange(reader, writer, _padded(b'{"type": "status", "id": 2}', p.MAX_LINE))
+    assert reply["type"] == "status" and reply["id"] == 2
+
+    writer.write(_padded(b'{"type": "status", "id": 3}', p.MAX_LINE + 1))
+    with contextlib.suppress(ConnectionError):  # it may hang up before taking all of the line
+        await writer.drain()
+    reply = json.loads(await asyncio.wait_for(reader.readline(), 10))
+    assert reply["type"] == "error" and reply["code"] == "line_too_long" and reply["id"] is None
+    assert str(p.MAX_LINE) in reply["message"] and "closing" in reply["message"]
+    with contextlib.suppress(ConnectionError):
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # then the connection is closed
+    writer.close()
+
+
 async def test_every_request_has_an_answer(start_runner):
     runner = await start_runner()
     answered_by_the_connection = {p.Hello, p.Subscribe, p.Ack}
     assert set(runner.handlers) | answered_by_the_connection == set(p.Request.__subclasses__())
+
+
+async def test_an_unreadable_stored_event_never_stalls_a_subscription(start_runner, connect):
+    """Rows that no longer read back (NaN stored as null by an older runner, text that is not
+    UTF-8, a kind this runner never heard of, a garbled time) come as `unreadable` events with
+    their seq, and everything after them still arrives, in order."""
+    runner = await start_runner()
+    first = await runner.store.append_event(None, MilestoneReported(title="before"))
+    bad_rows = [
+        (
+            "metrics",
+            b'{"kind": "metrics", "experiment_id": null, "points": [{"name": "loss", "value": null}]}',
+        ),
+        ("milestone", b'{"kind": "milestone", "title": "\xff\xfe"}'),
+        ("teleported", b'{"kind": "teleported"}'),
+        ("milestone", b"not json at all"),
+    ]
+    with contextlib.closing(sqlite3.connect(runner.settings.db_path)) as db, db:
+        for kind, data in bad_rows:
+            db.execute(
+                "INSERT INTO events (goal_id, ts, kind, data) VALUES (NULL, ?, ?, CAST(? AS TEXT))",
+                (utcnow().isoformat(), kind, data),
+            )
+        db.execute(
+            "INSERT INTO events (goal_id, ts, kind, data) VALUES (NULL, 'yesterday-ish', 'milestone', ?)",
+            ('{"kind": "milestone", "title": "t"}',),
+        )
+    last = await runner.store.append_event(None, MilestoneReported(title="after"))
+
+    client = await connect(runner)
+    assert await client.subscribe(since=0) == last.seq
+    seen = []
+    async for event in client.events():
+        seen.append(event)
+        if event.seq == last.seq:
+            break
+    assert [e.seq for e in seen] == list(range(first.seq, last.seq + 1))
+    assert seen[0].data == MilestoneReported(title="before") and seen[-1].data == MilestoneReported(
+        title="after"
+    )
+    unreadable = [e.data for e in seen[1:-1]]
+    assert all(isinstance(d, UnreadableEvent) for d in unreadable)
+    assert [d.stored_kind for d in unreadable] == [
+        "metrics",
+        "milestone",
+        "teleported",
+        "milestone",
+        "milestone",
+    ]
+    assert "points.0.value" in unreadable[0].reason and "unicode" in unreadable[1].reason
+    assert "ts" in unreadable[4].reason
