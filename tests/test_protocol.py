@@ -8,8 +8,10 @@ import json
 import sqlite3
 
 import pytest
+from conftest import eventually
 
 from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import Budget, Event, MetricPoint, MilestoneReported, UnreadableEvent, utcnow
 
 REQUESTS = [
@@ -203,3 +205,70 @@ async def test_an_unreadable_stored_event_never_stalls_a_subscription(start_runn
     ]
     assert "points.0.value" in unreadable[0].reason and "unicode" in unreadable[1].reason
     assert "ts" in unreadable[4].reason
+
+
+class _FedStream:
+    """A LineStream whose runner side is this test: lines in by feed(), requests out in `sent`."""
+
+    def __init__(self):
+        self.lines: asyncio.Queue[bytes] = asyncio.Queue()
+        self.sent: list[bytes] = []
+
+    def feed(self, message: dict) -> None:
+        self.lines.put_nowait(json.dumps(message).encode() + b"\n")
+
+    async def readline(self) -> bytes:
+        return await self.lines.get()
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.lines.put_nowait(b"")
+
+    async def wait_closed(self) -> None:
+        pass
+
+
+async def test_the_client_keeps_the_link_through_lines_it_cannot_read():
+    """A newer runner's event kind arrives as `unreadable` with its seq (so the bot acks past it);
+    a reply it cannot read fails its own request; neither drops the link."""
+    stream = _FedStream()
+    client = RunnerClient(stream)
+    stream.feed(
+        {
+            "type": "event",
+            "event": {"seq": 5, "goal_id": 2, "ts": "2030-01-01T00:00:00Z", "data": {"kind": "teleported"}},
+        }
+    )
+    event = await anext(client.events())
+    assert (event.seq, event.goal_id) == (5, 2) and isinstance(event.data, UnreadableEvent)
+    assert event.data.stored_kind == "teleported" and "cannot read" in event.data.reason
+
+    status = asyncio.ensure_future(client.call(p.Status, p.StatusReply))
+    await eventually(lambda: stream.sent)
+    stream.feed({"type": "status", "id": 1, "goals": "not a list"})
+    with pytest.raises(p.ProtocolError, match="cannot read"):
+        await status
+    stream.feed({"type": "hologram"})  # no id, no event: logged and left
+    done = asyncio.ensure_future(client.call(p.Ack, p.Done, seq=5))
+    await eventually(lambda: len(stream.sent) == 2)
+    stream.feed({"type": "done", "id": 2, "message": "acked 5"})
+    assert (await done).message == "acked 5"
+    await client.close()
+
+
+async def test_a_failing_subscription_hangs_up_rather_than_going_quiet(start_runner, connect, monkeypatch):
+    runner = await start_runner()
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("the disk is on fire")
+
+    monkeypatch.setattr(runner.store, "events_since", broken)
+    client = await connect(runner)
+    await client.subscribe(since=0)
+    with pytest.raises(RunnerUnavailable):  # the bot reconnects on this, rather than waiting forever
+        await asyncio.wait_for(anext(client.events()), 10)
