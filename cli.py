@@ -464,9 +464,11 @@ def _budget_words(change: str) -> None:
 def _read_text(read: Callable[[], bytes], what: str) -> str:
     """Text from a file or stdin, which must be UTF-8 (the runner takes text)."""
     try:
-        return read().decode("utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read {what}: {exc.strerror or exc}") from None
+        data = read()
+    except (OSError, ValueError) as exc:  # ValueError: a path with a NUL in it
+        raise UsageError(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 

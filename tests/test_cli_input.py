@@ -1,0 +1,199 @@
+"""Bad input on the command line: one line on stderr and exit code 2, never a traceback.
+
+Every verb is given bad input through the real entry point (`.venv/bin/goaltender`, argv as bytes,
+so undecodable arguments arrive as Python sees them); the bulk of the fuzzing calls `cli.main` in
+process. With no runner listening, input that passed the checks would exit 4 ("no runner"): an exit
+2 shows the input was refused before the runner was asked. With a runner up, its own error replies
+keep their exit code (4), and it refuses goal words and budget changes that cannot be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import BIN, submit, write_agent
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from goaltender import cli
+from goaltender.runner import protocol as p
+
+GOALTENDER = os.path.join(BIN, "goaltender")
+NO_RUNNER = "/nonexistent/goaltender-test/runner.sock"
+
+
+def run_cli(
+    argv: list[str | bytes], *, env: dict[str, str] | None = None, stdin: bytes = b"", socket: str = NO_RUNNER
+) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "GOALTENDER_SOCKET": socket, "GOALTENDER_GOAL_ID": "1", **(env or {})}
+    return subprocess.run(
+        [GOALTENDER, *argv],
+        input=stdin.decode("latin-1"),
+        capture_output=True,
+        text=True,
+        encoding="latin-1",  # stderr shows argv bytes as they came; any byte decodes
+        env=environment,
+        timeout=60,
+    )
+
+
+def assert_refused(out: subprocess.CompletedProcess[str], says: str) -> None:
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    assert says in out.stderr, out.stderr
+    if out.stderr.startswith("goaltender: "):  # ours, not argparse's usage + error
+        assert out.stderr.count("\n") == 1, out.stderr
+
+
+# (verb, argv, what stderr says): every verb, with the inputs the fuzzers found and their kin.
+CASES: list[tuple[str, list[str | bytes], str]] = [
+    ("runner", ["runner", "bogus"], "invalid choice"),
+    ("demo", ["demo", "x, max 0 experiments"], "`max 0 experiments`: an experiment count must be"),
+    ("demo", ["demo", ""], "text: String should have at least 1 character"),
+    ("bot", ["bot", "extra"], "unrecognized arguments"),
+    ("submit", ["submit", ""], "text: String should have at least 1 character"),
+    ("submit", ["submit", "x" * 4001], "text: String should have at most 4000 characters"),
+    ("submit", ["submit", "x, budget 0h"], "`budget 0h`: a time budget must be at least 1s"),
+    ("submit", ["submit", "x within 0s"], "`within 0s`"),
+    ("submit", ["submit", "x, budget 99999999h"], "at most 365 days"),
+    ("submit", ["submit", "reach 150% accuracy"], "a percentage target is at most 100%"),
+    ("submit", ["submit", b"train \xff"], "text: b'train \\xff' is not UTF-8"),
+    ("status", ["status", "99999999999999999999"], "is out of range"),
+    ("summary", ["summary", "x"], "not a whole number"),
+    ("steer", ["steer", "1", b"\xfe\xff"], "is not UTF-8"),
+    ("steer", ["steer", "1", ""], "text: String should have at least 1 character"),
+    ("budget", ["budget", "1", "+0h"], "`+0h`: an extension must be at least 1s"),
+    ("budget", ["budget", "1", "+99999999h"], "at most 365 days"),
+    ("budget", ["budget", "1", "+0 experiments"], "more experiments must be from 1"),
+    ("budget", ["budget", "1", "x" * 201], "change: String should have at most 200 characters"),
+    ("pause", ["pause", "0"], "is out of range"),
+    ("resume", ["resume", "-1"], "is out of range"),
+    ("stop", ["stop", "1", "--reason", b"\xff"], "reason: b'\\xff' is not UTF-8"),
+    ("approve", ["approve", "1.5"], "not a whole number"),
+    ("reject", ["reject", "1", "--comment", b"\xc3"], "comment: b'\\xc3' is not UTF-8"),
+    ("audit", ["audit", "--limit", "0"], "limit: Input should be greater than 0"),
+    ("events", ["events", "--since", "-1"], "is out of range"),
+    ("log", ["log", "1", "--offset", "x"], "not a whole number"),
+    ("milestone", ["milestone", b"\xff"], "title: b'\\xff' is not UTF-8"),
+    ("milestone", ["milestone", "x" * 301], "title: String should have at most 300 characters"),
+    ("metrics", ["metrics", "loss=nan"], "metric 'loss': not a finite number: 'nan'"),
+    ("metrics", ["metrics", "loss=1e999"], "not a finite number"),
+    ("metrics", ["metrics", "loss=1", "--step", "inf"], "not a finite number: 'inf'"),
+    ("metrics", ["metrics", "loss"], "expected NAME=VALUE"),
+    ("experiment", ["experiment", "-d", "x", "--timeout", "0", "--", "true"], "a timeout must be"),
+    ("experiment", ["experiment", "-d", "x", "--timeout", "nan", "--", "true"], "a timeout must be"),
+    ("experiment", ["experiment", "-d", "", "--", "true"], "description: String should have at least 1"),
+    ("experiment", ["experiment", "-d", "x", "--", b"\xff"], "command: b'\\xff' is not UTF-8"),
+    (
+        "experiment",
+        ["experiment", "-d", "x", "--eval", "'open", "--", "true"],
+        "--eval: No closing quotation",
+    ),
+    ("ask", ["ask", "go?", "--timeout", "99999d"], "a timeout must be"),
+    ("ask", ["ask", ""], "question: String should have at least 1 character"),
+    ("inbox", ["inbox", "--goal", "0"], "is out of range"),
+    ("diary", ["diary", "read", "--last", "1001"], "last: Input should be less than or equal to 1000"),
+    ("diary", ["diary", "write", "-"], "stdin is not UTF-8 text"),
+    ("report", ["report", "--file", "/nonexistent/report.md"], "cannot read /nonexistent/report.md"),
+    ("report", ["report", ""], "give the report text"),
+]
+NOT_TEXT = b"\xff\xfe not text"  # on every case's stdin: `diary write -` reads it
+
+
+@pytest.mark.parametrize(
+    ("verb", "argv", "says"), CASES, ids=[f"{v}-{i}" for i, (v, _, _) in enumerate(CASES)]
+)
+def test_bad_input_through_the_real_entry_point(verb, argv, says):
+    out = run_cli(argv, stdin=NOT_TEXT)
+    assert_refused(out, says)
+
+
+def test_every_verb_is_given_bad_input():
+    parser = cli.build_parser()
+    verbs = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(verbs) == {verb for verb, _, _ in CASES}
+
+
+def test_a_bad_goal_id_in_the_environment():
+    out = run_cli(["milestone", "hello"], env={"GOALTENDER_GOAL_ID": "abc"})
+    assert_refused(out, "GOALTENDER_GOAL_ID is not a goal id (not a whole number: 'abc'); pass --goal N")
+
+
+# ---- in process: the bulk of the fuzzing ----
+
+VERBS = [
+    *("submit", "status", "summary", "steer", "budget", "pause", "resume", "stop", "approve", "reject"),
+    *("audit", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "report"),
+    *("diary write", "diary read"),
+]
+AWKWARD = [
+    *("", "\udcff", "\udcfe\udcff", "x" * 5000, "x" * 301, "nan", "inf", "-inf", "-1", "0", "1", "2"),
+    *("1.5", "1e999", "99999999999999999999999", "a=nan", "a=1", "k=v", "=", "=1", "budget 0h", "+0h"),
+    *("+99999999h", "+2h", "max 0 experiments", "to 150%", "'", "\x00", "/nonexistent", "1h", "0s"),
+    *("--goal", "--step", "--limit", "--last", "--offset", "--since", "--timeout", "--param", "--metric"),
+    *("--eval", "-d", "--", "--comment", "--reason", "--detail", "--kind", "--author", "--owner"),
+    *("--agent", "--handoff", "--all", "--file", "--experiment", "--minimize", "--follow"),
+]
+ARGS = st.lists(st.one_of(st.sampled_from(AWKWARD), st.text(max_size=12)), max_size=6)
+
+
+@settings(max_examples=400, derandomize=True, database=None, deadline=None)
+@given(st.sampled_from(VERBS), ARGS)
+def test_fuzzed_arguments_in_process(verb, args):
+    argv = ["--socket", NO_RUNNER, *verb.split(), *args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exit:  # argparse's own: usage errors (2) and --help (0)
+            code = exit.code
+    said = stderr.getvalue()
+    assert "Traceback" not in said
+    if code == 0:
+        assert "usage:" in stdout.getvalue()  # an abbreviation of --help, generated by chance
+    elif code == 4:
+        assert "no runner is listening" in said  # the input was fine: only then is the runner asked
+    else:
+        assert code == 2, (code, said)
+        assert said.startswith(("goaltender: ", "usage: goaltender")), said  # ours, or argparse's
+        if said.startswith("goaltender: "):
+            assert said.count("\n") == 1, said
+
+
+# ---- with a runner: its refusals, and its error replies keep their exit code ----
+
+
+async def test_the_runner_refuses_limits_that_cannot_be(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"wait": write_agent(tmp_path, "wait.sh", "sleep 120\n")})
+    client = await connect(runner)
+    socket = str(runner.settings.socket_path)
+    goal_id = await submit(client, "wait, budget 1h, max 2 experiments", agent="wait")
+
+    for text in ("x, budget 0h", "x, max 0 experiments", "x to 150%", "x, gpu-hours 99999999"):
+        with pytest.raises(p.ProtocolError) as refused:
+            await submit(client, text, agent="wait")
+        assert refused.value.error.code == "bad_request" and refused.value.error.message.startswith("`")
+    with pytest.raises(p.ProtocolError, match=r"bad_request: `\+99999999h`: an extension"):
+        await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="+99999999h")
+    steered = await client.call(p.Steer, p.Done, goal_id=goal_id, text="hurry, budget 0h")
+    assert "delivered" in steered.message and "budget not changed: `budget 0h`" in steered.message
+
+    async def cli_run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(run_cli, list(argv), socket=socket)
+
+    missing = await cli_run("status", "999")
+    assert missing.returncode == cli.EXIT_RUNNER and "the runner refused: no goal #999" in missing.stderr
+    not_budget = await cli_run("budget", str(goal_id), "focus on the dense scenes")
+    assert not_budget.returncode == cli.EXIT_RUNNER and "no budget in" in not_budget.stderr
+    assert_refused(await cli_run("budget", str(goal_id), "+0h"), "an extension must be at least 1s")
+    extended = await cli_run("budget", str(goal_id), "+2h")
+    assert extended.returncode == 0 and "budget changed: deadline +2h00m" in extended.stdout
+    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    assert Path(socket).exists()
