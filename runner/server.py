@@ -9,9 +9,10 @@ the audit trail as refused, and changes nothing; every control request is writte
 outcome (runner/audit.py).
 
 A connection reads lines capped at MAX_LINE and must open with `hello`. Every line gets exactly one
-reply; a line over MAX_LINE gets a last `error` (line_too_long) and the connection is closed. Three requests belong to
-the connection itself: `hello`, `subscribe` (stream the event log from a position, woken by each
-commit) and `ack` (the client's durable position, kept under its name). Every other request goes
+reply; a line over MAX_LINE gets a last `error` (line_too_long) and the connection is closed.
+Three requests belong to the connection itself: `hello`, `subscribe` (stream the event log from a
+position, woken by each commit; a stream that fails hangs up, so its client resubscribes) and
+`ack` (the client's durable position, kept under its name). Every other request goes
 to its handler in the table the runner gives (runner/daemon.py says what each one does), with the
 connection's principal; a handler raises Refused to answer with an error.
 """
