@@ -1,0 +1,169 @@
+"""A full disk pauses goals instead of killing the runner or leaving rows open.
+
+The disk is real: the runner process runs in bubblewrap with its home on a small tmpfs (`bwrap
+--size N --tmpfs HOME`, no root needed), so SQLite and the experiments get a true ENOSPC. An
+experiment fills that disk; the test frees it again by deleting the filler through
+/proc/<runner pid>/root, the runner's view of its mount namespace. Agents and experiments run
+unsandboxed here (GOALTENDER_SANDBOX=none): the sandbox is not what is under test, and the runner
+in its own mount namespace keeps this simple.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+from conftest import events_until_report, eventually, submit, write_agent
+from test_recovery import TESTS, alive, connect_when_up
+
+from goaltender.runner import protocol as p
+from goaltender.storage.records import ExperimentFinished, GoalStateChanged
+
+MB = 1024 * 1024
+DISK_MB = 48  # the home's tmpfs
+MIN_FREE_MB = 8  # GOALTENDER_MIN_FREE_MB: below it no experiment starts
+
+
+def start_runner_on_small_disk(tmp_path: Path, socket: Path, agent: list[str]) -> subprocess.Popen:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "GOALTENDER_AGENTS": json.dumps({"a": agent}),
+        "GOALTENDER_DEFAULT_AGENT": "a",
+        "GOALTENDER_SANDBOX": "none",
+        "GOALTENDER_MIN_FREE_MB": str(MIN_FREE_MB),
+        "GOALTENDER_DISK_CHECK_S": "0.2",
+        "GOALTENDER_STOP_GRACE_S": "1",
+        "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    small_home = ["bwrap", "--dev-bind", "/", "/", "--size", str(DISK_MB * MB), "--tmpfs", str(home), "--"]
+    runner = [sys.executable, "-m", "goaltender.cli", "--socket", str(socket), "runner", "--home", str(home)]
+    log = open(tmp_path / "runner.log", "ab")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen([*small_home, *runner], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def runner_view(bwrap: subprocess.Popen, path: Path) -> Path:
+    """`path` as the runner (inside bwrap's mount namespace) sees it."""
+    runner = next(
+        proc
+        for proc in psutil.Process(bwrap.pid).children(recursive=True)
+        if "goaltender.cli" in proc.cmdline()
+    )
+    return Path(f"/proc/{runner.pid}/root") / path.relative_to("/")
+
+
+def fill_leaving(mb: int) -> str:
+    """An experiment that prints its score, then fills the disk up to `mb` MB free, and exits 0."""
+    code = f"""
+import shutil
+print("score: 1", flush=True)
+room = shutil.disk_usage(".").free - {mb * MB}
+with open("filler", "wb", buffering=0) as filler:
+    try:
+        while room > 0:
+            room -= filler.write(b"\\0" * min(room, 1 << 20))
+    except OSError:
+        pass  # no space left: what it was for
+"""
+    return f"python -c {shlex.quote(code)}"
+
+
+def goal_states(events) -> list[GoalStateChanged]:
+    return [e.data for e in events if isinstance(e.data, GoalStateChanged)]
+
+
+async def stop(bwrap: subprocess.Popen) -> None:
+    if bwrap.poll() is None:
+        bwrap.send_signal(signal.SIGTERM)
+        bwrap.wait(timeout=30)
+
+
+async def test_a_run_that_ends_on_a_full_disk_is_closed_once_there_is_room(tmp_path, short_dir):
+    out = tmp_path / "agent.out"
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        f"goaltender experiment -d fills --metric score -- {fill_leaving(0)}\n"
+        f'echo "first rc=$?" >> {out}\n'
+        f"goaltender experiment -d after --metric score -- python -c 'print(\"score: 2\")'\n"
+        f'echo "second rc=$?" >> {out}\n',
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk, max 3 experiments", agent="a")
+        runner_log = tmp_path / "runner.log"
+        await eventually(lambda: "goals pause, writes wait until there is room" in runner_log.read_text(), 30)
+
+        # The disk is full and the run has ended; the runner is alive and answers, the row waits
+        # to be closed (it cannot be written yet).
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        assert status.running is not None and status.running.index == 1
+        await eventually(lambda: not alive(status.running.pid))
+        workspace = Path(status.goal.workspace)
+        assert psutil.disk_usage(str(runner_view(runner, workspace))).free < MB
+
+        runner_view(runner, workspace / "filler").unlink()  # room again
+        events = await events_until_report(client, goal_id, timeout=60)
+    finally:
+        await stop(runner)
+
+    rows = [e.data.experiment for e in events if isinstance(e.data, ExperimentFinished)]
+    assert [(r.index, r.status, r.metric_value) for r in rows] == [(1, "keep", 1.0), (2, "keep", 2.0)]
+    assert rows[0].wall_seconds is not None and rows[0].cpu_seconds is not None
+    states = goal_states(events)
+    paused = next(s for s in states if s.state == "paused")
+    assert paused.reason.startswith("disk full: ") and f"MB free on {tmp_path / 'home'}" in paused.reason
+    resumed = states[states.index(paused) + 1]
+    assert resumed.state == "running" and resumed.reason.startswith("disk space is back: ")
+    assert states[-1].state == "finished"
+    assert out.read_text() == "first rc=0\nsecond rc=0\n"
+
+
+async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_dir):
+    out, err = tmp_path / "agent.out", tmp_path / "agent.err"
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        f"goaltender experiment -d fills --metric score -- {fill_leaving(MIN_FREE_MB // 2)}\n"
+        f"goaltender experiment -d refused --metric score -- python -c 'print(\"score: 2\")' 2>> {err}\n"
+        f'echo "refused rc=$?" >> {out}\n'
+        # The goal is paused now: this one waits until there is room, then runs.
+        f"goaltender experiment -d later --metric score -- python -c 'print(\"score: 3\")'\n"
+        f'echo "later rc=$?" >> {out}\n',
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk, max 3 experiments", agent="a")
+        await eventually(lambda: out.exists() and "refused rc=4" in out.read_text(), 30)
+        said = err.read_text()
+        assert "the runner refused: experiment not started: disk full: " in said
+        assert f"under the {MIN_FREE_MB} MB this runner keeps free (GOALTENDER_MIN_FREE_MB)" in said
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        assert status.goal.state == "paused" and status.running is None
+
+        runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
+        events = await events_until_report(client, goal_id, timeout=60)
+    finally:
+        await stop(runner)
+
+    rows = [e.data.experiment for e in events if isinstance(e.data, ExperimentFinished)]
+    assert [(r.description, r.metric_value) for r in rows] == [("fills", 1.0), ("later", 3.0)]
+    states = goal_states(events)
+    paused = next(s for s in states if s.state == "paused")
+    assert (
+        paused.reason.startswith("disk full: ")
+        and "no new experiment starts until there is room" in paused.reason
+    )
+    assert states[states.index(paused) + 1].reason.startswith("disk space is back: ")
+    assert out.read_text() == "refused rc=4\nlater rc=0\n"
