@@ -58,7 +58,6 @@ from goaltender.storage.space import DiskFull, FreeSpace, free_space, is_disk_fu
 log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
 OnStart = Callable[[int], Awaitable[None]]
-SpaceProbe = Callable[[Path], FreeSpace]
 
 
 class AgentSockets(Protocol):
@@ -72,17 +71,10 @@ class AgentSockets(Protocol):
 class Campaigns:
     """Every goal's campaign on this runner, and the processes, tasks and waits each one holds."""
 
-    def __init__(
-        self,
-        settings: RunnerSettings,
-        store: RunnerStore,
-        sockets: AgentSockets,
-        probe: SpaceProbe = free_space,
-    ):
+    def __init__(self, settings: RunnerSettings, store: RunnerStore, sockets: AgentSockets):
         self.settings = settings
         self.store = store
         self.sockets = sockets
-        self.probe = probe  # how much room the home's disk has (tests may pass their own)
         self.sandbox = Sandbox(settings)
         self.gpus = count_gpus() if settings.compute_unit != "cpu" else 0
         self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or self.gpus) else "cpu"
@@ -96,7 +88,7 @@ class Campaigns:
         self._unpaused: dict[int, asyncio.Event] = {}  # set unless the goal is paused
         self._goal_locks: dict[int, asyncio.Lock] = {}
         self._ending: set[int] = set()
-        self._disk_paused: set[int] = set()  # goals held until the disk has room again
+        self._disk_waits: dict[int, asyncio.Task] = {}  # goal id -> its wait for disk space
         self._disk_full_logged = False
         self._tasks: set[asyncio.Task] = set()
 
@@ -152,8 +144,7 @@ class Campaigns:
         if goal.state == "paused":
             self.hold_experiments(goal.id)
             if await self.store.paused_for_disk(goal.id):
-                self._disk_paused.add(goal.id)
-                self._spawn(self._resume_when_space(goal.id))
+                self._disk_waits[goal.id] = self._spawn(self._resume_when_space(goal.id))
         if goal.budget.deadline and utcnow() >= goal.budget.deadline:
             await self.end_goal(goal.id, "finished", "deadline reached while the runner was down")
             return
@@ -257,7 +248,7 @@ class Campaigns:
 
     def free_space(self) -> FreeSpace:
         try:
-            return self.probe(self.settings.home)
+            return free_space(self.settings.home)  # the module's probe, looked up here: tests replace it
         except OSError:
             return FreeSpace(self.settings.home, 0)
 
@@ -285,11 +276,17 @@ class Campaigns:
     def pause_for_disk(self, goal_id: int, space: FreeSpace) -> None:
         """Hold the goal's experiments until the disk has room again; its thread is told why (as
         soon as that can be written) and again when it goes on."""
-        if goal_id in self._disk_paused or goal_id in self._ending:
+        if goal_id in self._ending:
             return
-        self._disk_paused.add(goal_id)
         self.hold_experiments(goal_id)
-        self._spawn(self._pause_until_space(goal_id, space))
+        if goal_id not in self._disk_waits:
+            self._disk_waits[goal_id] = self._spawn(self._pause_until_space(goal_id, space))
+
+    def forget_disk_pause(self, goal_id: int) -> None:
+        """A person took over (resumed the goal, or paused it themselves): it no longer resumes by
+        itself when there is room."""
+        if (task := self._disk_waits.pop(goal_id, None)) is not None:
+            task.cancel()
 
     async def _pause_until_space(self, goal_id: int, space: FreeSpace) -> None:
         reason = (
@@ -298,20 +295,17 @@ class Campaigns:
         )
         if await self.store.pause_for_disk(goal_id, reason) is None:
             # Paused by a person already (it stays so), or ended.
-            self._disk_paused.discard(goal_id)
+            self._disk_waits.pop(goal_id, None)
             if (await self.goal(goal_id)).state != "paused":
                 self.release_experiments(goal_id)
             return
         await self._resume_when_space(goal_id)
 
     async def _resume_when_space(self, goal_id: int) -> None:
-        try:
-            await self._until_space()
-            resumed = await self.store.end_disk_pause(goal_id, f"disk space is back: {self.free_space()}")
-            if resumed is not None:
-                self.release_experiments(goal_id)
-        finally:
-            self._disk_paused.discard(goal_id)
+        await self._until_space()
+        self._disk_waits.pop(goal_id, None)
+        if await self.store.end_disk_pause(goal_id, f"disk space is back: {self.free_space()}"):
+            self.release_experiments(goal_id)
 
     async def _until_space(self) -> None:
         while self.low_space():  # noqa: ASYNC110 - nothing signals free space

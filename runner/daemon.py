@@ -179,12 +179,12 @@ class Runner:
     async def _on_steer(self, req: p.Steer, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         author = who.actor(req.author)
-        message = await self.store.add_inbox(goal.id, author, req.text)
-        said = f"delivered to goal #{goal.id}'s inbox as message {message.id}"
         try:
             change = apply_budget_change(goal.budget, req.text, utcnow())
-        except GoalTextError as exc:  # the words still reach the agent; the budget stays
-            return p.Done(message=f"{said}; budget not changed: {exc}")
+        except GoalTextError as exc:  # refused whole: nothing half done, and whoever sent it hears why
+            raise Refused("bad_request", f"{exc}; not delivered (a steer's budget words are applied)") from None
+        message = await self.store.add_inbox(goal.id, author, req.text)
+        said = f"delivered to goal #{goal.id}'s inbox as message {message.id}"
         if change:
             await self.campaigns.set_budget(goal, change[0], f"{author}: {change[1]}")
             said += f"; budget changed: {change[1]}"
@@ -213,6 +213,10 @@ class Runner:
     async def _on_pause(self, req: p.Pause, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         if goal.state == "paused":
+            reason = f"paused by {who.actor(req.by)} (it was paused for a full disk)"
+            if await self.store.keep_paused(goal.id, reason):  # no longer resumes by itself
+                self.campaigns.forget_disk_pause(goal.id)
+                return p.Done(message=f"goal #{goal.id} {reason}; it stays paused until resumed")
             return p.Done(message=f"goal #{goal.id} is already paused")
         self.campaigns.hold_experiments(goal.id)
         await self.store.set_goal_state(goal.id, "paused", f"paused by {who.actor(req.by)}")
@@ -222,6 +226,7 @@ class Runner:
         goal = await self.campaigns.active_goal(req.goal_id)
         if goal.state != "paused":
             return p.Done(message=f"goal #{goal.id} is not paused ({goal.state})")
+        self.campaigns.forget_disk_pause(goal.id)  # resumed by hand, disk or not
         pending = await self.store.pending_approvals(goal.id)
         await self.store.set_goal_state(
             goal.id, "waiting_for_approval" if pending else "running", f"resumed by {who.actor(req.by)}"

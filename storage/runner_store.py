@@ -53,6 +53,7 @@ from goaltender.storage.runner_schema import MIGRATIONS
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 _event_data = TypeAdapter(EventData)
+_PAUSED_FOR_DISK = "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk"
 log = logging.getLogger("goaltender.runner")
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -272,17 +273,25 @@ class RunnerStore:
         self._announce(pending)
         return goal
 
+    @_waits_for_space
+    async def keep_paused(self, goal_id: int, reason: str) -> Goal | None:
+        """A person pauses a goal paused for the disk: it stays paused (it no longer resumes by
+        itself), and the log says who. None, changing nothing, if it was not paused for the disk."""
+        pending: list[Event] = []
+        async with self.db.write() as tx:
+            if not await self._paused_for_disk(tx, goal_id):
+                return None
+            await tx.run("UPDATE goals SET paused_for_disk = 0 WHERE id = ?", (goal_id,))
+            await self._append(tx, goal_id, GoalStateChanged(state="paused", reason=reason), pending)
+            goal = await self._goal(tx, goal_id)
+        self._announce(pending)
+        return goal
+
     async def paused_for_disk(self, goal_id: int) -> bool:
-        row = await self.db.fetchone(
-            "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk", (goal_id,)
-        )
-        return row is not None
+        return await self.db.fetchone(_PAUSED_FOR_DISK, (goal_id,)) is not None
 
     async def _paused_for_disk(self, tx: Tx, goal_id: int) -> bool:
-        row = await tx.row(
-            "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk", (goal_id,)
-        )
-        return row is not None
+        return await tx.row(_PAUSED_FOR_DISK, (goal_id,)) is not None
 
     @_waits_for_space
     async def set_agent_pid(self, goal_id: int, pid: int | None) -> None:

@@ -19,11 +19,13 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import events_until_report, eventually, submit, write_agent
+from conftest import events_until_report, eventually, submit, vouched, write_agent
 from test_recovery import TESTS, alive, connect_when_up
 
+from goaltender.runner import campaign
 from goaltender.runner import protocol as p
 from goaltender.storage.records import ExperimentFinished, GoalStateChanged
+from goaltender.storage.space import FreeSpace
 
 MB = 1024 * 1024
 DISK_MB = 48  # the home's tmpfs
@@ -167,3 +169,80 @@ async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_d
     )
     assert states[states.index(paused) + 1].reason.startswith("disk space is back: ")
     assert out.read_text() == "refused rc=4\nlater rc=0\n"
+
+
+# ---- the same rules with a stand-in for the free-space probe (in-process runners) ----
+
+
+def low_disk(monkeypatch, free_mb: float) -> dict[str, float]:
+    """Make the runner's free-space probe report `free_mb` (change the returned dict's "mb")."""
+    disk = {"mb": free_mb}
+    monkeypatch.setattr(campaign, "free_space", lambda path: FreeSpace(path, int(disk["mb"] * MB)))
+    return disk
+
+
+# Sandboxed, the agent writes in its workspace only: agent.out is there.
+TWO_RUNS = """
+goaltender experiment -d first --metric score -- python -c 'print("score: 1")'
+echo "first rc=$?" >> agent.out
+goaltender experiment -d second --metric score -- python -c 'print("score: 2")'
+echo "second rc=$?" >> agent.out
+"""
+
+
+def said(runner, goal_id: int) -> str:
+    out = runner.settings.workspaces / f"goal-{goal_id}" / "agent.out"
+    return out.read_text() if out.exists() else ""
+
+
+async def test_a_disk_pause_outlives_a_restart(start_runner, connect, tmp_path, monkeypatch):
+    disk = low_disk(monkeypatch, 1)
+    options = {
+        "agents": {"a": write_agent(tmp_path, "a.sh", TWO_RUNS)},
+        "min_free_mb": MIN_FREE_MB,
+        "disk_check_s": 0.1,
+    }
+    runner = await start_runner(**options)
+    client = await connect(runner)
+    goal_id = await submit(client, "two runs, max 3 experiments", agent="a")
+    await eventually(lambda: "first rc=4" in said(runner, goal_id))
+    await runner.close()
+
+    disk["mb"] = 100  # room again while the runner was down
+    runner = await start_runner(**options)
+    client = await connect(runner)
+    events = await events_until_report(client, goal_id)
+    states = goal_states(events)
+    paused = next(s for s in states if s.state == "paused")
+    assert paused.reason == (
+        f"disk full: 1 MB free on {runner.settings.home}, under the {MIN_FREE_MB} MB this runner keeps "
+        "free (GOALTENDER_MIN_FREE_MB); no new experiment starts until there is room"
+    )
+    assert (
+        states[states.index(paused) + 1].reason
+        == f"disk space is back: 100 MB free on {runner.settings.home}"
+    )
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert [(e.description, e.status) for e in summary.ledger] == [("first", "keep"), ("second", "keep")]
+    assert summary.status.goal.state == "finished"
+
+
+async def test_a_person_takes_over_a_disk_pause(start_runner, connect, tmp_path, monkeypatch):
+    disk = low_disk(monkeypatch, 1)
+    agents = {"a": write_agent(tmp_path, "a.sh", TWO_RUNS)}
+    runner = await start_runner(agents=agents, min_free_mb=MIN_FREE_MB, disk_check_s=0.1)
+    client = await connect(runner)
+    goal_id = await submit(client, "two runs, max 3 experiments", agent="a")
+    await eventually(lambda: "first rc=4" in said(runner, goal_id))
+
+    done = await client.call(p.Pause, p.Done, goal_id=goal_id, by="ana")
+    assert done.message.endswith("(it was paused for a full disk); it stays paused until resumed")
+    assert not await runner.store.paused_for_disk(goal_id)  # room alone no longer resumes it
+    disk["mb"] = 100
+    await client.call(p.Resume, p.Done, goal_id=goal_id, by="ana")
+    events = await events_until_report(client, goal_id)
+
+    reasons = [s.reason for s in goal_states(events)]
+    assert not any(reason.startswith("disk space is back") for reason in reasons)
+    assert f"resumed by {vouched('ana')}" in reasons
+    assert said(runner, goal_id) == "first rc=4\nsecond rc=0\n"
