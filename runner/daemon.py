@@ -182,7 +182,8 @@ class Runner:
         try:
             change = apply_budget_change(goal.budget, req.text, utcnow())
         except GoalTextError as exc:  # refused whole: nothing half done, and whoever sent it hears why
-            raise Refused("bad_request", f"{exc}; not delivered (a steer's budget words are applied)") from None
+            undelivered = "the message was not delivered (budget words in a steer change the budget)"
+            raise Refused("bad_request", f"{exc}; {undelivered}") from None
         message = await self.store.add_inbox(goal.id, author, req.text)
         said = f"delivered to goal #{goal.id}'s inbox as message {message.id}"
         if change:
