@@ -56,7 +56,7 @@ class BudgetGuard:
         try:
             changed = apply_budget_change(status.goal.budget, words, now)
         except GoalTextError:
-            return None  # one that cannot be: the runner refuses it, saying why (a steer keeps the budget)
+            return None  # one that cannot be: the runner refuses it, saying why
         if changed is None or (why := rule.over(status.goal.budget, changed[0], now)) is None:
             return None
         change = words.strip()
