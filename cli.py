@@ -454,7 +454,8 @@ def _goal_words(text: str) -> None:
 
 
 def _budget_words(change: str) -> None:
-    """A budget change that cannot be whatever the goal's budget (+0h, +99999999h): say so now."""
+    """Budget words that cannot be whatever the goal's budget (+0h, budget 0h), in a change or a
+    steer (the runner applies those too): say so now."""
     try:
         apply_budget_change(Budget(), change, utcnow())
     except GoalTextError as exc:
@@ -569,7 +570,9 @@ def _done(
     return cmd
 
 
-cmd_steer = _done(p.Steer, goal_id="goal_id", text="text", author="author")
+cmd_steer = _done(
+    p.Steer, lambda args: _budget_words(args.text), goal_id="goal_id", text="text", author="author"
+)
 cmd_budget = _done(
     p.ChangeBudget, lambda args: _budget_words(args.change), goal_id="goal_id", change="change"
 )

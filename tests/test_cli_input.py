@@ -69,6 +69,7 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("summary", ["summary", "x"], "not a whole number"),
     ("steer", ["steer", "1", b"\xfe\xff"], "is not UTF-8"),
     ("steer", ["steer", "1", ""], "text: String should have at least 1 character"),
+    ("steer", ["steer", "1", "hurry, max 0 experiments"], "`max 0 experiments`: an experiment count"),
     ("budget", ["budget", "1", "+0h"], "`+0h`: an extension must be at least 1s"),
     ("budget", ["budget", "1", "+99999999h"], "at most 365 days"),
     ("budget", ["budget", "1", "+0 experiments"], "more experiments must be from 1"),
@@ -182,8 +183,9 @@ async def test_the_runner_refuses_limits_that_cannot_be(start_runner, connect, t
         assert refused.value.error.code == "bad_request" and refused.value.error.message.startswith("`")
     with pytest.raises(p.ProtocolError, match=r"bad_request: `\+99999999h`: an extension"):
         await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="+99999999h")
-    steered = await client.call(p.Steer, p.Done, goal_id=goal_id, text="hurry, budget 0h")
-    assert "delivered" in steered.message and "budget not changed: `budget 0h`" in steered.message
+    with pytest.raises(p.ProtocolError, match=r"bad_request: `budget 0h`: .* the message was not delivered"):
+        await client.call(p.Steer, p.Done, goal_id=goal_id, text="hurry, budget 0h")
+    assert await runner.store.read_inbox(goal_id, unread_only=False) == []
 
     async def cli_run(*argv: str) -> subprocess.CompletedProcess[str]:
         return await asyncio.to_thread(run_cli, list(argv), socket=socket)
