@@ -231,8 +231,8 @@ class GoaltenderBot:
             await self.client.session.close()
 
     async def run_forever(self) -> None:
-        await self.start()
         try:
+            await self.start()  # (inside: a refused token still closes bot.db, or its thread holds the exit)
             await asyncio.Event().wait()
         finally:
             await self.close()

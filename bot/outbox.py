@@ -219,12 +219,12 @@ class Outbox:
             await self._park(item, failure, why)
             return
         delay = failure.retry_after if failure.rate_limited else self._backoff(tries)
+        counted = "" if failure.rate_limited else f" (try {tries} of {self.max_attempts})"
         log.log(
             logging.INFO if failure.rate_limited else logging.WARNING,
-            "slack write %s failed (try %d of %d): %s; trying again in %.1fs",
+            "slack write %s failed%s: %s; trying again in %.1fs",
             _named(item),
-            tries,
-            self.max_attempts,
+            counted,
             failure.reason,
             delay,
             exc_info=trace,
