@@ -153,6 +153,12 @@ class Runner:
     # ---- operator requests ----
 
     async def _on_submit_goal(self, req: p.SubmitGoal, who: Principal) -> p.Reply:
+        if space := self.campaigns.low_space():  # it could run no experiment
+            raise Refused(
+                "disk_full",
+                f"no room for a new goal: disk full: {space}, under the {self.settings.min_free_mb:g} MB "
+                "this runner keeps free (GOALTENDER_MIN_FREE_MB)",
+            )
         try:
             spec = parse_goal_text(req.text)
         except GoalTextError as exc:

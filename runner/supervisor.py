@@ -415,12 +415,24 @@ def leftover_usage(pid: int | None, started_at: float) -> ProcessResult | None:
     except (psutil.Error, ProcessLookupError):
         return None
     cpu = 0.0
-    for member in group_members(pid):
+    for member in _group_and_descendants(leader):
         with contextlib.suppress(psutil.Error):
-            times = psutil.Process(member).cpu_times()
+            times = member.cpu_times()
             cpu += times.user + times.system + times.children_user + times.children_system
     wall = max(0.0, time.time() - started_at)
     return ProcessResult(None, None, wall, cpu, 0.0, False, {})
+
+
+def _group_and_descendants(leader: psutil.Process) -> list[psutil.Process]:
+    """The group and session `leader` leads, and its descendants (a sandbox's are in a pid
+    namespace of their own, and may have left the session), each once."""
+    found: dict[int, psutil.Process] = {}
+    for pid in group_members(leader.pid):
+        with contextlib.suppress(psutil.Error):
+            found[pid] = psutil.Process(pid)
+    with contextlib.suppress(psutil.Error):
+        found.update((child.pid, child) for child in leader.children(recursive=True))
+    return list(found.values())
 
 
 def kill_leftover_group(pid: int | None, started_after: float | None = None) -> bool:

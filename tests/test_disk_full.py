@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import events_until_report, eventually, submit, vouched, write_agent
 from test_recovery import TESTS, alive, connect_when_up
 
@@ -181,8 +182,9 @@ def low_disk(monkeypatch, free_mb: float) -> dict[str, float]:
     return disk
 
 
-# Sandboxed, the agent writes in its workspace only: agent.out is there.
+# Sandboxed, the agent writes in its workspace only: agent.out is there. It starts when told.
 TWO_RUNS = """
+until goaltender inbox --all | grep -q go; do sleep 0.1; done
 goaltender experiment -d first --metric score -- python -c 'print("score: 1")'
 echo "first rc=$?" >> agent.out
 goaltender experiment -d second --metric score -- python -c 'print("score: 2")'
@@ -195,8 +197,16 @@ def said(runner, goal_id: int) -> str:
     return out.read_text() if out.exists() else ""
 
 
+async def start_on_a_low_disk(client, disk: dict[str, float]) -> int:
+    """Submit a TWO_RUNS goal while there is room, then let the disk run low and the agent go."""
+    goal_id = await submit(client, "two runs, max 3 experiments", agent="a")
+    disk["mb"] = 1
+    await client.call(p.Steer, p.Done, goal_id=goal_id, text="go")
+    return goal_id
+
+
 async def test_a_disk_pause_outlives_a_restart(start_runner, connect, tmp_path, monkeypatch):
-    disk = low_disk(monkeypatch, 1)
+    disk = low_disk(monkeypatch, 100)
     options = {
         "agents": {"a": write_agent(tmp_path, "a.sh", TWO_RUNS)},
         "min_free_mb": MIN_FREE_MB,
@@ -204,7 +214,7 @@ async def test_a_disk_pause_outlives_a_restart(start_runner, connect, tmp_path, 
     }
     runner = await start_runner(**options)
     client = await connect(runner)
-    goal_id = await submit(client, "two runs, max 3 experiments", agent="a")
+    goal_id = await start_on_a_low_disk(client, disk)
     await eventually(lambda: "first rc=4" in said(runner, goal_id))
     await runner.close()
 
@@ -228,11 +238,11 @@ async def test_a_disk_pause_outlives_a_restart(start_runner, connect, tmp_path, 
 
 
 async def test_a_person_takes_over_a_disk_pause(start_runner, connect, tmp_path, monkeypatch):
-    disk = low_disk(monkeypatch, 1)
+    disk = low_disk(monkeypatch, 100)
     agents = {"a": write_agent(tmp_path, "a.sh", TWO_RUNS)}
     runner = await start_runner(agents=agents, min_free_mb=MIN_FREE_MB, disk_check_s=0.1)
     client = await connect(runner)
-    goal_id = await submit(client, "two runs, max 3 experiments", agent="a")
+    goal_id = await start_on_a_low_disk(client, disk)
     await eventually(lambda: "first rc=4" in said(runner, goal_id))
 
     done = await client.call(p.Pause, p.Done, goal_id=goal_id, by="ana")
@@ -246,3 +256,16 @@ async def test_a_person_takes_over_a_disk_pause(start_runner, connect, tmp_path,
     assert not any(reason.startswith("disk space is back") for reason in reasons)
     assert f"resumed by {vouched('ana')}" in reasons
     assert said(runner, goal_id) == "first rc=4\nsecond rc=0\n"
+
+
+async def test_no_new_goal_on_a_full_disk(start_runner, connect, tmp_path, monkeypatch):
+    low_disk(monkeypatch, 3)
+    runner = await start_runner(min_free_mb=MIN_FREE_MB)
+    client = await connect(runner)
+    with pytest.raises(p.ProtocolError) as refused:
+        await submit(client, "anything, max 1 experiments")
+    assert refused.value.error.code == "disk_full"
+    assert refused.value.error.message.startswith(
+        f"no room for a new goal: disk full: 3 MB free on {runner.settings.home}"
+    )
+    assert (await client.call(p.Status, p.StatusReply)).goals == []

@@ -113,7 +113,7 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
     row = ledger[1]
     assert row.id == interrupted.id and row.status == "interrupted"
     assert row.note.startswith("interrupted: the runner restarted while it ran")
-    assert row.wall_seconds > 0 and row.cpu_seconds is not None
+    assert row.wall_seconds > 0 and row.cpu_seconds > 0 and row.compute_hours > 0
     assert ledger[2].params == row.params and ledger[2].status in ("keep", "discard")
     assert sum(e.counted for e in ledger) == 6 and summary.status.attempted == 6
     assert all(e.status != "running" for e in ledger)
