@@ -105,7 +105,8 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
     # The event log: every event kept, seq gap-free across the crash.
     seqs = [e.seq for e in all_events]
     assert seqs == list(range(1, len(seqs) + 1))
-    # The ledger: intact; the interrupted run marked so, charged what it used, and not counted:
+    # The ledger: intact; the interrupted run marked so and not counted (its sandbox died with the
+    # runner, --die-with-parent, so there may be nothing left of it to measure):
     # the campaign went on to 6 counted experiments, running the interrupted config again.
     ledger = summary.ledger
     assert [e.index for e in ledger] == list(range(1, 8))
@@ -113,7 +114,6 @@ async def test_sigkill_mid_campaign_then_restart(tmp_path, short_dir):
     row = ledger[1]
     assert row.id == interrupted.id and row.status == "interrupted"
     assert row.note.startswith("interrupted: the runner restarted while it ran")
-    assert row.wall_seconds > 0 and row.cpu_seconds > 0 and row.compute_hours > 0
     assert ledger[2].params == row.params and ledger[2].status in ("keep", "discard")
     assert sum(e.counted for e in ledger) == 6 and summary.status.attempted == 6
     assert all(e.status != "running" for e in ledger)
