@@ -17,13 +17,13 @@ from typing import Any
 import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
+from goaltender.bot import render
 from goaltender.bot.config import BotSettings
 from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Outbox
 from goaltender.bot.slack_errors import failure_of
 from goaltender.bot.tokens import SlackIdentity, TokenRefused, check_app_token, check_bot_token
-from goaltender.bot.transports import open_client
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.bot.transports import LINK_ERRORS, error_reason, open_client
 from goaltender.storage.bot_store import BotStore, OutboxItem
 from goaltender.storage.records import utcnow
 
@@ -95,7 +95,7 @@ class Health:
             + (" — stuck: nothing delivered for over a minute" if self.stuck else ""),
         ]
         lines += [f"  parked: {line}" for line in self.recent_parked]
-        return "\n".join(lines)
+        return render.escape("\n".join(lines))
 
     def _when(self, at: datetime | None) -> str:
         return "never (since start)" if at is None else f"{self._age(at):.0f}s ago"
@@ -139,6 +139,7 @@ class HealthMonitor:
         last_state: tuple[Any, ...] | None = None
         last_logged = 0.0
         while True:
+            await asyncio.sleep(min(LOOK_EVERY_S, self.log_every))  # (first: let the links connect)
             try:
                 health = await self.report()
             except Exception:
@@ -155,7 +156,6 @@ class HealthMonitor:
                         level, "health%s: %s", " changed" if changed and last_state else "", health.summary()
                     )
                     last_state, last_logged = health.state(), time.monotonic()
-            await asyncio.sleep(min(LOOK_EVERY_S, self.log_every))
 
 
 # ---- `goaltender bot --check` ----
@@ -182,8 +182,8 @@ async def check(settings: BotSettings) -> CheckResult:
     for target in settings.runner_targets():
         try:
             client = await asyncio.wait_for(open_client(target, "goaltender-check"), RUNNER_CHECK_TIMEOUT_S)
-        except (RunnerUnavailable, OSError, TimeoutError) as exc:
-            problems.append(f"runner {target.name} ({target.describe()}) unreachable: {exc or 'timed out'}")
+        except LINK_ERRORS as exc:
+            problems.append(f"runner {target.name} ({target.describe()}) unreachable: {error_reason(exc)}")
             continue
         lines.append(
             f"runner {target.name}: reachable ({target.describe()}, calls itself {client.runner_name})"

@@ -295,7 +295,7 @@ async def test_an_upload_that_keeps_failing_is_parked_with_a_note(fake, gated, s
     assert "status: 500" in note.text and f"gave up after {MAX_ATTEMPTS} tries" in note.text
     assert "best so far" in note.text  # its words, quoted
     await bot.logged("slack write", ":plot to C0GENERAL)", "parked", f"gave up after {MAX_ATTEMPTS} tries")
-    await bot.logged("health changed", "1 parked")
+    await bot.logged("goaltender.bot.health: health", "waiting, 1 parked")
     # The thread goes on: the next milestone and its plot arrive.
     goal.step("second")
     await goal.milestone("second")
