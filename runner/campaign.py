@@ -279,7 +279,7 @@ class Campaigns:
         if goal_id in self._ending:
             return
         self.hold_experiments(goal_id)
-        if goal_id not in self._disk_waits:
+        if (waiting := self._disk_waits.get(goal_id)) is None or waiting.done():
             self._disk_waits[goal_id] = self._spawn(self._pause_until_space(goal_id, space))
 
     def forget_disk_pause(self, goal_id: int) -> None:
@@ -573,6 +573,7 @@ class Campaigns:
             # SIGTERM first: the agent may use the grace period to hand in its report.
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
+        self.forget_disk_pause(goal_id)
         self.sockets.close_agent_socket(goal_id)
         self.sandbox.remove_goal_files(goal_id)
         for approval in await self.store.pending_approvals(goal_id):

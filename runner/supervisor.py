@@ -270,6 +270,8 @@ async def run_supervised(
         timer.cancel()
         await terminate_group(proc.pid, waiter, grace_s)
         raise RunCancelled(_measured(launch, started, _reaped(waiter), False, parser.summary)) from None
+    finally:
+        timer.cancel()  # done already, unless something failed: then it must not kill later
     return _measured(launch, started, ended, timed_out, parser.summary)
 
 
