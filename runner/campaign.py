@@ -304,7 +304,8 @@ class Campaigns:
     async def _resume_when_space(self, goal_id: int) -> None:
         await self._until_space()
         self._disk_waits.pop(goal_id, None)
-        if await self.store.end_disk_pause(goal_id, f"disk space is back: {self.free_space()}"):
+        # "resumed …": the thread shows resumes (bot/render.state_changed)
+        if await self.store.end_disk_pause(goal_id, f"resumed: disk space is back ({self.free_space()})"):
             self.release_experiments(goal_id)
 
     async def _until_space(self) -> None:

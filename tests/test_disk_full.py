@@ -126,7 +126,7 @@ async def test_a_run_that_ends_on_a_full_disk_is_closed_once_there_is_room(tmp_p
     paused = next(s for s in states if s.state == "paused")
     assert paused.reason.startswith("disk full: ") and f"MB free on {tmp_path / 'home'}" in paused.reason
     resumed = states[states.index(paused) + 1]
-    assert resumed.state == "running" and resumed.reason.startswith("disk space is back: ")
+    assert resumed.state == "running" and resumed.reason.startswith("resumed: disk space is back (")
     assert states[-1].state == "finished"
     assert out.read_text() == "first rc=0\nsecond rc=0\n"
 
@@ -168,7 +168,7 @@ async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_d
         paused.reason.startswith("disk full: ")
         and "no new experiment starts until there is room" in paused.reason
     )
-    assert states[states.index(paused) + 1].reason.startswith("disk space is back: ")
+    assert states[states.index(paused) + 1].reason.startswith("resumed: disk space is back (")
     assert out.read_text() == "refused rc=4\nlater rc=0\n"
 
 
@@ -230,7 +230,7 @@ async def test_a_disk_pause_outlives_a_restart(start_runner, connect, tmp_path, 
     )
     assert (
         states[states.index(paused) + 1].reason
-        == f"disk space is back: 100 MB free on {runner.settings.home}"
+        == f"resumed: disk space is back (100 MB free on {runner.settings.home})"
     )
     summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
     assert [(e.description, e.status) for e in summary.ledger] == [("first", "keep"), ("second", "keep")]
@@ -253,7 +253,7 @@ async def test_a_person_takes_over_a_disk_pause(start_runner, connect, tmp_path,
     events = await events_until_report(client, goal_id)
 
     reasons = [s.reason for s in goal_states(events)]
-    assert not any(reason.startswith("disk space is back") for reason in reasons)
+    assert not any(reason.startswith("resumed: disk space") for reason in reasons)
     assert f"resumed by {vouched('ana')}" in reasons
     assert said(runner, goal_id) == "first rc=4\nsecond rc=0\n"
 
