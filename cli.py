@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         "OPENAI_API_KEY with model GOALTENDER_MODEL",
     )
 
-    command(
+    cmd = command(
         "bot",
         cmd_bot,
         "run the Slack bot: /goal, goal threads, approvals, steering, digests",
@@ -196,8 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
         app created from manifest.yml, and reaches the runners listed in its config (default: the
         local runner socket). With GOALTENDER_SLACK_MODE=http it serves /slack/events on
         GOALTENDER_HTTP_PORT instead of Socket Mode and needs SLACK_SIGNING_SECRET, not the app
-        token.""",
+        token. With --check it checks instead and exits: the tokens (auth.test), each runner,
+        and bot.db's writes waiting or parked; exit 1 when something is wrong.""",
     )
+    cmd.add_argument("--check", action="store_true", help="check tokens, runners and the outbox, then exit")
 
     # -- people --
     cmd = command("submit", cmd_submit, "submit a goal, e.g. 'reach 90%% accuracy, budget 2h'")
@@ -505,6 +507,13 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
 
 def cmd_bot(args: argparse.Namespace) -> int:
+    if args.check:
+        from goaltender.bot.config import BotSettings
+        from goaltender.bot.health import check
+
+        result = asyncio.run(check(BotSettings()))
+        sys.stdout.write(result.text)
+        return result.exit_code
     from goaltender.bot.app import main as bot_main
 
     bot_main()

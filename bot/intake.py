@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 
-from goaltender.bot import render
+from goaltender.bot import audit, render
 from goaltender.bot.keys import CardKey, OutboxKey, QueueKey, parse
 from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.membership import Membership
@@ -145,6 +145,14 @@ class Intake:
             return None
         if not await self.roles.may_start(request.channel, request.owner):
             starters = await self.roles.members(request.channel, "starters")
+            await audit.record(
+                self.store,
+                request.owner,
+                "submit",
+                "refused",
+                f"{request.text[:200]!r}: not a starter here",
+                channel=request.channel,
+            )
             await reply(
                 f"Only {starters.describe()} can start goals in this channel; your goal was not "
                 f"submitted (`/goal admin show` lists the roles): `{render.escape(request.text[:500])}`"

@@ -421,6 +421,39 @@ async def test_check_says_what_answers_and_what_does_not(fake, gated, tmp_path, 
     assert len(bad.problems) == 2
 
 
+async def test_goaltender_bot_check_exits_with_its_verdict(fake, gated, tmp_path):
+    """The real entry point: `goaltender bot --check`, configured through its environment."""
+
+    async def run_check(token: str) -> tuple[int, str]:
+        env = {
+            **os.environ,
+            "SLACK_BOT_TOKEN": token,
+            "SLACK_APP_TOKEN": fake.app_token,
+            "GOALTENDER_SLACK_API_URL": fake.api_url,
+            "GOALTENDER_HOME": str(tmp_path / "check-home"),
+            "GOALTENDER_RUNNERS": json.dumps([{"name": "box", "socket": str(gated.settings.socket_path)}]),
+        }
+        env.pop("GOALTENDER_CONFIG", None)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "goaltender.cli",
+            "bot",
+            "--check",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, out.decode()
+
+    code, text = await run_check(fake.bot_token)
+    assert code == 0 and text.rstrip().endswith("bot check: OK"), text
+    code, text = await run_check("xoxb-wrong")
+    assert code == 1 and "Slack refused the token in SLACK_BOT_TOKEN" in text, text
+    assert "Traceback" not in text
+
+
 # ---- the outbox on its own: one channel's trouble does not hold up another; the loop restarts ----
 
 

@@ -191,6 +191,9 @@ async def test_admins_change_roles_and_everyone_sees_them(fake, make_bot, start_
     assert "nobody (default)" in (await reset.wait_for_ephemeral()).text
     attempt = await fake.slash_command("/goal", "train a bigger model", general, BOB)
     assert "Only <@U0ALICE> can start goals in this channel" in (await attempt.wait_for_ephemeral()).text
+    refused = [e for e in await bot.store.audit.of_channel(general) if e.action == "submit"]
+    assert [(e.actor, e.outcome) for e in refused] == [(f"slack:{BOB}", "refused")]
+    assert "train a bigger model" in refused[0].detail
     await fake.user_replies(general, card.ts, "resume", user=BOB)
     await told_in_thread(fake, BOB, card.ts, "can resume goal #1")
     assert (await bot.pool["box"].call(p.Status, p.StatusReply)).goals[-1].goal.id == 1  # no goal #2
