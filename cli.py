@@ -714,7 +714,7 @@ def cmd_experiment(args):
             print(f"  {name}: {metric:g}")
         print(f"  log: {e.log_path}")
         print(f"  {reply.stop_status}")
-        return EXIT_NO if e.status == "crash" else EXIT_OK
+        return EXIT_NO if e.status in ("crash", "interrupted") else EXIT_OK
 
     return _run(args, body)
 

@@ -26,6 +26,7 @@ EMOJI = {
     "keep": "✅",
     "discard": "➖",
     "crash": "💥",
+    "interrupted": "🔌",  # cut short by a runner crash or shutdown; not counted
     "running": "🧪",
     "milestone": "🏁",
     "approval_requested": "🙋",

@@ -40,6 +40,7 @@ STATUS_STYLE: dict[str, dict[str, str]] = {
     "discard": {"color": "#9a9a9a", "marker": "o", "label": "discard"},
     "running": {"color": "#1f77b4", "marker": "D", "label": "running"},
     "crash": {"color": "#d62728", "marker": "x", "label": "crash / no metric"},
+    "interrupted": {"color": "#9a9a9a", "marker": "|", "label": "interrupted (not counted)"},
 }
 FRONTIER_COLOR = "#1f3b73"
 BEST_COLOR = "#ff8c00"
@@ -179,12 +180,16 @@ def campaign_figure(
             label=style["label"],
         )
 
-    # Crashes (and other rows without a metric) sit on the bottom edge, x coordinates in data.
-    if crashed:
-        style = STATUS_STYLE["crash"]
+    # Crashes (and other rows without a metric) sit on the bottom edge, x coordinates in data;
+    # runs a runner crash cut short (not counted) beside them, in grey.
+    for status in ("crash", "interrupted"):
+        edge = [e for e in crashed if (e.status == "interrupted") == (status == "interrupted")]
+        if not edge:
+            continue
+        style = STATUS_STYLE[status]
         ax.scatter(
-            [e.index for e in crashed],
-            [0.035] * len(crashed),
+            [e.index for e in edge],
+            [0.035] * len(edge),
             transform=ax.get_xaxis_transform(),
             s=60,
             color=style["color"],
@@ -285,7 +290,8 @@ def _legend(ax) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if not handles:
         return
-    order = ["keep", "discard", "running", STATUS_STYLE["crash"]["label"], "best so far", "best"]
+    order = ["keep", "discard", "running", STATUS_STYLE["crash"]["label"]]
+    order += [STATUS_STYLE["interrupted"]["label"], "best so far", "best"]
 
     def rank(label: str) -> int:
         return order.index(label) if label in order else len(order)

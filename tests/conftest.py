@@ -131,6 +131,7 @@ async def start_runner(tmp_path, short_dir):
                 "socket": short_dir / "runner.sock",
                 "name": "test-runner",
                 "stop_grace_s": 1.0,
+                "min_free_mb": 64,  # the tests' own disk may be small; test_disk_full sets its own
                 **overrides,
             }
         )

@@ -78,6 +78,14 @@ def test_campaign_figure_marks_best_and_uses_percent() -> None:
     assert ticks and all(t.endswith("%") for t in ticks)
 
 
+def test_interrupted_runs_are_told_apart_from_crashes() -> None:
+    fig = campaign_figure([*MANY, exp(7, "interrupted", None)], "exact_accuracy")
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "interrupted (not counted)" in labels and "crash / no metric" in labels
+    only = campaign_figure([exp(1, "keep", 0.5), exp(2, "interrupted", None)], "exact_accuracy")
+    assert not any(lab.startswith("crash") for lab in only.axes[0].get_legend_handles_labels()[1])
+
+
 def test_campaign_frontier_is_running_best() -> None:
     fig = campaign_figure(MANY, "exact_accuracy")
     ax = fig.axes[0]

@@ -93,6 +93,7 @@ async def test_soak(fake, ssh_box, tmp_path, short_dir):
             ),
             "GOALTENDER_DEFAULT_AGENT": "soak",
             "GOALTENDER_STOP_GRACE_S": "2",
+            "GOALTENDER_MIN_FREE_MB": "64",
         },
         tmp_path,
     )
