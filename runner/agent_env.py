@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from goaltender.runner.config import RunnerSettings
@@ -28,6 +29,14 @@ CACHE_DIRS = {
 }
 
 
+def cache_routing(settings: RunnerSettings, env: Mapping[str, str]) -> dict[str, Path]:
+    """Where each cache variable points for a goal: where the box (`env`) says, else under the
+    runner's cache directory. Nothing is created (`goaltender doctor` reads it too)."""
+    return {
+        var: Path(env[var]) if var in env else settings.cache_dir / sub for var, sub in CACHE_DIRS.items()
+    }
+
+
 SANDBOX_SOCKET = Path("/run/goaltender/runner.sock")  # the goal's socket, as its sandbox shows it
 
 
@@ -41,9 +50,8 @@ def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
     """The runner's own environment without its secrets (runner/secrets.py: all but the granted
     ones), plus cache routing and the goal's GOALTENDER_* variables."""
     env = agent_safe(os.environ, settings)
-    for var, sub in CACHE_DIRS.items():
+    for var, path in cache_routing(settings, env).items():
         if var not in env:
-            path = settings.cache_dir / sub
             path.mkdir(parents=True, exist_ok=True)
             env[var] = str(path)
     env.update(
