@@ -2,8 +2,9 @@
 
 Everything random comes from one ``random.Random(seed)`` per example, so an example is a pure
 function of ``(seed, config)`` and identical on every run and machine. Training examples use
-seeds ``0, 1, 2, ...``; the fixed held-out split uses ``HELDOUT_SEED_OFFSET + i`` for
-``i < HELDOUT_SIZE``, so the two never share a seed.
+seeds ``0, 1, 2, ...`` (below ``VALIDATION_SEED_OFFSET``), validation examples
+``VALIDATION_SEED_OFFSET + i``, and the fixed held-out split ``HELDOUT_SEED_OFFSET + i`` for
+``i < HELDOUT_SIZE``, so no two splits ever share a seed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RGB = tuple[int, int, int]
 
+VALIDATION_SEED_OFFSET = 500_000
 HELDOUT_SEED_OFFSET = 1_000_000
 HELDOUT_SIZE = 64
 
@@ -200,9 +202,17 @@ def counts_of(stars: list[Star] | tuple[Star, ...], colours: Mapping[str, Any]) 
 
 
 def train_seeds(n: int, start: int = 0) -> list[int]:
-    if start + n > HELDOUT_SEED_OFFSET:
-        raise ValueError("training seeds would collide with the held-out seeds")
+    if start < 0 or start + n > VALIDATION_SEED_OFFSET:
+        raise ValueError("training seeds would collide with the validation or held-out seeds")
     return list(range(start, start + n))
+
+
+def validation_seeds(n: int) -> list[int]:
+    """Seeds of the first ``n`` validation examples: a fixed range apart from training and held-out,
+    so a smaller validation split is a prefix of a larger one (2048/256 inside 4096/512)."""
+    if not 0 <= n <= HELDOUT_SEED_OFFSET - VALIDATION_SEED_OFFSET:
+        raise ValueError("validation seeds would collide with the held-out seeds")
+    return [VALIDATION_SEED_OFFSET + i for i in range(n)]
 
 
 def heldout_seeds() -> list[int]:
@@ -212,6 +222,11 @@ def heldout_seeds() -> list[int]:
 def train_split(n: int, cfg: StarCountConfig = DEFAULT_CONFIG, start: int = 0) -> list[Example]:
     """Training examples with seeds ``start .. start + n - 1``."""
     return [make_example(s, cfg) for s in train_seeds(n, start)]
+
+
+def validation_split(n: int, cfg: StarCountConfig = DEFAULT_CONFIG) -> list[Example]:
+    """Validation examples with seeds ``VALIDATION_SEED_OFFSET .. + n - 1``."""
+    return [make_example(s, cfg) for s in validation_seeds(n)]
 
 
 def heldout_split(cfg: StarCountConfig = DEFAULT_CONFIG) -> list[Example]:
