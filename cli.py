@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
+from goaltender.environments import preflight
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import (
     GoalTextError,
@@ -200,6 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
         and bot.db's writes waiting or parked; exit 1 when something is wrong.""",
     )
     cmd.add_argument("--check", action="store_true", help="check tokens, runners and the outbox, then exit")
+
+    # -- data --
+    cmd = command(
+        "preflight",
+        cmd_preflight,
+        "count tokens per SFT example; refuse (or --drop) those NeMo RL would silently mask",
+        """\
+        Count each example's tokens (the model's processor when installed and local, else an
+        estimate) and print one line per file: n, max, p95, over-limit count. Exit 1, naming the
+        worst, when any example has >= --max-seq-len tokens: NeMo RL would train on it with zero
+        loss and no warning. --drop writes NAME.filtered.jsonl without them instead.""",
+    )
+    preflight.add_arguments(cmd)
 
     # -- people --
     cmd = command("submit", cmd_submit, "submit a goal, e.g. 'reach 90%% accuracy, budget 2h'")
@@ -527,6 +541,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _checked(p.SubmitGoal, text=args.goal)
         _goal_words(args.goal)
     return run_demo(args.goal, directory=args.dir, yes=args.yes, agent=args.agent)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    return preflight.run(args)
 
 
 def cmd_submit(args):
