@@ -44,6 +44,7 @@ every step (milestones, experiment rows, approval prompts, plots, a final report
   goaltender demo                 watch a whole campaign end to end, no Slack needed
   goaltender runner               start the runner daemon (one per GPU box)
   goaltender bot                  run the Slack bot (tokens from an app made from manifest.yml)
+  goaltender doctor               check this box is ready for campaigns, one line each
 
 Operators (and the Slack bot) drive goals: submit, status, summary, steer, budget,
                                           pause, resume, stop, approve, reject, events,
@@ -201,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
         and bot.db's writes waiting or parked; exit 1 when something is wrong.""",
     )
     cmd.add_argument("--check", action="store_true", help="check tokens, runners and the outbox, then exit")
+
+    cmd = command(
+        "doctor",
+        cmd_doctor,
+        "check this box is ready for campaigns: GPUs, disk, caches, NeMo RL and Gym, hub, endpoint, SSH",
+        """\
+        Check this GPU box, one line each (ok / warn / fail, with the fix): Python, GPUs and driver
+        (NVML), free space on GOALTENDER_HOME's disk, cache routing, the NeMo RL checkout
+        (NEMO_RL_DIR) and its venv, the nemo-gym venv (GOALTENDER_GYM_VENV), the hub or its
+        mirror (or offline mode), the model endpoint, the runner and its sandbox, sshd for the
+        bot. Keys and tokens are never shown. Exit 1 when a check fails, else 0.""",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    cmd.add_argument("--ssh-port", type=int, default=22, help="the port the bot reaches sshd on (default 22)")
 
     # -- data --
     cmd = command(
@@ -532,6 +547,14 @@ def cmd_bot(args: argparse.Namespace) -> int:
 
     bot_main()
     return EXIT_OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from goaltender.runner.doctor import doctor
+
+    text, code = doctor(args.socket, as_json=args.json, ssh_port=args.ssh_port)
+    sys.stdout.write(text)
+    return code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

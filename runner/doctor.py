@@ -1,0 +1,695 @@
+"""`goaltender doctor`: checks a GPU box is ready for campaigns, one line each.
+
+Each check is a small function of the box (`Box`: the runner's settings, the environment, the
+NVML reader, timeouts) that returns one `Finding`: ok, warn or fail, what it saw, and the fix.
+The checks run side by side (each waits at most a few seconds on the network), are printed in the
+order of `CHECKS`, and everything shown passes through the runner's redactor: keys and tokens are
+said to be set, never shown. `goaltender doctor` exits 1 when any check fails, else 0.
+
+What is looked at is what agents and experiments will get: the caches as `agent_env.cache_routing`
+routes them, the model endpoint's variables as the LLM agents read them, the runner's own sandbox
+probe. A check that cannot be made (a crash in it) is a fail that says so, not a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from goaltender.runner import protocol as p
+from goaltender.runner.agent_env import cache_routing
+from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
+from goaltender.runner.secrets import Redactor
+
+Status = Literal["ok", "warn", "fail"]
+
+NEMO_RL_TAG = "v0.7.0"  # the NeMo RL release whose Gym submodule is nemo-gym 0.4.0
+NEMO_GYM_VERSION = "0.4.0"
+GYM_PYTHON = (3, 12)  # nemo-gym 0.4.0's Requires-Python
+NEMO_RL_REPO = "https://github.com/NVIDIA-NeMo/RL"
+HUB_PROBE_MODEL = "openai-community/gpt2"  # public and small: any hub or mirror answers for it
+DEFAULT_HUB = "https://huggingface.co"
+DEFAULT_MODEL_ENDPOINT = "https://api.openai.com/v1"  # the LLM agents' default (agents/openai_agent.py)
+TRUTHY = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one check found: its status, what it saw, and what to do about it."""
+
+    status: Status
+    detail: str
+    fix: str = ""
+    snippet: str = ""
+    """More lines shown beneath the line (the bot's entry for this runner)."""
+
+
+def ok(detail: str, fix: str = "", snippet: str = "") -> Verdict:
+    return Verdict("ok", detail, fix, snippet)
+
+
+def warn(detail: str, fix: str, snippet: str = "") -> Verdict:
+    return Verdict("warn", detail, fix, snippet)
+
+
+def fail(detail: str, fix: str, snippet: str = "") -> Verdict:
+    return Verdict("fail", detail, fix, snippet)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of the doctor's output: a check's name and its verdict."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+    snippet: str = ""
+
+    def text(self) -> str:
+        line = f"{self.status:<4} {self.name}: {self.detail}"
+        if self.fix and self.status != "ok":
+            line += f" — fix: {self.fix}"
+        return line + "".join(f"\n       {row}" for row in self.snippet.splitlines())
+
+
+# ---- the NVML boundary ----
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Gpus:
+    driver: str
+    cuda: str
+    devices: list[Gpu]
+
+
+class NoDriver(Exception):
+    """NVML cannot start: no NVIDIA driver (or no nvidia-ml-py) on this box."""
+
+
+def read_gpus() -> Gpus:
+    """What the NVIDIA driver reports, through NVML: the one function that talks to it (tests
+    give the doctor another)."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NoDriver("nvidia-ml-py is not installed") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NoDriver(str(exc)) from exc
+    try:
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040 for 12.4
+        devices = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            devices.append(Gpu(str(pynvml.nvmlDeviceGetName(handle)), int(memory.total) // 2**20))
+        driver = str(pynvml.nvmlSystemGetDriverVersion())
+        return Gpus(driver, f"{cuda // 1000}.{cuda % 1000 // 10}", devices)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+# ---- the box ----
+
+
+@dataclass
+class Box:
+    """What the checks look at. Built from the environment by `Box.here()`; tests build their own."""
+
+    settings: RunnerSettings
+    env: Mapping[str, str]
+    read_gpus: Callable[[], Gpus] = read_gpus
+    timeout_s: float = 5.0
+    ssh_port: int = 22
+    user_home: Path = field(default_factory=Path.home)
+
+    @property
+    def big_disk(self) -> Path:
+        return _existing(self.settings.home)
+
+    @property
+    def small_disk(self) -> Path | None:
+        """HOME's filesystem when it is not the big disk's (None: one disk for both)."""
+        home = _existing(self.user_home)
+        return None if _same_filesystem(home, self.big_disk) else home
+
+    def on_small_disk(self, path: Path) -> bool:
+        return self.small_disk is not None and _same_filesystem(_existing(path), self.small_disk)
+
+
+Check = Callable[[Box], Verdict]
+
+# ---- the checks ----
+
+
+def check_python(box: Box) -> Verdict:
+    version = ".".join(map(str, sys.version_info[:3]))
+    detail = f"Python {version} ({sys.executable}), goaltender {_goaltender_version()}"
+    return ok(detail + "; nemo-gym runs in a Python 3.12 venv of its own (nemo-gym below)")
+
+
+def check_gpu(box: Box) -> Verdict:
+    try:
+        gpus = box.read_gpus()
+    except NoDriver as exc:
+        return _cpu_only(f"no NVIDIA driver ({exc})")
+    except Exception as exc:  # NVML started but a query failed: a driver in trouble
+        return fail(f"NVML error: {exc}", "run nvidia-smi to see what the driver says")
+    if not gpus.devices:
+        return _cpu_only(f"driver {gpus.driver} sees no GPU")
+    names = ", ".join(
+        f"{count} × {name} ({mib:,} MiB)" for (name, mib), count in _counted(gpus.devices).items()
+    )
+    detail = f"{len(gpus.devices)} GPU{'s' if len(gpus.devices) > 1 else ''}: {names}; driver {gpus.driver}, CUDA {gpus.cuda}"
+    if (visible := box.env.get("CUDA_VISIBLE_DEVICES")) is not None:
+        detail += f"; CUDA_VISIBLE_DEVICES={visible} limits what the runner uses"
+    return ok(detail)
+
+
+def _cpu_only(why: str) -> Verdict:
+    return warn(
+        f"{why}: CPU only, experiments are charged CPU-hours",
+        "install the NVIDIA driver if this box has GPUs (nvidia-smi should list them)",
+    )
+
+
+def check_disk(box: Box) -> Verdict:
+    home = box.settings.home
+    usage = shutil.disk_usage(box.big_disk)
+    detail = f"{_size(usage.free)} free of {_size(usage.total)} on {home}'s disk"
+    minimum = box.settings.min_free_mb
+    if usage.free / 2**20 < minimum:
+        return fail(
+            f"{detail}, under GOALTENDER_MIN_FREE_MB ({minimum:g}): no experiment would start",
+            "free space on that disk, or put GOALTENDER_HOME on a bigger one",
+        )
+    if box.small_disk is None:
+        return warn(
+            f"{detail}, the same filesystem as HOME ({box.user_home})",
+            "if that is the small disk, put GOALTENDER_HOME on the big disk (state, workspaces and caches go there)",
+        )
+    return ok(f"{detail}; HOME ({box.user_home}) is on another filesystem")
+
+
+def check_caches(box: Box) -> Verdict:
+    routes = cache_routing(box.settings, box.env)
+    unwritable = [f"{var}={path}" for var, path in routes.items() if not _writable(path)]
+    small = [f"{var}={path}" for var, path in routes.items() if var in box.env and box.on_small_disk(path)]
+    if unwritable:
+        return fail(
+            f"not writable: {', '.join(unwritable)}",
+            "make them writable for the runner's user, or unset them so they go under $GOALTENDER_HOME/cache",
+        )
+    if small:
+        return warn(
+            f"the box sets {', '.join(small)}: on the small disk (HOME's)",
+            "unset them (the runner routes them under $GOALTENDER_HOME/cache) or point them at the big disk",
+        )
+    own = [var for var in routes if var not in box.env]
+    detail = f"{len(own)} cache variables under {box.settings.cache_dir}, writable"
+    if kept := [f"{var}={routes[var]}" for var in routes if var in box.env]:
+        detail += f"; as the box sets them: {', '.join(kept)}"
+    return ok(detail)
+
+
+def check_nemo_rl(box: Box) -> Verdict:
+    checkout = _nemo_rl_dir(box)
+    clone = _clone_command(box)
+    if checkout is None:
+        return warn(
+            "no checkout configured (NEMO_RL_DIR); needed for NeMo RL campaigns only",
+            f"{clone}, then export NEMO_RL_DIR={box.settings.home / 'nemo-rl'}",
+        )
+    if not checkout.is_dir():
+        return warn(f"NEMO_RL_DIR={checkout} does not exist", clone)
+    if not (checkout / "examples" / "run_sft.py").is_file():
+        return warn(f"{checkout} is not a NeMo RL checkout (no examples/run_sft.py)", clone)
+    described = _run([_tool("git", box), "-C", str(checkout), "describe", "--tags", "--always"], box)
+    if described is None:
+        return warn(f"{checkout} is not a git checkout (git describe failed)", clone)
+    detail = f"{checkout} at {described}"
+    pin = f"git -C {checkout} checkout {NEMO_RL_TAG} && git -C {checkout} submodule update --init --recursive"
+    if described != NEMO_RL_TAG:
+        return warn(
+            f"{detail}: Goaltender's Gym pairing is {NEMO_RL_TAG} (nemo-gym {NEMO_GYM_VERSION})",
+            pin,
+        )
+    gym = checkout / "3rdparty" / "Gym-workspace" / "Gym"
+    if not gym.is_dir() or not any(gym.iterdir()):
+        return warn(f"{detail}, without its Gym submodule", pin)
+    return ok(f"{detail}, examples/run_sft.py and the Gym submodule present")
+
+
+def check_nemo_rl_venv(box: Box) -> Verdict:
+    checkout = _nemo_rl_dir(box)
+    if checkout is None or not (checkout / "examples" / "run_sft.py").is_file():
+        return warn("not checked: no NeMo RL checkout", "see nemo-rl above")
+    uv_version = _run([_tool("uv", box), "--version"], box)
+    if uv_version is None:
+        return warn(
+            "uv is not on PATH (NeMo RL runs everything through uv run)",
+            "pip install uv",
+        )
+    python = checkout / ".venv" / "bin" / "python"
+    python_version = _run([str(python), "-c", "import platform; print(platform.python_version())"], box)
+    if python_version is None:
+        return warn(
+            f"{uv_version}; no venv in {checkout / '.venv'}",
+            f"cd {checkout} && uv venv (no -p: the Python comes from .python-version; uv run builds the rest)",
+        )
+    workers = Path(box.env["NEMO_RL_VENV_DIR"]) if box.env.get("NEMO_RL_VENV_DIR") else checkout / "venvs"
+    built = f"{sum(1 for _ in workers.iterdir())} built" if workers.is_dir() else "built on first run"
+    detail = (
+        f"{uv_version}; {checkout / '.venv'} (Python {python_version}); worker venvs in {workers} ({built})"
+    )
+    if box.on_small_disk(workers):
+        return warn(
+            f"{detail}: on the small disk (HOME's)",
+            f"export NEMO_RL_VENV_DIR={box.settings.home / 'nemo-rl-venvs'}",
+        )
+    return ok(detail)
+
+
+GYM_PROBE = """\
+import importlib.metadata, json, platform
+found = {"python": platform.python_version()}
+try:
+    import nemo_gym
+    found["version"] = importlib.metadata.version("nemo-gym")
+except Exception as exc:
+    found["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(found))
+"""
+
+
+def check_nemo_gym(box: Box) -> Verdict:
+    venv = _gym_venv(box)
+    build = "make gym-venv (nemo-gym 0.4.0 in a Python 3.12 venv; or point GOALTENDER_GYM_VENV at one)"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return warn(f"no venv at {venv}; needed for Gym environments only", build)
+    # Importing nemo_gym points HF_HOME at <cwd>/cache: give it a directory of its own to point at.
+    with tempfile.TemporaryDirectory(prefix="goaltender-doctor-") as cwd:
+        output = _run([str(python), "-c", GYM_PROBE], box, cwd=cwd, timeout=max(box.timeout_s, 60.0))
+    try:
+        found = json.loads(output or "")
+    except json.JSONDecodeError:
+        return fail(f"{python} does not run", build)
+    where = f"Python {found['python']} at {venv}"
+    if tuple(int(part) for part in found["python"].split(".")[:2]) < GYM_PYTHON:
+        return fail(f"{where}: nemo-gym needs Python 3.12+", build)
+    if "error" in found:
+        return fail(f"{where}: import nemo_gym fails ({found['error'][:200]})", build)
+    detail = f"nemo-gym {found['version']} on {where}"
+    if found["version"] != NEMO_GYM_VERSION:
+        return warn(f"{detail}: NeMo RL {NEMO_RL_TAG} pairs with {NEMO_GYM_VERSION}", build)
+    return ok(f"{detail} (pairs with NeMo RL {NEMO_RL_TAG})")
+
+
+def check_hub(box: Box) -> Verdict:
+    token = _hub_token(box)
+    if box.env.get("HF_HUB_OFFLINE", "").strip().lower() in TRUTHY:
+        hub_cache = _hub_cache(box)
+        models = len(list(hub_cache.glob("models--*"))) if hub_cache.is_dir() else 0
+        detail = f"offline mode (HF_HUB_OFFLINE): {models} model{'s' * (models != 1)} cached in {hub_cache}; {token}"
+        if not models:
+            return warn(
+                detail,
+                "download the models first (goaltender fetch MODEL) where the hub is reachable",
+            )
+        return ok(detail)
+    endpoint = box.env.get("HF_ENDPOINT") or DEFAULT_HUB
+    url = f"{endpoint.rstrip('/')}/api/models/{HUB_PROBE_MODEL}"
+    token_var = _hub_token_var(box)
+    headers = {"Authorization": f"Bearer {box.env[token_var]}"} if token_var else {}
+    fix = "set HF_ENDPOINT to a mirror this box reaches, or HF_HUB_OFFLINE=1 with the models already in the cache"
+    try:
+        status, _ = _http_get(url, headers, box.timeout_s)
+    except OSError as exc:
+        return fail(f"cannot reach {_shown(endpoint)} ({_reason(exc)}); {token}", fix)
+    if status in (401, 403):
+        why = "refused the token" if headers else "wants a token"
+        return fail(
+            f"{_shown(endpoint)} {why} (HTTP {status})",
+            "set HF_TOKEN to a token the hub accepts",
+        )
+    if status >= 500:
+        return fail(f"{_shown(endpoint)} answers HTTP {status}; {token}", fix)
+    return ok(f"{_shown(endpoint)} answers (HTTP {status}); {token}")
+
+
+def check_model_endpoint(box: Box) -> Verdict:
+    base_var = _first_set(box.env, "GOALTENDER_OPENAI_BASE_URL", "OPENAI_BASE_URL")
+    key_var = _first_set(box.env, "GOALTENDER_OPENAI_API_KEY", "OPENAI_API_KEY")
+    setup = "set OPENAI_BASE_URL (vLLM, NIM, OpenAI, …), OPENAI_API_KEY and GOALTENDER_MODEL"
+    if base_var is None and key_var is None:
+        return warn(
+            "not configured: the openai and codex agents need one (the sweep agent does not)",
+            setup,
+        )
+    base = box.env[base_var] if base_var else DEFAULT_MODEL_ENDPOINT
+    headers = {"Authorization": f"Bearer {box.env[key_var]}"} if key_var else {}
+    key = f"{key_var} set (not shown)" if key_var else "no key"
+    try:
+        status, body = _http_get(f"{base.rstrip('/')}/models", headers, box.timeout_s)
+    except OSError as exc:
+        return fail(
+            f"cannot reach {_shown(base)} ({_reason(exc)})",
+            "start the model server, or correct OPENAI_BASE_URL",
+        )
+    if status in (401, 403):
+        return fail(
+            f"{_shown(base)} refused the key (HTTP {status}; {key})",
+            "set OPENAI_API_KEY to a key the endpoint accepts",
+        )
+    models = _model_ids(body) if status == 200 else None
+    if models is None:
+        return fail(
+            f"{_shown(base)}/models answers HTTP {status}: {_excerpt(body)}",
+            "check the endpoint serves the OpenAI API at that URL",
+        )
+    detail = f"{_shown(base)} serves {len(models)} model{'s' * (len(models) != 1)}: {', '.join(models[:5])}{' …' * (len(models) > 5)}; {key}"
+    chosen = box.env.get("GOALTENDER_MODEL")
+    if key_var and key_var not in box.settings.grants:
+        return warn(
+            f"{detail}; {key_var} is not granted to agents",
+            f"add {key_var} to GOALTENDER_GRANTS",
+        )
+    if not chosen:
+        return warn(f"{detail}; GOALTENDER_MODEL is not set", "set GOALTENDER_MODEL to one of them")
+    if chosen not in models:
+        return warn(
+            f"{detail}; GOALTENDER_MODEL={chosen} is not among them",
+            "set GOALTENDER_MODEL to one of them",
+        )
+    return ok(f"{detail}; GOALTENDER_MODEL={chosen}")
+
+
+def check_runner(box: Box) -> Verdict:
+    path = box.settings.socket_path
+    start = "start it: goaltender runner (under systemd or tmux), with this GOALTENDER_HOME"
+    if not path.exists():
+        return warn(f"not running (no socket at {path})", start)
+
+    async def hello() -> str | None:
+        runner = await asyncio.wait_for(RunnerClient.connect_unix(path, client="doctor"), box.timeout_s)
+        await runner.close()
+        return runner.runner_name
+
+    try:
+        name = asyncio.run(hello())
+    except TimeoutError:
+        return fail(
+            f"no answer to hello on {path} within {box.timeout_s:g}s",
+            f"restart the runner; {start}",
+        )
+    except RunnerUnavailable as exc:
+        return fail(str(exc), start)
+    except (OSError, p.ProtocolError) as exc:  # something listens there, but not a runner that says hello
+        return fail(
+            f"{path} does not answer as a runner ({type(exc).__name__}: {exc})",
+            f"restart the runner; {start}",
+        )
+    return ok(f"{name} answers on {path}")
+
+
+def check_sandbox(box: Box) -> Verdict:
+    if box.settings.sandbox == "none":
+        return warn(UNSAFE_WARNING, "install bubblewrap and unset GOALTENDER_SANDBOX")
+    if problem := Sandbox(box.settings).problem():
+        return fail(problem.removesuffix(f": {INSTALL_HINT}"), INSTALL_HINT)
+    version = _run([_tool("bwrap", box), "--version"], box) or "bwrap"
+    return ok(f"{version} makes sandboxes here")
+
+
+def check_ssh(box: Box) -> Verdict:
+    snippet = _bot_entry(box)
+    check_from_bot = "then, on the bot's machine, goaltender bot --check"
+    try:
+        with socket.create_connection(("localhost", box.ssh_port), timeout=box.timeout_s) as conn:
+            banner = conn.recv(256).decode(errors="replace").strip() or "no banner"
+    except OSError as exc:
+        return warn(
+            f"nothing answers on localhost:{box.ssh_port} ({_reason(exc)}): a bot elsewhere cannot reach this runner",
+            f"apt install openssh-server (or run the bot on this box, on the local socket); {check_from_bot}",
+            snippet,
+        )
+    client = _run(["ssh", "-V"], box, stderr=True)
+    detail = (
+        f"sshd answers on localhost:{box.ssh_port} ({banner[:60]}); ssh client {client or 'not installed'}"
+    )
+    return ok(
+        f"{detail}; the bot's entry below (its key must be in {getpass.getuser()}'s authorized_keys: {check_from_bot})",
+        snippet=snippet,
+    )
+
+
+CHECKS: dict[str, Check] = {
+    "python": check_python,
+    "gpu": check_gpu,
+    "disk": check_disk,
+    "caches": check_caches,
+    "nemo-rl": check_nemo_rl,
+    "nemo-rl venv": check_nemo_rl_venv,
+    "nemo-gym": check_nemo_gym,
+    "hub": check_hub,
+    "model": check_model_endpoint,
+    "runner": check_runner,
+    "sandbox": check_sandbox,
+    "ssh": check_ssh,
+}
+
+
+def run_checks(box: Box, checks: Mapping[str, Check] = CHECKS) -> list[Finding]:
+    """Every check, side by side (they wait on the network and on subprocesses), in table order;
+    what they say passes through the runner's redactor."""
+    redactor = Redactor.from_settings(box.settings, box.env)
+    with ThreadPoolExecutor(max_workers=len(checks)) as pool:
+        verdicts = list(pool.map(lambda check: _guarded(check, box), checks.values()))
+    return [
+        Finding(name, v.status, redactor.redact(v.detail), redactor.redact(v.fix), redactor.redact(v.snippet))
+        for name, v in zip(checks, verdicts, strict=True)
+    ]
+
+
+def doctor(socket_path: Path | None = None, *, as_json: bool = False, ssh_port: int = 22) -> tuple[str, int]:
+    """`goaltender doctor`'s output and exit code (1 when a check fails)."""
+    try:
+        settings = RunnerSettings(socket=socket_path) if socket_path else RunnerSettings()
+    except Exception as exc:  # a bad GOALTENDER_* variable or config file: nothing else can be checked
+        fix = "correct the GOALTENDER_* variables or the GOALTENDER_CONFIG file"
+        findings = [Finding("config", "fail", _one_line(str(exc)), fix)]
+    else:
+        findings = run_checks(Box(settings, dict(os.environ), ssh_port=ssh_port))
+    code = 1 if any(f.status == "fail" for f in findings) else 0
+    if as_json:
+        return json.dumps([asdict(f) for f in findings], indent=2) + "\n", code
+    counts = {status: sum(f.status == status for f in findings) for status in ("ok", "warn", "fail")}
+    tally = ", ".join(f"{n} {status}" for status, n in counts.items())
+    return "".join(f.text() + "\n" for f in findings) + f"doctor: {tally}\n", code
+
+
+# ---- helpers ----
+
+
+def _guarded(check: Check, box: Box) -> Verdict:
+    try:
+        return check(box)
+    except Exception as exc:  # a check that cannot be made is a failed check, not a traceback
+        return fail(f"the check itself failed: {type(exc).__name__}: {exc}", "report this as a bug")
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists (what the runner would create it on)."""
+    path = path.expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _same_filesystem(a: Path, b: Path) -> bool:
+    return a.stat().st_dev == b.stat().st_dev
+
+
+def _writable(path: Path) -> bool:
+    """Whether a file can be made there (or where the runner would create the directory); tried,
+    not inferred from modes, which say yes to root on a read-only filesystem."""
+    try:
+        with tempfile.TemporaryFile(dir=_existing(path)):
+            return True
+    except OSError:
+        return False
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _counted(devices: list[Gpu]) -> dict[tuple[str, int], int]:
+    counts: dict[tuple[str, int], int] = {}
+    for gpu in devices:
+        counts[gpu.name, gpu.memory_mib] = counts.get((gpu.name, gpu.memory_mib), 0) + 1
+    return counts
+
+
+def _goaltender_version() -> str:
+    try:
+        return importlib.metadata.version("goaltender")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _tool(name: str, box: Box) -> str:
+    return shutil.which(name, path=box.env.get("PATH")) or name
+
+
+def _run(
+    argv: list[str], box: Box, *, cwd: str | None = None, timeout: float | None = None, stderr: bool = False
+) -> str | None:
+    """A command's first output line (stderr's with `stderr`), None when it cannot run or fails."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, cwd=cwd, env=dict(box.env), timeout=timeout or box.timeout_s
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    output = (done.stderr if stderr else done.stdout).strip()
+    return output.splitlines()[0] if done.returncode == 0 and output else None
+
+
+def _nemo_rl_dir(box: Box) -> Path | None:
+    value = box.env.get("NEMO_RL_DIR")
+    return Path(value).expanduser() if value else None
+
+
+def _clone_command(box: Box) -> str:
+    return f"git clone --recursive --branch {NEMO_RL_TAG} {NEMO_RL_REPO} {box.settings.home / 'nemo-rl'}"
+
+
+def _gym_venv(box: Box) -> Path:
+    """Where `make gym-venv` builds it (environments/star_count/gym_venv.sh), or GOALTENDER_GYM_VENV."""
+    if value := box.env.get("GOALTENDER_GYM_VENV"):
+        return Path(value).expanduser()
+    cache = Path(box.env.get("XDG_CACHE_HOME") or box.user_home / ".cache")
+    return cache / "goaltender" / f"nemo-gym-{NEMO_GYM_VERSION}-py3.12"
+
+
+def _hub_token_var(box: Box) -> str | None:
+    return _first_set(box.env, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+def _hub_token(box: Box) -> str:
+    if var := _hub_token_var(box):
+        granted = (
+            "" if var in box.settings.grants else ", not granted to agents (add it to GOALTENDER_GRANTS)"
+        )
+        return f"{var} set (not shown){granted}"
+    return "no HF_TOKEN (gated models need one)"
+
+
+def _hub_cache(box: Box) -> Path:
+    if value := box.env.get("HF_HUB_CACHE"):
+        return Path(value)
+    return cache_routing(box.settings, box.env)["HF_HOME"] / "hub"
+
+
+def _first_set(env: Mapping[str, str], *names: str) -> str | None:
+    return next((name for name in names if env.get(name, "").strip()), None)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # A redirect is an answer: following it would carry the Authorization header to another host.
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _http_get(url: str, headers: dict[str, str], timeout: float) -> tuple[int, bytes]:
+    """GET `url`: (status, the start of the body). OSError when there is no answer at all."""
+    opener = urllib.request.build_opener(_NoRedirects)
+    request = urllib.request.Request(url, headers={"User-Agent": "goaltender-doctor", **headers})
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return response.status, response.read(1_000_000)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(2000)
+    except ValueError as exc:  # not a URL at all
+        raise OSError(f"not a URL: {exc}") from exc
+
+
+def _model_ids(body: bytes) -> list[str] | None:
+    try:
+        data = json.loads(body)["data"]
+        return sorted(str(model["id"]) for model in data)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _shown(url: str) -> str:
+    """`url` without any user:password@ in it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname or ""))
+
+
+def _reason(exc: OSError) -> str:
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return _one_line(str(getattr(reason, "strerror", None) or reason))
+
+
+def _excerpt(body: bytes) -> str:
+    return _one_line(body.decode(errors="replace"))[:200] or "(empty body)"
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _bot_entry(box: Box) -> str:
+    """The runner entry the bot needs for this box (GOALTENDER_RUNNERS on the bot's machine)."""
+    host_key = Path("/etc/ssh/ssh_host_ed25519_key.pub")
+    try:
+        known_hosts = " ".join(host_key.read_text().split()[:2])
+    except OSError:
+        known_hosts = "<this box's host key line, e.g. /etc/ssh/ssh_host_ed25519_key.pub>"
+    entry = {
+        "name": box.settings.name,
+        "host": socket.getfqdn(),
+        "port": box.ssh_port,
+        "username": getpass.getuser(),
+        "client_key": "<the bot's private key file>",
+        "known_hosts": known_hosts,
+        "remote_socket": str(box.settings.socket_path),
+    }
+    return f"bot side: GOALTENDER_RUNNERS='[{json.dumps(entry)}]'"
