@@ -600,7 +600,13 @@ class Campaigns:
         experiments = await self.store.experiments(goal.id)
         _, compute_used = await self.store.usage(goal.id)
         text = final_report(
-            goal, experiments, compute_used, utcnow(), reason, await self.store.agent_report(goal.id)
+            goal,
+            experiments,
+            compute_used,
+            utcnow(),
+            reason,
+            await self.store.agent_report(goal.id),
+            fetches=await self.store.hub_fetches(goal.id),
         )
         await self.store.record_report(
             goal.id, end_reason=reason, text=text, best=best_experiment(experiments, goal.direction)

@@ -34,7 +34,7 @@ from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.supervisor import read_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
-from goaltender.storage.records import MilestoneReported, utcnow
+from goaltender.storage.records import HubFetched, MilestoneReported, utcnow
 from goaltender.storage.runner_store import RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
@@ -68,6 +68,7 @@ class Runner:
             p.SubmitReport: self._on_submit_report,
             p.Ask: self._on_ask,
             p.RunExperiment: self._on_run_experiment,
+            p.RecordFetch: self._on_record_fetch,
         }
         self.server = SocketServer(
             settings.socket_path,
@@ -266,7 +267,10 @@ class Runner:
         goal = await self.campaigns.goal(req.goal_id)
         experiments = await self.store.experiments(goal.id)
         status = await self._status(goal.id)
-        text = summary_text(goal, experiments, status.compute_hours_used, utcnow(), goal.end_reason)
+        fetches = await self.store.hub_fetches(goal.id)
+        text = summary_text(
+            goal, experiments, status.compute_hours_used, utcnow(), goal.end_reason, fetches=fetches
+        )
         return p.SummaryReply(status=status, ledger=experiments, text=text)
 
     async def _on_get_log(self, req: p.GetLog, who: Principal) -> p.Reply:
@@ -294,7 +298,9 @@ class Runner:
 
     async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        event = await self.store.append_event(goal.id, MilestoneReported(title=req.title, text=req.text))
+        event = await self.store.append_event(
+            goal.id, MilestoneReported(title=req.title, text=req.text, curves=req.curves)
+        )
         return p.Done(message=f"milestone logged (event {event.seq})")
 
     async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
@@ -319,6 +325,11 @@ class Runner:
         await self.campaigns.goal(req.goal_id)
         await self.store.set_agent_report(req.goal_id, req.text)
         return p.Done(message="report text stored; it goes into the final report")
+
+    async def _on_record_fetch(self, req: p.RecordFetch, who: Principal) -> p.Reply:
+        goal = await self.campaigns.active_goal(req.goal_id)
+        event = await self.store.append_event(goal.id, HubFetched(fetch=req.fetch))
+        return p.Done(message=f"recorded in goal #{goal.id}'s ledger (event {event.seq})")
 
     async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)

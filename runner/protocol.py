@@ -25,10 +25,12 @@ from goaltender.storage.records import (
     Approval,
     AuditEntry,
     Budget,
+    Curves,
     DiaryEntry,
     Event,
     Experiment,
     Goal,
+    HubFetch,
     InboxMessage,
     MetricPoint,
 )
@@ -216,6 +218,7 @@ class ReportMilestone(Request):
     goal_id: RowId
     title: str = Field(min_length=1, max_length=300)
     text: str = Field(default="", max_length=20_000)
+    curves: Curves | None = None  # training curves to show with it (the bot draws them)
 
 
 class LogMetrics(Request):
@@ -282,6 +285,14 @@ class SubmitReport(Request):
     text: str = Field(min_length=1, max_length=50_000)
 
 
+class RecordFetch(Request):
+    """A model or data set `goaltender fetch` put in the cache, for the goal's record."""
+
+    type: Literal["record_fetch"] = "record_fetch"
+    goal_id: RowId
+    fetch: HubFetch
+
+
 AnyRequest = Annotated[
     Hello
     | SubmitGoal
@@ -305,7 +316,8 @@ AnyRequest = Annotated[
     | ReadInbox
     | WriteDiary
     | ReadDiary
-    | SubmitReport,
+    | SubmitReport
+    | RecordFetch,
     Field(discriminator="type"),
 ]
 

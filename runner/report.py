@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from goaltender.runner.budget import stop_status
-from goaltender.storage.records import Experiment, Goal
+from goaltender.storage.records import Experiment, Goal, HubFetch
 
 
 def best_experiment(experiments: list[Experiment], direction: str = "maximize") -> Experiment | None:
@@ -62,12 +62,39 @@ def ledger_table(experiments: list[Experiment], metric: str | None) -> str:
     return "\n".join(lines)
 
 
+def format_bytes(size: int) -> str:
+    """`512 B`, `5.2 MB`, `3.4 GB`: decimal units, as the hub shows sizes."""
+    if size < 1000:
+        return f"{size} B"
+    value = size / 1000
+    for unit in ("kB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def fetch_summary(fetch: HubFetch, *, short_commit: bool = False) -> str:
+    """`model org/name (main, commit 1a2b…): 3 files, 5.2 MB, 5.2 MB downloaded`."""
+    commit = fetch.commit[:12] if short_commit else fetch.commit
+    at = f"commit {commit}" if fetch.revision == fetch.commit else f"{fetch.revision}, commit {commit}"
+    came = (
+        "all from the cache"
+        if not fetch.downloaded_bytes
+        else f"{format_bytes(fetch.downloaded_bytes)} downloaded"
+    )
+    files = f"{fetch.files} file{'' if fetch.files == 1 else 's'}"
+    return f"{fetch.repo_type} {fetch.repo} ({at}): {files}, {format_bytes(fetch.bytes)}, {came}"
+
+
 def summary_text(
     goal: Goal,
     experiments: list[Experiment],
     compute_used: float,
     now: datetime,
     end_reason: str | None = None,
+    *,
+    fetches: Sequence[HubFetch] = (),
 ) -> str:
     best = best_experiment(experiments, goal.direction)
     head = f"Goal #{goal.id} — {goal.state}" + (f" ({end_reason})" if end_reason else "")
@@ -92,6 +119,9 @@ def summary_text(
         "",
         ledger_table(experiments, goal.metric),
     ]
+    if fetches:
+        lines += ["", "## From the hub", ""]
+        lines += [f"- {fetch_summary(f)} — `{f.path}`" for f in fetches]
     return "\n".join(lines)
 
 
@@ -102,8 +132,10 @@ def final_report(
     now: datetime,
     end_reason: str,
     agent_words: str | None,
+    *,
+    fetches: Sequence[HubFetch] = (),
 ) -> str:
-    text = summary_text(goal, experiments, compute_used, now, end_reason)
+    text = summary_text(goal, experiments, compute_used, now, end_reason, fetches=fetches)
     if agent_words:
         text += "\n\n## From the agent\n\n" + agent_words.strip()
     return text

@@ -112,6 +112,7 @@ AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
         p.WriteDiary,
         p.ReadDiary,
         p.SubmitReport,
+        p.RecordFetch,
     }
 )
 GOAL_READS: frozenset[type[p.Request]] = frozenset({p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog})

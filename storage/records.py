@@ -147,6 +147,21 @@ class DiaryEntry(Record):
     text: str
 
 
+class HubFetch(Record):
+    """A model or data set `goaltender fetch` put in the hub cache for a goal: which repo, at which
+    commit (the revision asked for resolved), where it lies and how big it is. Reported by the
+    goal's agent, as its metrics are."""
+
+    repo: str = Field(min_length=1, max_length=200)
+    repo_type: Literal["model", "dataset"] = "model"
+    revision: str = Field(default="main", max_length=200)  # as asked: a branch, tag or commit
+    commit: str = Field(min_length=1, max_length=64)  # what it resolved to
+    path: str = Field(max_length=4096)  # the snapshot's directory in the cache
+    files: int = Field(ge=0, le=10_000_000)
+    bytes: int = Field(ge=0, le=2**62)
+    downloaded_bytes: int = Field(default=0, ge=0, le=2**62)  # 0: all of it came from the cache
+
+
 # ---- event payloads: the union the event log stores and subscribers receive ----
 
 
@@ -212,6 +227,11 @@ class FinalReport(Record):
     best: Experiment | None = None
 
 
+class HubFetched(Record):
+    kind: Literal["hub_fetched"] = "hub_fetched"
+    fetch: HubFetch
+
+
 class UnreadableEvent(Record):
     """Delivered in place of a logged event that no longer reads back into its model (written by
     an older runner, or holding a value its model now refuses): same seq, goal and time, so a
@@ -234,6 +254,7 @@ EventData = Annotated[
     | SteerReceived
     | BudgetChanged
     | FinalReport
+    | HubFetched
     | UnreadableEvent,
     Field(discriminator="kind"),
 ]

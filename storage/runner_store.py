@@ -42,6 +42,8 @@ from goaltender.storage.records import (
     GoalAccepted,
     GoalState,
     GoalStateChanged,
+    HubFetch,
+    HubFetched,
     InboxMessage,
     MetricPoint,
     MetricsLogged,
@@ -599,6 +601,15 @@ class RunnerStore:
                 "SELECT * FROM audit WHERE goal_id = ? ORDER BY id DESC LIMIT ?", (goal_id, limit)
             )
         return [AuditEntry(**dict(row)) for row in reversed(rows)]
+
+    # ---- models and data fetched from the hub (their events are the record) ----
+
+    async def hub_fetches(self, goal_id: int) -> list[HubFetch]:
+        rows = await self.db.fetchall(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE goal_id = ? AND kind = 'hub_fetched' ORDER BY seq",
+            (goal_id,),
+        )
+        return [event.data.fetch for event in map(_event, rows) if isinstance(event.data, HubFetched)]
 
     # ---- the final report ----
 

@@ -12,7 +12,15 @@ from conftest import eventually
 
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
-from goaltender.storage.records import Budget, Event, MetricPoint, MilestoneReported, UnreadableEvent, utcnow
+from goaltender.storage.records import (
+    Budget,
+    Event,
+    HubFetch,
+    MetricPoint,
+    MilestoneReported,
+    UnreadableEvent,
+    utcnow,
+)
 
 REQUESTS = [
     p.Hello(id=1, version=p.PROTOCOL_VERSION, client="bot"),
@@ -40,6 +48,11 @@ REQUESTS = [
     p.ReadDiary(id=21, goal_id=1, last=3),
     p.SubmitReport(id=22, goal_id=1, text="done"),
     p.Audit(id=23, goal_id=1, limit=5),
+    p.RecordFetch(
+        id=24,
+        goal_id=1,
+        fetch=HubFetch(repo="org/tiny", repo_type="dataset", commit="a" * 40, path="/c/s", files=2, bytes=10),
+    ),
 ]
 
 

@@ -124,6 +124,12 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
         {"type": "read_diary", "id": 21, "goal_id": goal, "last": 3},
         {"type": "submit_report", "id": 22, "goal_id": goal, "text": "done"},
         {"type": "audit", "id": 23, "goal_id": goal, "limit": 5},
+        {
+            "type": "record_fetch",
+            "id": 24,
+            "goal_id": goal,
+            "fetch": {"repo": "org/tiny", "commit": "a" * 40, "path": "/c/s", "files": 2, "bytes": 10},
+        },
     ]
 
 
