@@ -261,9 +261,15 @@ def make_counter(
         return ProcessorCounter(loader(model), model, base_dir), ""
     except ImportError:
         return estimate, "transformers is not installed (pip install 'goaltender[sft]')"
-    except (OSError, ValueError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return estimate, f"{model} is not available locally ({first_line[:120]})"
+    except OSError as exc:  # huggingface_hub's "not in the cache" errors are OSErrors
+        return estimate, f"{model} is not available locally ({_first_line(exc)})"
+    except Exception as exc:  # any other loading failure: still count, and say why it is the estimate
+        return estimate, f"{model}'s processor did not load ({type(exc).__name__}: {_first_line(exc)})"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:120] if text else type(exc).__name__
 
 
 # -- checking -------------------------------------------------------------------------------------

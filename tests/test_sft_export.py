@@ -314,6 +314,12 @@ def test_processor_counts_when_available_and_the_estimate_says_why_not():
     counter, note = preflight.make_counter("some/model", loader=not_local)
     assert isinstance(counter, preflight.EstimateCounter)
     assert note.startswith("some/model is not available locally (We couldn't connect")
+
+    def broken(_model):
+        raise KeyError("qwen3_vl")
+
+    counter, note = preflight.make_counter("some/model", loader=broken)
+    assert isinstance(counter, preflight.EstimateCounter) and "did not load (KeyError" in note
     counter, note = preflight.make_counter("some/model", estimate_only=True, loader=missing)
     assert isinstance(counter, preflight.EstimateCounter) and not note
 
