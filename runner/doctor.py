@@ -273,28 +273,36 @@ def check_nemo_rl_venv(box: Box) -> Verdict:
         return warn("not checked: no NeMo RL checkout", "see nemo-rl above")
     uv_version = _run([_tool("uv", box), "--version"], box)
     if uv_version is None:
-        return warn(
-            "uv is not on PATH (NeMo RL runs everything through uv run)",
-            "pip install uv",
-        )
-    python = checkout / ".venv" / "bin" / "python"
-    python_version = _run([str(python), "-c", "import platform; print(platform.python_version())"], box)
-    if python_version is None:
-        return warn(
-            f"{uv_version}; no venv in {checkout / '.venv'}",
-            f"cd {checkout} && uv venv (no -p: the Python comes from .python-version; uv run builds the rest)",
-        )
-    workers = Path(box.env["NEMO_RL_VENV_DIR"]) if box.env.get("NEMO_RL_VENV_DIR") else checkout / "venvs"
+        return warn("uv is not on PATH (NeMo RL runs everything through uv run)", "pip install uv")
+    # Built here, not in a run: the sandbox shows the checkout read-only.
+    sync = f"cd {checkout} && uv sync (the Python comes from .python-version)"
+    venv = checkout / ".venv"
+    installed = _run([str(venv / "bin" / "python"), "-c", VENV_PROBE], box)
+    if installed is None:
+        return warn(f"{uv_version}; no venv in {venv}", sync)
+    python, _, nemo_rl = installed.partition(" ")
+    if not nemo_rl:
+        return warn(f"{uv_version}; {venv} (Python {python}) has no nemo-rl installed", sync)
+    workers = _worker_venvs(box)
     built = f"{sum(1 for _ in workers.iterdir())} built" if workers.is_dir() else "built on first run"
     detail = (
-        f"{uv_version}; {checkout / '.venv'} (Python {python_version}); worker venvs in {workers} ({built})"
+        f"{uv_version}; nemo-rl {nemo_rl} in {venv} (Python {python}); worker venvs in {workers} ({built})"
     )
     if box.on_small_disk(workers):
         return warn(
             f"{detail}: on the small disk (HOME's)",
-            f"export NEMO_RL_VENV_DIR={box.settings.home / 'nemo-rl-venvs'}",
+            f"export NEMO_RL_VENV_DIR={box.settings.cache_dir / 'nemo-rl-venvs'}",
         )
     return ok(detail)
+
+
+VENV_PROBE = """import importlib.metadata, platform
+try:
+    nemo_rl = importlib.metadata.version("nemo-rl")
+except importlib.metadata.PackageNotFoundError:
+    nemo_rl = ""
+print(platform.python_version(), nemo_rl)
+"""
 
 
 GYM_PROBE = """\
@@ -593,6 +601,14 @@ def _nemo_rl_dir(box: Box) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def _worker_venvs(box: Box) -> Path:
+    """Where NeMo RL builds its per-worker venvs in a run: NEMO_RL_VENV_DIR as the box sets it,
+    else in the goal's cache, where `goaltender nemo-rl` points it (training/nemo_rl.py)."""
+    if value := box.env.get("NEMO_RL_VENV_DIR"):
+        return Path(value).expanduser()
+    return cache_routing(box.settings, box.env)["GOALTENDER_CACHE_DIR"] / "nemo-rl" / "venvs"
+
+
 def _clone_command(box: Box) -> str:
     return f"git clone --recursive --branch {NEMO_RL_TAG} {NEMO_RL_REPO} {box.settings.home / 'nemo-rl'}"
 
@@ -660,7 +676,8 @@ def _shown(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.username is None and parts.password is None:
         return url
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname or ""))
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
 
 
 def _reason(exc: OSError) -> str:
