@@ -1,8 +1,8 @@
 """`goaltender doctor`: checks a GPU box is ready for campaigns, one line each.
 
 Each check is a small function of the box (`Box`: the runner's settings, the environment, the
-NVML reader, timeouts) that returns one `Finding`: ok, warn or fail, what it saw, and the fix.
-The checks run side by side (each waits at most a few seconds on the network), are printed in the
+NVML reader, timeouts) that returns a `Verdict`: ok, warn or fail, what it saw, and the fix;
+`CHECKS`, a table, names them. The checks run side by side (each waits at most a few seconds on the network), are printed in the
 order of `CHECKS`, and everything shown passes through the runner's redactor: keys and tokens are
 said to be set, never shown. `goaltender doctor` exits 1 when any check fails, else 0.
 
@@ -141,7 +141,8 @@ def read_gpus() -> Gpus:
 
 @dataclass
 class Box:
-    """What the checks look at. Built from the environment by `Box.here()`; tests build their own."""
+    """What the checks look at: `doctor()` builds it from this process's environment, tests
+    build their own."""
 
     settings: RunnerSettings
     env: Mapping[str, str]
@@ -474,7 +475,7 @@ def check_ssh(box: Box) -> Verdict:
         f"sshd answers on localhost:{box.ssh_port} ({banner[:60]}); ssh client {client or 'not installed'}"
     )
     return ok(
-        f"{detail}; the bot's entry below (its key must be in {getpass.getuser()}'s authorized_keys: {check_from_bot})",
+        f"{detail}; the bot's entry below (its key must be in {_user()}'s authorized_keys: {check_from_bot})",
         snippet=snippet,
     )
 
@@ -702,11 +703,24 @@ def _bot_entry(box: Box) -> str:
         known_hosts = "<this box's host key line, e.g. /etc/ssh/ssh_host_ed25519_key.pub>"
     entry = {
         "name": box.settings.name,
-        "host": socket.getfqdn(),
+        "host": _host_name(),
         "port": box.ssh_port,
-        "username": getpass.getuser(),
+        "username": _user(),
         "client_key": "<the bot's private key file>",
         "known_hosts": known_hosts,
         "remote_socket": str(box.settings.socket_path),
     }
     return f"bot side: GOALTENDER_RUNNERS='[{json.dumps(entry)}]'"
+
+
+def _host_name() -> str:
+    """How another machine may name this one (a fully qualified name if the resolver has one)."""
+    name = socket.getfqdn()
+    return os.uname().nodename if name.startswith("localhost") else name
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no name for this uid (a bare container)
+        return str(os.getuid())
