@@ -29,6 +29,7 @@ from goaltender.runner.budget import (
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
 from goaltender.runner.report import format_params
 from goaltender.storage.records import Budget, MetricPoint, utcnow
+from goaltender.training.launch import add_recipe_parsers
 
 EXIT_OK = 0
 EXIT_NO = 1  # rejected approval, crashed experiment
@@ -49,8 +50,8 @@ every step (milestones, experiment rows, approval prompts, plots, a final report
 Operators (and the Slack bot) drive goals: submit, status, summary, steer, budget,
                                           pause, resume, stop, approve, reject, events,
                                           log, audit
-Agents report from inside a goal:         milestone, metrics, experiment, ask, inbox,
-                                          diary, report
+Agents report from inside a goal:         milestone, metrics, experiment, nemo-rl, ask,
+                                          inbox, diary, report
 Operators are the users the runner allows (GOALTENDER_OPERATORS; default: its own user);
 the runner knows them by the socket's peer uid. Agent verbs read GOALTENDER_GOAL_ID and
 GOALTENDER_SOCKET (the goal's own socket, which serves the agent verbs only) from the
@@ -331,6 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmd.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     goal_arg(cmd)
+
+    cmd = command(
+        "nemo-rl",
+        cmd_nemo_rl,
+        "train with NeMo RL (sft, grpo, …) as one supervised experiment",
+        """\
+        Run a NeMo RL recipe as one supervised experiment:
+
+          goaltender nemo-rl sft --config sft.yaml -- policy.optimizer.kwargs.lr=1e-5
+
+        The runner runs `uv run examples/run_sft.py --config … overrides` in the NeMo RL
+        checkout ($NEMO_RL_DIR), with its logs and checkpoints in the experiment's directory and
+        NeMo RL's venvs in the runner's cache. Its TensorBoard scalars (train/loss, validation/*,
+        timing/*) become the experiment's series as they are written (without the `nemo` extra:
+        read from its output). At the end the best checkpoint by --metric is named: the ledger
+        row gets its value, the goal's thread the milestone "best checkpoint: step_N" with the
+        training curves.""",
+    )
+    add_recipe_parsers(cmd, goal_arg)
 
     cmd = command(
         "ask",
@@ -739,8 +759,49 @@ def cmd_experiment(args):
         env=_environment(),  # what the agent exported reaches its experiment
         eval_command=_split(args.eval_command) if args.eval_command else None,
     )
+    return _run(args, _experiment_body(fields))
 
-    async def body(runner: RunnerClient):
+
+def cmd_nemo_rl(args):
+    from goaltender.training.launch import LaunchError, plan
+
+    goal_id = _goal_id(args)
+    cwd = _working_directory()
+    overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
+    try:
+        run = plan(
+            args.recipe,
+            args.config,
+            overrides,
+            cwd=Path(cwd),
+            env=os.environ,
+            checkout=args.checkout,
+            script=args.script,
+            trainer=args.trainer,
+            metric=args.metric,
+            direction="minimize" if args.minimize else ("maximize" if args.maximize else None),
+        )
+    except LaunchError as exc:
+        raise UsageError(str(exc)) from None
+    fields = _checked(
+        p.RunExperiment,
+        goal_id=goal_id,
+        command=run.command(),
+        description=args.description or run.description(),
+        params=run.params(),
+        metric=run.metric,
+        direction=run.direction,
+        timeout_s=_duration(args.timeout),
+        cwd=cwd,
+        env=_environment(),
+    )
+    return _run(args, _experiment_body(fields))
+
+
+def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitable[int]]:
+    """Run the experiment and print its ledger row."""
+
+    async def body(runner: RunnerClient) -> int:
         reply = await runner.call(p.RunExperiment, p.ExperimentReply, **fields)
         e = reply.experiment
         how = " (verified by the runner)" if e.verified else " (reported)"
@@ -757,7 +818,7 @@ def cmd_experiment(args):
         print(f"  {reply.stop_status}")
         return EXIT_NO if e.status in ("crash", "interrupted") else EXIT_OK
 
-    return _run(args, body)
+    return body
 
 
 def _working_directory() -> str:

@@ -413,6 +413,18 @@ def guard_control_verb(name: str, args: list[str], scope: Scope) -> None:
             f"`goaltender {positional[0]}` is for people, not agents: a person decides approvals, "
             "budgets, steering and stops (in the goal's thread); the runner refuses it from an agent"
         )
+    if positional[:1] == ["nemo-rl"] and (trainer := _option_value(args, "--trainer")) is not None:
+        check_text(trainer, scope.nested())  # the command the run starts instead of NeMo RL's
+
+
+def _option_value(args: list[str], option: str) -> str | None:
+    """The value of `--option VALUE` or `--option=VALUE` (before any `--`)."""
+    for i, arg in enumerate(args[: args.index("--") if "--" in args else len(args)]):
+        if arg == option and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(option + "="):
+            return arg.partition("=")[2]
+    return None
 
 
 def guard_machine_down(name: str, args: list[str], scope: Scope) -> None:

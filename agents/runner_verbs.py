@@ -1,5 +1,5 @@
-"""The runner's verbs as the built-in agent's tools: run an experiment, post a milestone, log
-metrics, ask for approval, read the inbox, keep the diary, hand in the report.
+"""The runner's verbs as the built-in agent's tools: run an experiment (or a NeMo RL training run),
+post a milestone, log metrics, ask for approval, read the inbox, keep the diary, hand in the report.
 
 They are what `goaltender <verb>` does for the other agents, called over the runner connection
 directly. An experiment's command passes the same command policy as the shell tool; what goes to
@@ -9,6 +9,7 @@ the runner is redacted of the environment's secrets.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from goaltender.agents.tool_schemas import (
     AskApproval,
     LogMetrics,
     Milestone,
+    NemoRl,
     ReadDiary,
     ReadInbox,
     RunExperiment,
@@ -30,6 +32,7 @@ from goaltender.agents.tool_schemas import (
 from goaltender.agents.workspace_tools import Ask, decision
 from goaltender.runner import protocol as p
 from goaltender.storage.records import MetricPoint
+from goaltender.training.launch import LaunchError, plan
 
 # (command, what it is for) -> (may run, a note for the tool result)
 Gate = Callable[[str, str], Awaitable[tuple[bool, str]]]
@@ -45,6 +48,7 @@ class RunnerVerbs:
     def __init__(self, goal: Goal, *, gate: Gate, ask: Ask, milestone: PostMilestone, secrets: list[str]):
         self.goal_id = goal.id
         self.runner = goal.runner
+        self.workspace = goal.workspace
         self.gate = gate
         self.ask = ask
         self.milestone = milestone
@@ -55,6 +59,7 @@ class RunnerVerbs:
     def tools(self) -> list[Tool[Any]]:
         return [
             Tool("run_experiment", RunExperiment, self.run_experiment),
+            Tool("nemo_rl", NemoRl, self.nemo_rl),
             Tool("milestone", Milestone, self.post_milestone),
             Tool("log_metrics", LogMetrics, self.log_metrics),
             Tool("ask_approval", AskApproval, self.ask_approval),
@@ -80,6 +85,35 @@ class RunnerVerbs:
             direction=args.direction,
             timeout_s=args.timeout_s or None,
             eval_command=_argv(args.eval_command)[0] if args.eval_command else None,
+        )
+        return note + experiment_text(reply)
+
+    async def nemo_rl(self, args: NemoRl) -> str:
+        try:
+            run = plan(
+                args.recipe,
+                args.config,
+                args.overrides,
+                cwd=self.workspace,
+                env=os.environ,
+                metric=args.metric or None,
+                direction=args.direction,
+            )
+        except LaunchError as exc:
+            return f"error: {exc}"
+        ok, note = await self.gate(shlex.join(run.command()), "experiment")
+        if not ok:
+            return note
+        reply = await self.runner.call(
+            p.RunExperiment,
+            p.ExperimentReply,
+            goal_id=self.goal_id,
+            command=run.command(),
+            description=args.description or run.description(),
+            params=run.params(),
+            metric=run.metric,
+            direction=run.direction,
+            timeout_s=args.timeout_s or None,
         )
         return note + experiment_text(reply)
 

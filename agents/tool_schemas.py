@@ -137,6 +137,24 @@ class RunExperiment(ToolArguments):
     )
 
 
+class NemoRl(ToolArguments):
+    """Train with NeMo RL as one supervised experiment (what `goaltender nemo-rl` does): the runner
+    runs the recipe in the box's NeMo RL checkout ($NEMO_RL_DIR), logs and checkpoints in the
+    experiment's directory, its TensorBoard scalars streamed into the series, and names the best
+    checkpoint (step_N) by the metric: the ledger row gets its value, the thread the training
+    curves. Returns when the run has finished."""
+
+    recipe: Literal["sft", "vlm-sft", "grpo", "vlm-grpo"]
+    config: str = Field(description="the NeMo RL config (YAML), relative to the workspace")
+    overrides: list[str] = Field(default_factory=list, description="NeMo RL overrides, key=value")
+    description: str | Omitted[None] = Field(None, description="the hypothesis this run tests")
+    metric: str | Omitted[None] = Field(
+        None, description="a TensorBoard tag; default validation/val_loss (SFT), validation/accuracy (GRPO)"
+    )
+    direction: Literal["maximize", "minimize"] | Omitted[None] = None
+    timeout_s: float | Omitted[None] = Field(None, description="per-run time limit in seconds")
+
+
 class Milestone(ToolArguments):
     """Post a milestone to the goal's thread (plans, new bests, findings, changes of direction)."""
 

@@ -2,7 +2,8 @@
 
 Each kind of event has one small function (the `WRITES` table) returning its post or edit; the
 campaign plot comes with milestones and the final report (one plot per such event, not one per
-metric), and events that change what the card shows refresh it. An event's writes are stored
+metric; a milestone that names training curves, as the NeMo RL launcher's does, gets those
+instead), and events that change what the card shows refresh it. An event's writes are stored
 with its seq in one transaction, so each is made exactly once.
 """
 
@@ -25,6 +26,7 @@ from goaltender.storage.records import (
     ApprovalDecided,
     ApprovalRequested,
     BudgetChanged,
+    Curves,
     Event,
     ExperimentFinished,
     ExperimentStarted,
@@ -151,7 +153,7 @@ class ThreadWriter:
 
     async def _writes(self, event: EventInThread, data: Any) -> list[Write]:
         writes = [w for w in WRITES.get(type(data), _nothing)(event, data) if await self._target_queued(w)]
-        if isinstance(data, PLOTTED) and (plot := await self._plot(event)):
+        if isinstance(data, PLOTTED) and (plot := await self._plot_for(event, data)):
             writes.append(
                 Write("upload", in_thread(event.card, plot), EventKey(event.runner, event.seq, "plot"))
             )
@@ -178,6 +180,35 @@ class ThreadWriter:
             return None
         await self.store.set_status(runner, goal_id, status.model_dump(mode="json"))
         return render.status_card(status, runner)
+
+    async def _plot_for(self, event: EventInThread, data: MilestoneReported | FinalReport) -> Payload | None:
+        """A milestone naming training curves shows them; the others, and the report, the campaign."""
+        if isinstance(data, MilestoneReported) and data.curves is not None:
+            return await self._curves_plot(event, data.curves)
+        return await self._plot(event)
+
+    async def _curves_plot(self, event: EventInThread, curves: Curves) -> Payload | None:
+        """One experiment's series (fetched from the runner) as a PNG, its marked step starred."""
+        series = {}
+        try:
+            for name in curves.series:
+                reply = await self.pool[event.runner].call(
+                    p.GetSeries,
+                    p.SeriesReply,
+                    goal_id=event.goal_id,
+                    name=name,
+                    experiment_id=curves.experiment_id,
+                )
+                if reply.points:
+                    series[name] = reply.points
+        except (p.ProtocolError, UnknownRunner):
+            return None
+        if not series:
+            return None
+        path = self.plots_dir / f"{event.runner}-goal-{event.goal_id}-{event.seq}-curves.png"
+        title = f"Goal #{event.goal_id}: training curves"
+        await asyncio.to_thread(plots.plot_training, series, path, title=title, mark_step=curves.mark_step)
+        return {"file": str(path), "filename": path.name, "title": f"{title} ({', '.join(series)})"}
 
     async def _plot(self, event: EventInThread) -> Payload | None:
         """The goal's headline metric per experiment as a PNG (best marked), ready to upload."""

@@ -29,7 +29,9 @@ __all__ = [
     "curves_figure",
     "plot_campaign",
     "plot_curves",
+    "plot_training",
     "save_figure",
+    "training_figure",
 ]
 
 FIGSIZE = (8.0, 4.5)  # inches
@@ -387,3 +389,76 @@ def plot_curves(
 ) -> Path:
     """Render :func:`curves_figure` to a PNG at ``path`` (atomically) and return the path."""
     return save_figure(curves_figure(series, ylabel=ylabel, title=title, xlabel=xlabel), path)
+
+
+# ---- one run's training curves ----
+
+
+def training_figure(
+    series: Mapping[str, Sequence[tuple[float | None, float]]],
+    *,
+    title: str,
+    mark_step: float | None = None,
+    mark_label: str = "best checkpoint",
+) -> Figure:
+    """One panel per series, side by side (a loss and an accuracy share no axis), x the step.
+    `mark_step` (the best checkpoint) is a dashed line in every panel and a star where a series
+    has a value at that step, labelled in the last panel (the metric it was chosen by)."""
+    fig = _new_figure()
+    drawn = [(name, pts) for name, pts in series.items() if pts]
+    if not drawn:
+        _empty_note(fig.add_subplot(1, 1, 1), "no data yet")
+        return fig
+    cmap = colormaps["tab10"]
+    for i, (name, pts) in enumerate(drawn):
+        ax = fig.add_subplot(1, len(drawn), i + 1)
+        _style_axes(ax)
+        xs = [float(step) if step is not None else float(j) for j, (step, _) in enumerate(pts)]
+        ys = [float(v) for _, v in pts]
+        percent = is_percent_metric(name) and _use_percent(name, ys)
+        ax.plot(xs, ys, color=cmap(i), linewidth=1.6, marker="o" if len(pts) <= 30 else None, markersize=3.5)
+        ax.set_title(name, fontsize=10.5, loc="left")
+        ax.set_xlabel("step")
+        if percent:
+            ax.yaxis.set_major_formatter(_percent_formatter(ys))
+        ax.margins(y=0.15)  # room for the label
+        if mark_step is not None:
+            at = [y for x, y in zip(xs, ys, strict=True) if x == mark_step]
+            _mark(ax, mark_step, at, name, percent, mark_label if i == len(drawn) - 1 else None)
+    fig.suptitle(title, fontsize=12, x=0.01, ha="left", fontweight="bold")
+    fig.tight_layout()
+    return fig
+
+
+def _mark(ax, step: float, values: list[float], name: str, percent: bool, label: str | None) -> None:
+    ax.axvline(step, color=BEST_COLOR, linestyle="--", linewidth=1.2, zorder=1)
+    if not values:
+        return
+    value = values[-1]
+    ax.scatter(
+        [step], [value], s=170, marker="*", color=BEST_COLOR, edgecolors="black", linewidths=0.6, zorder=5
+    )
+    if label is None:
+        return
+    ax.annotate(
+        f"{label}: step {step:g}, {_fmt_value(name, value, percent)}",
+        xy=(step, value),
+        xytext=(0, 12),
+        textcoords="offset points",
+        ha="center",
+        fontsize=8.5,
+        bbox={"boxstyle": "round,pad=0.25", "fc": "#fff4e0", "ec": BEST_COLOR, "lw": 0.8},
+        zorder=6,
+    )
+
+
+def plot_training(
+    series: Mapping[str, Sequence[tuple[float | None, float]]],
+    path: str | os.PathLike[str],
+    *,
+    title: str,
+    mark_step: float | None = None,
+    mark_label: str = "best checkpoint",
+) -> Path:
+    """Render :func:`training_figure` to a PNG at ``path`` (atomically) and return the path."""
+    return save_figure(training_figure(series, title=title, mark_step=mark_step, mark_label=mark_label), path)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from goaltender.runner.budget import stop_status
 from goaltender.storage.records import Experiment, Goal, HubFetch
+
+# A summary line a run prints to name its best checkpoint, `best_checkpoint_step: 240` (the NeMo RL
+# launcher does: goaltender/training), kept in the row's metrics and named in the report.
+BEST_CHECKPOINT_STEP = "best_checkpoint_step"
 
 
 def best_experiment(experiments: list[Experiment], direction: str = "maximize") -> Experiment | None:
@@ -17,6 +22,17 @@ def best_experiment(experiments: list[Experiment], direction: str = "maximize") 
         return None
     pick = max if direction == "maximize" else min
     return pick(scored, key=lambda scored_experiment: scored_experiment[0])[1]
+
+
+def best_checkpoint(experiment: Experiment) -> str | None:
+    """`step_240 of experiment #3`, and where it is when it lies where the launcher puts it."""
+    step = experiment.metrics.get(BEST_CHECKPOINT_STEP)
+    if step is None:
+        return None
+    name = f"step_{step:.0f}"
+    path = Path(experiment.log_path).parent / "checkpoints" / name
+    where = f" (`{path}`)" if experiment.log_path and path.is_dir() else ""
+    return f"{name} of experiment #{experiment.index}{where}"
 
 
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
@@ -106,6 +122,8 @@ def summary_text(
         )
         if best.params:
             lines.append(f"**Best config:** `{format_params(best.params)}`")
+        if (checkpoint := best_checkpoint(best)) is not None:
+            lines.append(f"**Best checkpoint:** {checkpoint}")
     else:
         lines.append("**Best:** no successful experiment yet.")
     if goal.target is not None:

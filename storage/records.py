@@ -103,6 +103,15 @@ class MetricPoint(Record):
     step: FiniteFloat | None = None
 
 
+class Curves(Record):
+    """Training curves a milestone shows: series of one experiment of its goal, which whoever renders
+    the milestone fetches (get_series) and draws, with one step marked (e.g. the best checkpoint)."""
+
+    experiment_id: int = Field(ge=1, le=2**63 - 1)
+    series: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(min_length=1, max_length=4)
+    mark_step: FiniteFloat | None = None
+
+
 class Approval(Record):
     id: int
     goal_id: int
@@ -180,6 +189,7 @@ class MilestoneReported(Record):
     kind: Literal["milestone"] = "milestone"
     title: str
     text: str = ""
+    curves: Curves | None = None
 
 
 class MetricsLogged(Record):

@@ -455,6 +455,10 @@ TOOL_ARGUMENTS = {
         {"command", "description", "params", "metric", "direction", "timeout_s", "eval_command"},
         {"command", "description"},
     ),
+    "nemo_rl": (
+        {"recipe", "config", "overrides", "description", "metric", "direction", "timeout_s"},
+        {"recipe", "config"},
+    ),
     "milestone": ({"title", "text"}, {"title"}),
     "log_metrics": ({"metrics", "step", "experiment_id"}, {"metrics"}),
     "ask_approval": ({"question", "detail", "kind"}, {"question"}),
