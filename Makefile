@@ -1,6 +1,7 @@
 # Two commands do everything on a machine with Python 3.11+, pip, git and make:
 #   make demo   — install into .venv, then run a whole star-count campaign in this terminal
 #   make test   — install into .venv, then lint, type-check and run the test suite (on every core)
+#   make gym-venv — the Python 3.12 venv with NeMo Gym 0.4.0 (make test builds it; see below)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 CODEX_VERSION := 0.171.0
 CODEX := .codex-cli/node_modules/.bin/codex
 
-.PHONY: demo test bench install clean check-wheel typecheck
+.PHONY: demo test bench install clean check-wheel typecheck gym-venv
 
 install: $(STAMP)
 
@@ -24,11 +25,22 @@ demo: $(STAMP)
 $(CODEX):  # the real Codex CLI, for the Codex backend's end-to-end tests (the npm package ships the binary)
 	npm install --silent --no-save --no-audit --no-fund --prefix .codex-cli @openai/codex@$(CODEX_VERSION)
 
-test: $(STAMP) $(CODEX)
+# NeMo Gym 0.4.0 needs Python >= 3.12, so tests/test_gym.py runs it from a venv of its own, built
+# from the newest 3.12 under the pyenv root into ~/.cache/goaltender (about 1.4 GB, 4 min; kept
+# between runs and clean clones where the machine keeps its cache) and linked as .venv-gym.
+# GOALTENDER_SKIP_GYM=1 (no Python 3.12 here) skips both the build and those tests.
+gym-venv:
+ifeq ($(GOALTENDER_SKIP_GYM),1)
+	@echo "GOALTENDER_SKIP_GYM=1: no NeMo Gym venv; tests/test_gym.py will skip"
+else
+	venv=$$(bash environments/star_count/gym_venv.sh) && ln -sfn "$$venv" .venv-gym
+endif
+
+test: $(STAMP) $(CODEX) gym-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
-	$(BIN)/pytest -n auto --durations=10
+	$(BIN)/pytest -n auto --dist loadgroup --durations=10  # loadgroup: tests/test_gym.py's servers run once
 	$(BIN)/pytest -m soak  # alone: 50,000 events under SSH drops and SIGKILLs (tests/test_soak.py)
 
 # mypy names modules after folders, and the repository root is the goaltender package: check it
@@ -56,4 +68,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_parsing.py
 
 clean:
-	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build
+	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build .venv-gym  # the link; the Gym venv stays cached

@@ -13,7 +13,8 @@ unmodified. Each test scripts the model's turns:
 
 A scripted item is a Turn (text and/or tool calls), a Fail (HTTP error, e.g. 429 with
 Retry-After, 500), or a function of the request body returning one. When the script runs out,
-`default` answers (a plain text turn, which ends most agent loops).
+`default` answers (a plain text turn, which ends most agent loops; or any scripted item, e.g. a
+function that answers each request from its body).
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ class Seen:
 
 
 class FakeOpenAI:
-    def __init__(self, default: Turn | None = None):
+    def __init__(self, default: Scripted | None = None):
         self.script: deque[Scripted] = deque()
-        self.default = default or Turn(text="Nothing more to do.")
+        self.default: Scripted = default or Turn(text="Nothing more to do.")
         self.requests: list[Seen] = []
         self.delay_s = 0.0  # added before every answer (to test timeouts)
         self._runner: web.AppRunner | None = None

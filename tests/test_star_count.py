@@ -216,9 +216,11 @@ def test_gym_files_present_and_well_formed():
     assert server["entrypoint"] == "app.py"
     agent = conf["star_count_simple_agent"]["responses_api_agents"]["simple_agent"]
     assert agent["resources_server"] == {"type": "resources_servers", "name": "star_count"}
-    assert any(
-        d["type"] == "validation" and d["jsonl_fpath"].endswith("heldout.jsonl") for d in agent["datasets"]
-    )
+    assert {d["type"]: d["jsonl_fpath"].rsplit("/", 1)[-1] for d in agent["datasets"]} == {
+        "train": "train.jsonl",
+        "validation": "validation.jsonl",
+        "example": "example.jsonl",
+    }
     assert "nemo-gym" in (PKG_DIR / "requirements.txt").read_text()
     # app.py is only parsed here: nemo_gym is not installed in this environment.
     tree = ast.parse((PKG_DIR / "app.py").read_text())

@@ -55,6 +55,12 @@ class StarCountVerifyResponse(StarCountVerifyRequest, BaseVerifyResponse):
     per_colour_correct: dict[str, bool] = Field(default_factory=dict)
 
 
+# Headline metrics: mean/correct is the exact accuracy (every colour right), mean/reward the mean
+# partial credit -- goaltender's ``exact_accuracy`` and ``mean_reward``. Gym's default (every mean/*)
+# would also headline mean/seed, which is just the average row seed.
+KEY_METRICS = ("mean/reward", "mean/correct")
+
+
 class StarCountResourcesServer(SimpleResourcesServer):
     config: StarCountResourcesServerConfig
 
@@ -68,6 +74,9 @@ class StarCountResourcesServer(SimpleResourcesServer):
             predicted=verdict.predicted,
             per_colour_correct=verdict.per_colour,
         )
+
+    def get_key_metrics(self, agent_metrics: dict[str, Any]) -> dict[str, Any]:
+        return {name: agent_metrics[name] for name in KEY_METRICS if name in agent_metrics}
 
 
 if __name__ == "__main__":
