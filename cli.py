@@ -27,12 +27,12 @@ from goaltender.runner.budget import (
     parse_goal_text,
 )
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
-from goaltender.runner.report import format_params
-from goaltender.storage.records import Budget, MetricPoint, utcnow
+from goaltender.runner.report import fetch_summary, format_params
+from goaltender.storage.records import Budget, HubFetch, MetricPoint, utcnow
 from goaltender.training.launch import add_recipe_parsers
 
 EXIT_OK = 0
-EXIT_NO = 1  # rejected approval, crashed experiment
+EXIT_NO = 1  # rejected approval, crashed experiment, failed fetch
 EXIT_USAGE = 2  # argparse's own code for bad arguments
 EXIT_EXPIRED = 3  # approval expired without a decision
 EXIT_RUNNER = 4  # runner unreachable, or it refused the request
@@ -45,6 +45,7 @@ every step (milestones, experiment rows, approval prompts, plots, a final report
   goaltender demo                 watch a whole campaign end to end, no Slack needed
   goaltender runner               start the runner daemon (one per GPU box)
   goaltender bot                  run the Slack bot (tokens from an app made from manifest.yml)
+  goaltender fetch OWNER/NAME     a model or data set from the hub (or a mirror) into the cache
   goaltender doctor               check this box is ready for campaigns, one line each
 
 Operators (and the Slack bot) drive goals: submit, status, summary, steer, budget,
@@ -58,8 +59,9 @@ GOALTENDER_SOCKET (the goal's own socket, which serves the agent verbs only) fro
 environment the runner gives them."""
 
 EXIT_CODES = """\
-exit codes: 0 ok / approved / experiment ran (keep or discard); 1 rejected / experiment crashed;
-2 bad arguments; 3 approval expired; 4 runner unreachable or request refused; 5 budget used up"""
+exit codes: 0 ok / approved / experiment ran (keep or discard); 1 rejected / experiment crashed /
+fetch failed; 2 bad arguments; 3 approval expired; 4 runner unreachable or request refused;
+5 budget used up"""
 
 LARGEST_ID = 2**63 - 1  # ids are SQLite integers
 
@@ -388,6 +390,37 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = command("report", cmd_report, "hand in your words for the final report (findings, next steps)")
     cmd.add_argument("text", nargs="?", help="markdown text (or use --file)")
     cmd.add_argument("--file", type=Path)
+    goal_arg(cmd)
+
+    cmd = command(
+        "fetch",
+        cmd_fetch,
+        "download a model or data set from the hub (or a mirror) into the cache",
+        """\
+        Download a model or data set from the Hugging Face hub into the hub cache; print
+        where it is (first line), then the commit the revision resolved to and its size:
+
+          MODEL_DIR=$(goaltender fetch Qwen/Qwen3-0.6B | head -n1)
+
+        Files land in $HF_HUB_CACHE (default $HF_HOME/hub; for goals the runner puts HF_HOME
+        on its big disk). HF_ENDPOINT names a mirror; with HF_HUB_OFFLINE=1 only the cache is
+        used. Gated and private repos need a token in HF_TOKEN (the runner grants it to goals;
+        it is never printed). Inside a goal the fetch is recorded in the goal's ledger (repo,
+        revision, the commit it resolved to), and a download of more than
+        GOALTENDER_FETCH_MILESTONE_MB (default 100) reports milestones as it goes. Outside a
+        goal it only downloads. Exit 1 when the fetch fails, saying why in one line.""",
+    )
+    cmd.add_argument("repo", help="owner/name on the hub")
+    cmd.add_argument("--revision", help="a branch, tag or commit (default: main)")
+    cmd.add_argument("--type", dest="repo_type", choices=["model", "dataset"], default="model")
+    cmd.add_argument(
+        "--include",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="only the files these globs match, e.g. '*.json' '*.safetensors' (default: every file)",
+    )
     goal_arg(cmd)
     return parser
 
@@ -909,6 +942,69 @@ def cmd_report(args):
         print((await runner.call(p.SubmitReport, p.Done, **fields)).message)
 
     return _run(args, body)
+
+
+def cmd_fetch(args):
+    # huggingface_hub reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HOME when it is imported: here, in
+    # this process's environment (an agent's is the one the runner gave its goal).
+    from goaltender.runner import hub
+
+    spec = hub.FetchSpec(args.repo, args.repo_type, args.revision, tuple(args.include))
+    if problem := hub.spec_problem(spec):
+        raise UsageError(problem)
+    milestone_bytes = _milestone_bytes()
+    in_goal = args.goal_id is not None or "GOALTENDER_GOAL_ID" in os.environ
+    if not in_goal:  # an operator on the box: the download alone, its progress on stderr
+        try:
+            fetch = hub.fetch(spec, _say_progress, milestone_bytes=milestone_bytes)
+        except hub.FetchFailed as failed:
+            print(f"goaltender: {failed}", file=sys.stderr)
+            return EXIT_NO
+        _print_fetch(fetch)
+        return EXIT_OK
+    goal_id = _goal_id(args)
+
+    async def body(runner: RunnerClient):
+        loop = asyncio.get_running_loop()
+
+        def milestone(title: str, text: str) -> None:  # called from the download's threads
+            call = runner.call(p.ReportMilestone, p.Done, goal_id=goal_id, title=title, text=text)
+            try:
+                asyncio.run_coroutine_threadsafe(call, loop).result()
+            except (p.ProtocolError, RunnerUnavailable) as exc:  # the record, at the end, says what counts
+                print(f"goaltender: progress milestone not posted: {exc}", file=sys.stderr)
+
+        try:
+            fetch = await asyncio.to_thread(hub.fetch, spec, milestone, milestone_bytes=milestone_bytes)
+        except hub.FetchFailed as failed:
+            print(f"goaltender: {failed}", file=sys.stderr)
+            return EXIT_NO
+        recorded = await runner.call(p.RecordFetch, p.Done, goal_id=goal_id, fetch=fetch)
+        _print_fetch(fetch, recorded.message)
+        return EXIT_OK
+
+    return _run(args, body)
+
+
+def _milestone_bytes() -> int:
+    """GOALTENDER_FETCH_MILESTONE_MB: downloads from this size on report progress milestones."""
+    text = os.environ.get("GOALTENDER_FETCH_MILESTONE_MB", "100")
+    try:
+        megabytes = float(text)
+    except ValueError:
+        megabytes = -1.0
+    if not 0 <= megabytes < 1e12:
+        raise UsageError(f"GOALTENDER_FETCH_MILESTONE_MB is not a size in MB: {text[:40]!r}")
+    return int(megabytes * 1000 * 1000)
+
+
+def _say_progress(title: str, text: str) -> None:
+    print(f"goaltender: {title}" + (f": {text}" if text else ""), file=sys.stderr, flush=True)
+
+
+def _print_fetch(fetch: HubFetch, recorded: str = "") -> None:
+    print(fetch.path)
+    print(fetch_summary(fetch) + (f"; {recorded}" if recorded else ""))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   goal's socket refuses them anyway), and whatever the policy file's `deny` patterns match.
 - **ask** goes to a person first (runner Ask, kind="command"): sudo and friends, deleting or
   writing outside the workspace, package installs, network fetches and pushes, killing processes
-  the agent did not start, system configuration, `eval`, and the file's `ask` patterns.
+  the agent did not start, system configuration, `eval`, and the file's `ask` patterns. (Not
+  `goaltender fetch`: it downloads from the hub into the cache the runner set, and is recorded.)
 - **allow** is everything else, and whatever the file's `allow` patterns match (an allow pattern
   overrides the built-in ask rules, never a deny).
 

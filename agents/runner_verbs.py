@@ -8,9 +8,11 @@ the runner is redacted of the environment's secrets.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shlex
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from goaltender.agents.bootstrap import Goal
 from goaltender.agents.tool_output import redact
 from goaltender.agents.tool_schemas import (
     AskApproval,
+    FetchFromHub,
     LogMetrics,
     Milestone,
     NemoRl,
@@ -67,6 +70,7 @@ class RunnerVerbs:
             Tool("write_diary", WriteDiary, self.write_diary),
             Tool("read_diary", ReadDiary, self.read_diary),
             Tool("submit_report", SubmitReport, self.submit_report),
+            Tool("fetch_from_hub", FetchFromHub, self.fetch_from_hub),
         ]
 
     async def run_experiment(self, args: RunExperiment) -> str:
@@ -161,6 +165,28 @@ class RunnerVerbs:
         self.report_text = args.text
         reply = await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=args.text[:50_000])
         return reply.message
+
+    async def fetch_from_hub(self, args: FetchFromHub) -> str:
+        """`goaltender fetch` itself, so that the download, its milestones and its record are the
+        same for every agent (it reads the goal from this process's environment)."""
+        argv = ["goaltender", "fetch", args.repo, "--type", args.repo_type]
+        argv += ["--revision", args.revision] if args.revision else []
+        argv += ["--include", *args.include] if args.include else []
+        ok, note = await self.gate(shlex.join(argv), "fetch")
+        if not ok:
+            return note
+        fetching = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "goaltender.cli",
+            *argv[1:],
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await fetching.communicate()
+        said = redact(output.decode(errors="replace").strip(), self.secrets)
+        return f"{note}exit code {fetching.returncode}\n{said}"
 
 
 def _argv(command: str | list[str]) -> tuple[list[str], str]:

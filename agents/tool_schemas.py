@@ -204,6 +204,21 @@ class SubmitReport(ToolArguments):
     text: str
 
 
+class FetchFromHub(ToolArguments):
+    """Download a model or data set from the Hugging Face hub (or the box's mirror) into the
+    shared cache on the big disk, and record it in the goal's ledger (what `goaltender fetch`
+    does). Returns the local path and the commit the revision resolved to; a big download posts
+    progress milestones. Gated and private repos use the HF_TOKEN the runner granted, if any."""
+
+    repo: str = Field(description="owner/name on the hub, e.g. Qwen/Qwen3-0.6B")
+    repo_type: Literal["model", "dataset"] = "model"
+    revision: str | Omitted[None] = Field(None, description="a branch, tag or commit (default: main)")
+    include: list[str] = Field(
+        default_factory=list,
+        description="globs of the files wanted, e.g. ['*.json', '*.safetensors']; default all",
+    )
+
+
 class Finish(ToolArguments):
     """Declare the campaign done (stop rule met, budget used, or nothing left worth trying).
     `summary` becomes the final report's text from you. Ends the session."""

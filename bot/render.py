@@ -30,6 +30,7 @@ from goaltender.display.facts import (
     state_label,
 )
 from goaltender.runner.protocol import GoalStatus
+from goaltender.runner.report import fetch_summary
 from goaltender.storage.records import (
     Approval,
     BudgetChanged,
@@ -37,6 +38,7 @@ from goaltender.storage.records import (
     ExperimentFinished,
     FinalReport,
     GoalStateChanged,
+    HubFetched,
     InboxMessage,
     MilestoneReported,
     utcnow,
@@ -496,6 +498,12 @@ def final_report(data: FinalReport, goal_id: int | None = None) -> Payload:
         head += f"\n*best* #{b.index} {_metric_text(b)} — {escape(b.description[:500])}"
     blocks = sections(head) + sections(people(markdown_to_mrkdwn(data.text), escaped=False))
     return payload(f"Final report: {people(data.end_reason, escaped=False)}", blocks, what="report")
+
+
+def hub_fetched(data: HubFetched) -> Payload:
+    """A model or data set the agent fetched from the hub, as recorded: repo, commit, size."""
+    text = fetch_summary(data.fetch, short_commit=True)
+    return payload(f"Fetched {text}", [context(f"{EMOJI['hub_fetched']} fetched {escape(text)}")])
 
 
 def notice(text: str) -> Payload:

@@ -33,6 +33,7 @@ from goaltender.storage.records import (
     FinalReport,
     GoalAccepted,
     GoalStateChanged,
+    HubFetched,
     MilestoneReported,
     SteerReceived,
 )
@@ -97,6 +98,7 @@ WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
     BudgetChanged: lambda event, data: event.post(render.budget_changed(data)),
     GoalStateChanged: lambda event, data: event.post(render.state_changed(event.goal_id, data)),
     FinalReport: lambda event, data: event.post(render.final_report(data, event.goal_id)),
+    HubFetched: lambda event, data: event.post(render.hub_fetched(data)),
 }
 """Event data type -> its post in the thread, or its edit of an earlier post."""
 

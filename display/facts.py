@@ -37,6 +37,7 @@ EMOJI = {
     "steer": "💬",
     "budget_changed": "📐",
     "report": "📋",
+    "hub_fetched": "📦",
 }
 STATE_EMOJI = {
     "running": "▶️",

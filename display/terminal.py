@@ -35,6 +35,7 @@ from goaltender.display.facts import (
     reported_mark,
     state_label,
 )
+from goaltender.runner.report import fetch_summary
 from goaltender.storage.records import (
     Approval,
     ApprovalDecided,
@@ -48,6 +49,7 @@ from goaltender.storage.records import (
     Goal,
     GoalAccepted,
     GoalStateChanged,
+    HubFetched,
     MetricsLogged,
     MilestoneReported,
     SteerReceived,
@@ -225,6 +227,9 @@ class ConsoleThread:
             )
         if isinstance(data, FinalReport):
             return self._render_report(ts, data)
+        if isinstance(data, HubFetched):
+            summary = f"Fetched {clean(fetch_summary(data.fetch, short_commit=True))}"
+            return self._message(ts, EMOJI["hub_fetched"], summary)
         return ""
 
     def show(self, event: Event) -> str:

@@ -466,6 +466,7 @@ TOOL_ARGUMENTS = {
     "write_diary": ({"text", "handoff"}, {"text"}),
     "read_diary": ({"last", "handoff_only"}, set()),
     "submit_report": ({"text"}, {"text"}),
+    "fetch_from_hub": ({"repo", "repo_type", "revision", "include"}, {"repo"}),
     "finish": ({"summary"}, {"summary"}),
 }
 

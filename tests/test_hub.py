@@ -1,0 +1,353 @@
+"""`goaltender fetch`: the real huggingface_hub client against a fake hub on 127.0.0.1 (no network),
+through the real CLI — on an operator's shell, and from a goal's agent, whose fetch is recorded
+in the goal's ledger and whose big downloads report milestones. Failures say why in one line;
+the token never shows."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BIN, events_until_report, submit, write_agent
+from fake_hub import FakeHub
+
+from goaltender.agents.policy import classify_command
+from goaltender.bot.thread import WRITES, EventInThread
+from goaltender.runner import protocol as p
+from goaltender.storage.records import HubFetch, HubFetched
+
+TOKEN = "hf_PlantedFetchToken0123456789abcdef"  # valid, may read org/private (not org/gated)
+GATED_TOKEN = "hf_PlantedGatedToken0123456789abcdef"  # valid, may read org/gated too
+SHARD = 2_000_000  # two shards make a 4 MB model: "big" with GOALTENDER_FETCH_MILESTONE_MB=1
+
+
+@pytest.fixture
+def hub():
+    rng = random.Random(7)
+    fake = FakeHub()
+    fake.add_repo(
+        "org/tiny",
+        {
+            "config.json": b'{"hidden": 64}',
+            "model-00001-of-00002.safetensors": rng.randbytes(SHARD),
+            "model-00002-of-00002.safetensors": rng.randbytes(SHARD),
+            "docs/README.md": b"# tiny\n",
+        },
+    )
+    fake.add_revision("org/tiny", "v1", {"config.json": b'{"hidden": 32}'})
+    fake.add_repo(
+        "org/data", {"train.jsonl": b'{"x": 1}\n', "test.jsonl": b'{"x": 2}\n'}, repo_type="dataset"
+    )
+    fake.add_repo("org/gated", {"weights.bin": b"w" * 100}, gated=True)
+    fake.add_repo("org/private", {"weights.bin": b"p" * 100}, private=True)
+    fake.tokens[TOKEN] = {"org/private"}
+    fake.tokens[GATED_TOKEN] = {"org/private", "org/gated"}
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+def commit(hub: FakeHub, repo: str, repo_type: str = "model", revision: str = "main") -> str:
+    return hub.repos[(repo_type, repo)].revisions[revision]
+
+
+def fetch(hub: FakeHub, tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`goaltender fetch ARGS` as an operator on the box runs it (no goal), against the fake hub."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GOALTENDER_"))}
+    base = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "GOALTENDER_FETCH_MILESTONE_MB": "1"}
+    return subprocess.run(
+        [f"{BIN}/goaltender", "fetch", *args],
+        env=clean | base | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def one_line_failure(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 1, out
+    assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    return out.stderr
+
+
+# ---- an operator on the box: download and print ----
+
+
+def test_a_model_and_a_data_set_are_fetched_into_the_cache(hub, tmp_path):
+    out = fetch(hub, tmp_path, "org/tiny")
+    assert out.returncode == 0, out.stderr
+    path, summary = out.stdout.splitlines()
+    main = commit(hub, "org/tiny")
+    assert path == str(tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / main)
+    assert (Path(path) / "config.json").read_bytes() == b'{"hidden": 64}'
+    assert (Path(path) / "docs" / "README.md").is_file()
+    assert summary == f"model org/tiny (main, commit {main}): 4 files, 4.0 MB, 4.0 MB downloaded"
+    # Over the threshold: the start and each quarter, once each, in order (on stderr, no goal).
+    assert out.stderr.splitlines() == [
+        f"goaltender: Downloading model org/tiny (4.0 MB): 4 files at main from {hub.url} into "
+        f"{tmp_path / 'hf' / 'hub'}",
+        "goaltender: Downloading model org/tiny: 25% of 4.0 MB",
+        "goaltender: Downloading model org/tiny: 50% of 4.0 MB",
+        "goaltender: Downloading model org/tiny: 75% of 4.0 MB",
+    ]
+    assert hub.count("GET", "/resolve/") == 4  # each file once, over plain HTTP
+
+    again = fetch(hub, tmp_path, "org/tiny")
+    assert again.returncode == 0 and again.stderr == ""  # nothing to download: no progress
+    assert again.stdout.splitlines()[1].endswith("4 files, 4.0 MB, all from the cache")
+    assert hub.count("GET", "/resolve/") == 4
+
+    data = fetch(hub, tmp_path, "org/data", "--type", "dataset")
+    assert data.returncode == 0, data.stderr
+    path, summary = data.stdout.splitlines()
+    assert "/datasets--org--data/snapshots/" in path and sorted(os.listdir(path)) == [
+        "test.jsonl",
+        "train.jsonl",
+    ]
+    assert summary.startswith(
+        f"dataset org/data (main, commit {commit(hub, 'org/data', 'dataset')}): 2 files"
+    )
+
+
+def test_a_revision_and_include_patterns(hub, tmp_path):
+    v1 = fetch(hub, tmp_path, "org/tiny", "--revision", "v1")
+    assert v1.returncode == 0, v1.stderr
+    path, summary = v1.stdout.splitlines()
+    assert Path(path).name == commit(hub, "org/tiny", revision="v1") != commit(hub, "org/tiny")
+    assert summary.startswith(f"model org/tiny (v1, commit {Path(path).name}): 1 file, 14 B")
+
+    only = fetch(hub, tmp_path, "org/tiny", "--include", "*.json", "docs/*")
+    assert only.returncode == 0, only.stderr
+    path, summary = only.stdout.splitlines()
+    assert sorted(p.name for p in Path(path).rglob("*") if p.is_file()) == ["README.md", "config.json"]
+    assert "2 files, 21 B" in summary and only.stderr == ""  # small: no progress milestones
+    assert hub.count("GET", ".safetensors") == 0
+
+    by_commit = fetch(hub, tmp_path, "org/tiny", "--revision", Path(path).name, "--include", "*.json")
+    assert by_commit.returncode == 0, by_commit.stderr
+    assert f"(commit {Path(path).name})" in by_commit.stdout  # a commit asked for is not repeated
+
+
+def test_offline_uses_a_warm_cache_and_says_so_of_a_cold_one(hub, tmp_path):
+    assert fetch(hub, tmp_path, "org/tiny").returncode == 0
+    asked = len(hub.requests)
+
+    warm = fetch(hub, tmp_path, "org/tiny", HF_HUB_OFFLINE="1")
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout.splitlines()[1] == (
+        f"model org/tiny (main, commit {commit(hub, 'org/tiny')}): 4 files, 4.0 MB, all from the cache"
+    )
+    cold = fetch(hub, tmp_path, "org/data", "--type", "dataset", HF_HUB_OFFLINE="1")
+    assert one_line_failure(cold) == (
+        f"goaltender: HF_HUB_OFFLINE is set and dataset org/data is not in the cache ({tmp_path / 'hf' / 'hub'}): "
+        "fetch it once where the hub is reachable, or unset HF_HUB_OFFLINE\n"
+    )
+    assert len(hub.requests) == asked  # offline means offline
+
+    # The hub unreachable (not offline): a cached snapshot still serves, a missing one says why.
+    closed = _closed_port()
+    assert fetch(hub, tmp_path, "org/tiny", HF_ENDPOINT=f"http://127.0.0.1:{closed}").returncode == 0
+    unreachable = fetch(
+        hub, tmp_path, "org/data", "--type", "dataset", HF_ENDPOINT=f"http://127.0.0.1:{closed}"
+    )
+    assert one_line_failure(unreachable) == (
+        f"goaltender: dataset org/data is not in the cache ({tmp_path / 'hf' / 'hub'}) and the hub at "
+        f"http://127.0.0.1:{closed} (HF_ENDPOINT) cannot be reached: ConnectError: [Errno 111] Connection refused\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "why"),
+    [
+        (
+            ["org/gated"],
+            {},
+            "model org/gated is gated: it needs a token, in HF_TOKEN, of an account that accepted its "
+            "terms at {url}/org/gated; HF_TOKEN is not set",
+        ),
+        (
+            ["org/gated"],
+            {"HF_TOKEN": TOKEN},
+            "model org/gated is gated: the account whose token is in HF_TOKEN has no access yet: accept "
+            "its terms at {url}/org/gated",
+        ),
+        (
+            ["org/private"],
+            {},
+            "no model org/private on {url} (check the name; is it a dataset? use --type dataset; if it "
+            "is private, it needs a token with access in HF_TOKEN, which is not set)",
+        ),
+        (
+            ["org/tiny"],
+            {"HF_TOKEN": "hf_NotAValidToken0123456789abcdef"},
+            "{url} refused the token in HF_TOKEN (401: invalid or expired)",
+        ),
+        (
+            ["org/nope", "--type", "dataset"],
+            {"HF_TOKEN": TOKEN},
+            "no dataset org/nope on {url} (check the name",
+        ),
+        (["org/tiny", "--revision", "v9"], {}, "model org/tiny has no revision 'v9' on {url}"),
+    ],
+    ids=["gated-no-token", "gated-no-access", "private-no-token", "bad-token", "not-found", "no-revision"],
+)
+def test_failures_say_why_in_one_line_and_never_show_the_token(hub, tmp_path, args, env, why):
+    out = fetch(hub, tmp_path, *args, **env)
+    assert one_line_failure(out).startswith("goaltender: " + why.format(url=hub.url)), out.stderr
+    assert "hf_" not in out.stderr  # neither the token nor a piece of it
+    assert not (tmp_path / "hf" / "hub" / "models--org--gated" / "snapshots").exists()
+
+
+def test_a_token_with_access_fetches_gated_and_private_repos(hub, tmp_path):
+    for repo in ("org/gated", "org/private"):
+        out = fetch(hub, tmp_path, repo, HF_TOKEN=GATED_TOKEN)
+        assert out.returncode == 0, out.stderr
+        assert (Path(out.stdout.splitlines()[0]) / "weights.bin").stat().st_size == 100
+        assert GATED_TOKEN not in out.stdout + out.stderr
+    assert all(seen.with_token for seen in hub.requests)
+
+
+def test_usage_errors_exit_2(hub, tmp_path):
+    bad_id = fetch(hub, tmp_path, "not//a/repo")
+    assert bad_id.returncode == 2 and "not a repo id: 'not//a/repo'" in bad_id.stderr
+    bad_size = fetch(hub, tmp_path, "org/tiny", GOALTENDER_FETCH_MILESTONE_MB="lots")
+    assert bad_size.returncode == 2 and "GOALTENDER_FETCH_MILESTONE_MB is not a size in MB" in bad_size.stderr
+    assert hub.requests == []
+
+
+def test_a_download_the_disk_has_no_room_for_is_refused_before_it_starts(hub, tmp_path):
+    # The real CLI, with the disk probe reporting 1 MB free (no small filesystem needed).
+    script = (
+        "import sys\n"
+        "from goaltender.runner import hub\n"
+        "from goaltender.storage.space import FreeSpace\n"
+        "hub.probe_after_failure = lambda path: FreeSpace(path, 1_000_000)\n"
+        "from goaltender import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GOALTENDER_"))}
+    out = subprocess.run(
+        [sys.executable, "-c", script, "fetch", "org/tiny"],
+        env=env | {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert one_line_failure(out) == (
+        f"goaltender: disk full: model org/tiny needs 4.0 MB more in {tmp_path / 'hf' / 'hub'}, which has "
+        "1.0 MB free; make room, or fetch fewer files with --include\n"
+    )
+    assert hub.count("GET", "/resolve/") == 0
+
+
+def test_a_full_disk_mid_download_is_named():
+    from goaltender.runner import hub
+
+    spec = hub.FetchSpec("org/tiny")
+    said = hub.explain(OSError(errno.ENOSPC, "No space left on device"), spec)
+    assert said is not None and said.startswith("disk full while fetching model org/tiny: ")
+    assert hub.explain(ValueError("a bug"), spec) is None  # not a failure it knows: raised as is
+
+
+# ---- from a goal: recorded in its ledger, milestones for big downloads ----
+
+AGENT = """
+goaltender fetch org/tiny > fetch.out 2> fetch.err
+echo "tiny rc=$?" >> rc.out
+goaltender fetch org/data --type dataset >> fetch.out 2>> fetch.err
+echo "data rc=$?" >> rc.out
+goaltender fetch org/gated >> fetch.out 2>> fetch.err
+echo "gated rc=$?" >> rc.out
+"""
+
+
+async def test_a_goal_records_what_its_agent_fetched(hub, start_runner, connect, tmp_path, monkeypatch):
+    for var in [v for v in os.environ if v.startswith("HF_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # granted to goals by default; no access to org/gated
+    monkeypatch.setenv("GOALTENDER_FETCH_MILESTONE_MB", "1")
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", AGENT)})
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch a model and its data, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert (workspace / "rc.out").read_text().split() == ["tiny", "rc=0", "data", "rc=0", "gated", "rc=1"]
+    milestones = [e.data.title for e in events if e.data.kind == "milestone"]
+    assert milestones == [
+        "Downloading model org/tiny (4.0 MB)",
+        "Downloading model org/tiny: 25% of 4.0 MB",
+        "Downloading model org/tiny: 50% of 4.0 MB",
+        "Downloading model org/tiny: 75% of 4.0 MB",
+    ]
+    fetched = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
+    cache = runner.settings.cache_dir / "huggingface" / "hub"  # HF_HOME as the runner routes it
+    tiny, data = fetched
+    assert (tiny.repo, tiny.repo_type, tiny.revision, tiny.commit) == (
+        "org/tiny",
+        "model",
+        "main",
+        commit(hub, "org/tiny"),
+    )
+    assert tiny.path == str(cache / "models--org--tiny" / "snapshots" / tiny.commit)
+    assert (tiny.files, tiny.bytes, tiny.downloaded_bytes) == (4, 2 * SHARD + 21, 2 * SHARD + 21)
+    assert (data.repo, data.repo_type, data.commit) == (
+        "org/data",
+        "dataset",
+        commit(hub, "org/data", "dataset"),
+    )
+    out = (workspace / "fetch.out").read_text().splitlines()
+    assert out[0] == tiny.path and out[2] == data.path
+    assert out[1].endswith(f"recorded in goal #{goal_id}'s ledger (event {_seq_of(events, tiny)})")
+    assert "the account whose token is in HF_TOKEN has no access yet" in (workspace / "fetch.err").read_text()
+    assert any(seen.with_token for seen in hub.requests)  # the granted token was used
+
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert "## From the hub" in summary.text
+    assert (
+        f"- model org/tiny (main, commit {tiny.commit}): 4 files, 4.0 MB, 4.0 MB downloaded — `{tiny.path}`"
+        in (summary.text)
+    )
+    assert f"dataset org/data (main, commit {data.commit})" in events[-1].data.text  # the final report
+    everything = "".join(e.model_dump_json() for e in events) + summary.text
+    everything += (
+        "".join(f.read_text() for f in workspace.glob("*.out")) + (workspace / "fetch.err").read_text()
+    )
+    assert TOKEN not in everything and TOKEN[3:12] not in everything
+
+
+def _seq_of(events, fetch: HubFetch) -> int:
+    return next(e.seq for e in events if isinstance(e.data, HubFetched) and e.data.fetch == fetch)
+
+
+def test_the_thread_shows_a_fetch_and_the_policy_allows_it():
+    fetch_record = HubFetch(
+        repo="org/tiny",
+        commit="4b3050eb5deba4f419a256fed4272dcd07ef5adf",
+        path="/c",
+        files=4,
+        bytes=4_000_021,
+    )
+    [write] = WRITES[HubFetched](EventInThread("gpu-1", 3, 17), HubFetched(fetch=fetch_record))
+    assert write.kind == "post"
+    assert (
+        "fetched model org/tiny (main, commit 4b3050eb5deb): 4 files, 4.0 MB, all from the cache"
+        in json.dumps(write.payload, ensure_ascii=False)
+    )
+    assert classify_command("goaltender fetch Qwen/Qwen3-0.6B --include '*.json'", "/ws").action == "allow"
+    assert classify_command("hf download Qwen/Qwen3-0.6B", "/ws").action == "ask"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
