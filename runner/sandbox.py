@@ -8,8 +8,8 @@ docker or session sockets; the resolver's directory is put back), and so is ~/.s
 localhost goaltender approve`). Put back: the goal's workspace and the caches (read-write), its
 socket at SANDBOX_SOCKET, the goal's own /tmp (a directory on the big disk, shared by the goal's
 agent and experiments), the GPUs, and read-only: the runner's own code and Python, the configured
-agent command's files and the command policy. The network stays. The sandbox has its own pid
-namespace, drops every capability and dies with the runner.
+agent command's files, the command policy and the NeMo RL checkout ($NEMO_RL_DIR). The network
+stays. The sandbox has its own pid namespace, drops every capability and dies with the runner.
 
 Process supervision sees through it. `env --ignore-signal=TERM bwrap … sh -c 'env
 --default-signal "$@" & wait $!'`: bwrap leads the process group as before, and ignores the
@@ -151,6 +151,7 @@ class Sandbox:
         readable = [settings.home / "command-policy.toml", settings.home / "command-policy.json"]
         readable += [Path(sys.prefix), Path(goaltender.__file__).parent]
         readable += [Path(word) for word in agent_command if word.startswith("/")]
+        readable += nemo_rl_checkout(home)
         for path in dict.fromkeys(p.resolve() for p in readable if p.exists()):
             if _under(path, hidden) and not _under(path, writable):
                 args += ["--ro-bind", str(path), str(path)]
@@ -158,6 +159,15 @@ class Sandbox:
         if operator_socket.exists() and not _under(operator_socket, hidden):
             args += ["--ro-bind", "/dev/null", str(operator_socket)]  # wherever it lives: nothing answers
         return args
+
+
+def nemo_rl_checkout(home: Path) -> list[Path]:
+    """The box's NeMo RL checkout (`goaltender nemo-rl` runs it), wherever it lies, say under the
+    home. From the runner's own environment, never the one an agent asks for its experiment: that
+    would let it name ~/.ssh. Nothing that holds the home."""
+    value = os.environ.get("NEMO_RL_DIR", "")
+    checkout = Path(value).resolve() if value.startswith("/") else None
+    return [checkout] if checkout is not None and not _under(home, [checkout]) else []
 
 
 def _under(path: Path, roots: list[Path]) -> bool:

@@ -9,6 +9,7 @@ below."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -49,12 +50,15 @@ fake: {best_step: 30}
 """
 
 
-def nemo_rl_agent(tmp_path: Path, recipe: str, config: str, *arguments: str) -> list[str]:
+def nemo_rl_agent(
+    tmp_path: Path, recipe: str, config: str, *arguments: str, trainer: bool = True
+) -> list[str]:
     """An agent that writes the config into its workspace and runs `goaltender nemo-rl` on it."""
+    options = f'--trainer "{TRAINER}"' if trainer else ""
     script = f"""
 cat > {recipe}.yaml <<'EOF'
 {config}EOF
-goaltender nemo-rl {recipe} --config {recipe}.yaml --trainer "{TRAINER}" {" ".join(arguments)} > nemo.out 2>&1
+goaltender nemo-rl {recipe} --config {recipe}.yaml {options} {" ".join(arguments)} > nemo.out 2>&1
 echo $? > nemo.rc
 """
     return write_agent(tmp_path, "agent.sh", script)
@@ -140,11 +144,20 @@ async def test_sft_streams_series_and_names_the_best_checkpoint(start_runner, co
     assert "**Best checkpoint:** step_40 of experiment #1" in report and "checkpoints/step_40" in report
 
 
-async def test_without_tensorboard_the_output_is_read(start_runner, connect, tmp_path):
+async def test_without_tensorboard_the_output_is_read(start_runner, connect, tmp_path, monkeypatch):
     """TensorBoard off (as without the `nemo` extra): the series come from NeMo RL's stdout blocks,
-    and with no metric in training_info.json the best checkpoint is chosen by the series."""
-    agent = nemo_rl_agent(tmp_path, "grpo", GRPO_CONFIG, "--", "logger.tensorboard_enabled=false")
-    runner = await start_runner(agents={"nemo": agent}, default_agent="nemo")
+    and with no metric in training_info.json the best checkpoint is chosen by the series. The box's
+    checkout ($NEMO_RL_DIR, here under the runner's home, which the sandbox hides) is where the
+    trainer runs, as $GOALTENDER_NEMO_RL_COMMAND says."""
+    home = tmp_path / "home"
+    (home / "nemo-rl" / "examples").mkdir(parents=True)
+    shutil.copy(FAKE_TRAINER, home / "nemo-rl" / "examples" / "run_grpo.py")
+    monkeypatch.setenv("NEMO_RL_DIR", str(home / "nemo-rl"))
+    monkeypatch.setenv("GOALTENDER_NEMO_RL_COMMAND", f"{sys.executable} examples/run_grpo.py")
+    agent = nemo_rl_agent(
+        tmp_path, "grpo", GRPO_CONFIG, "--", "logger.tensorboard_enabled=false", trainer=False
+    )
+    runner = await start_runner(agents={"nemo": agent}, default_agent="nemo", home=home)
     client = await connect(runner)
     goal_id = await submit(client, "GRPO with NeMo RL, max 1 experiments")
     events = await events_until_report(client, goal_id, timeout=90)
@@ -363,6 +376,20 @@ def test_where_the_run_goes(tmp_path, monkeypatch):
         run.env["NEMO_RL_VENV_DIR"] == "/cache/nemo-rl/venvs"
         and run.env["HF_DATASETS_CACHE"] == "/hf/datasets"
     )
+
+    # NeMo RL itself: `uv run` in the checkout; in the sandbox, where the checkout is read-only,
+    # its venv is used as it is, or (none yet) built in the cache.
+    checkout = tmp_path / "RL"
+    checkout.mkdir()
+    args.trainer, args.checkout, args.overrides = None, str(checkout), []
+    run = nemo_rl.plan_run(args, env)
+    assert run.argv[:3] == ["uv", "run", "examples/run_sft.py"] and run.cwd == checkout
+    monkeypatch.setattr(nemo_rl, "writable", lambda directory: False)
+    assert nemo_rl.plan_run(args, env).env["UV_PROJECT_ENVIRONMENT"] == "/cache/nemo-rl/env-RL"
+    (checkout / ".venv").mkdir()
+    run = nemo_rl.plan_run(args, env)
+    assert run.argv[:4] == ["uv", "run", "--no-sync", "examples/run_sft.py"]
+    assert "UV_PROJECT_ENVIRONMENT" not in run.env
 
 
 @pytest.mark.parametrize(

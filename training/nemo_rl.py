@@ -94,7 +94,16 @@ def _trainer(args: argparse.Namespace, checkout: Path | None) -> list[str]:
         return shlex.split(args.trainer)
     if checkout is None:
         raise SystemExit("goaltender nemo-rl: --checkout is needed unless --trainer is given")
-    return ["uv", "run", args.script or RECIPES[args.recipe]]
+    script = args.script or RECIPES[args.recipe]
+    if (checkout / ".venv").is_dir() and not writable(checkout):
+        # The sandbox shows the checkout read-only: its venv, synced outside it (`uv sync`), is used
+        # as it is (--no-sync: no lock, no sync, no write to the checkout).
+        return ["uv", "run", "--no-sync", script]
+    return ["uv", "run", script]
+
+
+def writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK)
 
 
 def _last_value(key: str, overrides: list[str]) -> str:
@@ -117,9 +126,8 @@ def run_environment(environ: Mapping[str, str], checkout: Path | None, run_dir: 
     env.setdefault("NEMO_GYM_VENV_DIR", str(cache / "nemo-gym" / "venvs"))
     if "HF_HOME" in env:  # NeMo Gym points the datasets cache at ./cache when it is unset
         env.setdefault("HF_DATASETS_CACHE", str(Path(env["HF_HOME"]) / "datasets"))
-    if checkout is not None and not (checkout / ".venv").exists() and not os.access(checkout, os.W_OK):
-        # A read-only checkout (the sandbox shows the machine read-only): uv's project env goes
-        # to the cache instead of <checkout>/.venv.
+    if checkout is not None and not (checkout / ".venv").exists() and not writable(checkout):
+        # A read-only checkout without a venv: uv builds the project's env in the cache instead.
         env.setdefault("UV_PROJECT_ENVIRONMENT", str(cache / "nemo-rl" / f"env-{checkout.name}"))
     env["PYTHONUNBUFFERED"] = "1"
     return env
