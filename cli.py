@@ -117,6 +117,20 @@ ID = _whole_number(1)
 COUNT = _whole_number(0)
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port (1 to 65535)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is not a port: use 1 to 65535")
+    return value
+
+
+_port.__name__ = "port"
+
+
 def _finite(text: str) -> float:
     """An argparse type: a finite number (not nan or inf: the runner records numbers as JSON)."""
     try:
@@ -218,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         bot. Keys and tokens are never shown. Exit 1 when a check fails, else 0.""",
     )
     cmd.add_argument("--json", action="store_true", help="print the findings as a JSON list")
-    cmd.add_argument("--ssh-port", type=int, default=22, help="the port the bot reaches sshd on (default 22)")
+    cmd.add_argument(
+        "--ssh-port", type=_port, default=22, help="the port the bot reaches sshd on (default 22)"
+    )
 
     # -- data --
     cmd = command(

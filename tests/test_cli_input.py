@@ -58,6 +58,8 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("demo", ["demo", "x, max 0 experiments"], "`max 0 experiments`: an experiment count must be"),
     ("demo", ["demo", ""], "text: String should have at least 1 character"),
     ("bot", ["bot", "extra"], "unrecognized arguments"),
+    ("doctor", ["doctor", "--ssh-port", "0"], "0 is not a port: use 1 to 65535"),
+    ("doctor", ["doctor", "--ssh-port", "ssh"], "not a port number: 'ssh'"),
     ("submit", ["submit", ""], "text: String should have at least 1 character"),
     ("submit", ["submit", "x" * 4001], "text: String should have at most 4000 characters"),
     ("submit", ["submit", "x, budget 0h"], "`budget 0h`: a time budget must be at least 1s"),
