@@ -213,7 +213,7 @@ async def supervise(plan: RunPlan, link: RunnerLink | None, metric: str) -> tupl
     elif tb_events.available():
         say("TensorBoard is off (logger.tensorboard_enabled): metrics from the trainer's output")
     else:
-        say("no TensorBoard reader here (pip install 'goaltender[nemo]'): metrics from the trainer's output")
+        say("no TensorBoard reader here (goaltender's nemo extra): metrics from the trainer's output")
     say(f"starting: {shlex.join(plan.argv)} (in {plan.cwd})")
     proc = await asyncio.create_subprocess_exec(
         *plan.argv,
