@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import BIN, events_until_report, submit, write_agent
 from fake_hub import FakeHub
+from fake_openai import FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.policy import classify_command
 from goaltender.bot.thread import WRITES, EventInThread
@@ -269,12 +270,17 @@ echo "gated rc=$?" >> rc.out
 """
 
 
-async def test_a_goal_records_what_its_agent_fetched(hub, start_runner, connect, tmp_path, monkeypatch):
+def runner_environment(monkeypatch, hub: FakeHub) -> None:
+    """What the box gives the runner, and the runner its goals: the hub's address, a token."""
     for var in [v for v in os.environ if v.startswith("HF_")]:
         monkeypatch.delenv(var)
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_TOKEN", TOKEN)  # granted to goals by default; no access to org/gated
     monkeypatch.setenv("GOALTENDER_FETCH_MILESTONE_MB", "1")
+
+
+async def test_a_goal_records_what_its_agent_fetched(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
     runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", AGENT)})
     client = await connect(runner)
     goal_id = await submit(client, "fetch a model and its data, max 1 experiments", agent="a")
@@ -323,6 +329,32 @@ async def test_a_goal_records_what_its_agent_fetched(hub, start_runner, connect,
         "".join(f.read_text() for f in workspace.glob("*.out")) + (workspace / "fetch.err").read_text()
     )
     assert TOKEN not in everything and TOKEN[3:12] not in everything
+
+
+async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, connect, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    model = FakeOpenAI()
+    await model.start()
+    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    call = {"repo": "org/data", "repo_type": "dataset", "include": ["train.*"]}
+    model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", call)]), Turn(text="Fetched; nothing more to do."))
+    try:
+        runner = await start_runner(
+            agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
+        )
+        client = await connect(runner)
+        goal_id = await submit(client, "fetch the training split, max 1 experiments", agent="openai")
+        events = await events_until_report(client, goal_id)
+    finally:
+        await model.close()
+    [fetched] = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
+    assert (fetched.repo, fetched.repo_type, fetched.files) == ("org/data", "dataset", 1)
+    [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
+    assert result.splitlines()[:2] == ["exit code 0", fetched.path]
 
 
 def _seq_of(events, fetch: HubFetch) -> int:
