@@ -231,6 +231,8 @@ async def supervise(plan: RunPlan, link: RunnerLink | None, metric: str) -> tupl
         nonlocal read_any_events
         scalars = await asyncio.to_thread(events.read_new) if events else from_stdout.take()
         read_any_events |= bool(events and scalars)
+        if read_any_events:
+            from_stdout.take()  # the event files are the record: the stdout values are not kept
         await _report(progress.record(scalars), link)
         for checkpoint in progress.checkpoints.new():
             value = progress.series.get(metric, {}).get(checkpoint.step)
