@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx2
 from huggingface_hub import constants, snapshot_download
@@ -46,13 +46,14 @@ from huggingface_hub.utils import tqdm as HubBar
 
 from goaltender.runner.report import format_bytes
 from goaltender.storage.records import HubFetch
-from goaltender.storage.space import is_disk_full, probe_after_failure
+from goaltender.storage.space import free_space, is_disk_full, probe_after_failure
 
 RepoType = Literal["model", "dataset"]
 MILESTONE_BYTES = 100 * 1000 * 1000
 """Downloads this big report their progress as milestones; smaller ones only their result."""
 
 Report = Callable[[str, str], None]  # (title, details): a milestone
+E = TypeVar("E", bound=BaseException)
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,12 @@ def _plan(spec: FetchSpec) -> list[DryRunFileInfo] | None:
 
 
 def _check_room(spec: FetchSpec, needed: int) -> None:
-    """Refuse a download the cache's disk has no room for (huggingface_hub only warns)."""
-    free = probe_after_failure(_existing(hub_cache())).free_bytes
+    """Refuse a download the cache's disk has no room for (huggingface_hub only warns). A disk
+    that cannot be probed is left to the download, which says so if it fills up."""
+    try:
+        free = free_space(_existing(hub_cache())).free_bytes
+    except OSError:
+        return
     if needed > free:
         raise FetchFailed(
             f"disk full: {spec.repo_type} {spec.repo} needs {format_bytes(needed)} more in {hub_cache()}, "
@@ -264,6 +269,8 @@ def explain(exc: BaseException, spec: FetchSpec) -> str | None:
             )
         if (not_a_hub := _cause(exc, FileMetadataError)) is not None:
             return f"{hub} ({_endpoint_source()}) does not answer like a Hugging Face hub: {_first_line(not_a_hub)}"
+        if (answered := _cause(exc, HfHubHTTPError)) is not None:  # e.g. the hub is down
+            return _http_failure(answered, what)
         return f"{what}{at} is not in the cache ({hub_cache()}) and {_why_not_online(exc)}"
     if isinstance(exc, HfHubHTTPError):
         return _http_failure(exc, what)
@@ -323,7 +330,7 @@ def _endpoint_source() -> str:
     return "HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "the default; HF_ENDPOINT names a mirror"
 
 
-def _cause(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+def _cause(exc: BaseException | None, kind: type[E]) -> E | None:
     """The first exception of `kind` in `exc`'s chain of causes."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:

@@ -67,6 +67,7 @@ class FakeHub:
         self.repos: dict[tuple[str, str], Repo] = {}
         self.tokens: dict[str, set[str]] = {}  # a valid token -> the gated or private repos it may read
         self.requests: list[Seen] = []
+        self.down: int | None = None  # a status (503) every request gets: the hub is down
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -191,6 +192,8 @@ class FakeHub:
         info = request.match_info
         token = _bearer(request)
         self.requests.append(Seen(request.method, request.path, token is not None))
+        if self.down is not None:
+            return None, None, web.json_response({"error": "down for maintenance"}, status=self.down)
         if token is not None and token not in self.tokens:
             return None, None, _error(401, None, "Invalid credentials in Authorization header")
         is_dataset = info.get("kind") == "datasets" or request.path.startswith("/datasets/")

@@ -165,6 +165,14 @@ def test_offline_uses_a_warm_cache_and_says_so_of_a_cold_one(hub, tmp_path):
     )
 
 
+def test_a_hub_that_is_down_says_so(hub, tmp_path):
+    hub.down = 503
+    out = fetch(hub, tmp_path, "org/tiny")
+    assert one_line_failure(out) == (
+        f"goaltender: {hub.url} failed (HTTP 503) while fetching model org/tiny; try again later\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "env", "why"),
     [
@@ -230,7 +238,7 @@ def test_a_download_the_disk_has_no_room_for_is_refused_before_it_starts(hub, tm
         "import sys\n"
         "from goaltender.runner import hub\n"
         "from goaltender.storage.space import FreeSpace\n"
-        "hub.probe_after_failure = lambda path: FreeSpace(path, 1_000_000)\n"
+        "hub.free_space = lambda path: FreeSpace(path, 1_000_000)\n"
         "from goaltender import cli\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
