@@ -6,6 +6,7 @@ the token never shows."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import random
@@ -21,8 +22,9 @@ from fake_openai import FakeOpenAI, ToolCall, Turn
 
 from goaltender.agents.policy import classify_command
 from goaltender.bot.thread import WRITES, EventInThread
+from goaltender.display.terminal import ConsoleThread
 from goaltender.runner import protocol as p
-from goaltender.storage.records import HubFetch, HubFetched
+from goaltender.storage.records import Event, HubFetch, HubFetched, utcnow
 
 TOKEN = "hf_PlantedFetchToken0123456789abcdef"  # valid, may read org/private (not org/gated)
 GATED_TOKEN = "hf_PlantedGatedToken0123456789abcdef"  # valid, may read org/gated too
@@ -369,7 +371,7 @@ def _seq_of(events, fetch: HubFetch) -> int:
     return next(e.seq for e in events if isinstance(e.data, HubFetched) and e.data.fetch == fetch)
 
 
-def test_the_thread_shows_a_fetch_and_the_policy_allows_it():
+def test_slack_and_the_console_show_a_fetch_and_the_policy_allows_it():
     fetch_record = HubFetch(
         repo="org/tiny",
         commit="4b3050eb5deba4f419a256fed4272dcd07ef5adf",
@@ -383,6 +385,9 @@ def test_the_thread_shows_a_fetch_and_the_policy_allows_it():
         "fetched model org/tiny (main, commit 4b3050eb5deb): 4 files, 4.0 MB, all from the cache"
         in json.dumps(write.payload, ensure_ascii=False)
     )
+    console = ConsoleThread(stream=io.StringIO(), color=False)
+    shown = console.render(Event(seq=17, goal_id=3, ts=utcnow(), data=HubFetched(fetch=fetch_record)))
+    assert "📦" in shown and "Fetched model org/tiny (main, commit 4b3050eb5deb): 4 files, 4.0 MB" in shown
     assert classify_command("goaltender fetch Qwen/Qwen3-0.6B --include '*.json'", "/ws").action == "allow"
     assert classify_command("hf download Qwen/Qwen3-0.6B", "/ws").action == "ask"
 
