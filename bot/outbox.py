@@ -98,6 +98,9 @@ class Outbox:
         self.backoff_cap = backoff_cap_s
         self.restart_pause_s = RESTART_PAUSE_S
         self._last_write: dict[str, float] = {}
+        # A 429's Retry-After holds the whole channel, not only the write that got it: a newer card
+        # edit replacing that one must not go out before Slack said it may.
+        self._rate_limited_until: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._next_pass = POLL_S
         self.last_sent_at: datetime | None = None
@@ -180,7 +183,13 @@ class Outbox:
         self._next_pass = POLL_S
         now = time.time()
         for item in await self.store.next_pending(now):
-            wait = self._last_write.get(item.channel, 0) + self.interval - time.monotonic()
+            wait = (
+                max(
+                    self._last_write.get(item.channel, 0) + self.interval,
+                    self._rate_limited_until.get(item.channel, 0),
+                )
+                - time.monotonic()
+            )
             if wait > 0:
                 self._next_pass = min(self._next_pass, wait)  # this channel wrote too recently
                 continue
@@ -219,6 +228,8 @@ class Outbox:
             await self._park(item, failure, why)
             return
         delay = failure.retry_after if failure.rate_limited else self._backoff(tries)
+        if failure.rate_limited:
+            self._rate_limited_until[item.channel] = time.monotonic() + (delay or 0.0)
         counted = "" if failure.rate_limited else f" (try {tries} of {self.max_attempts})"
         log.log(
             logging.INFO if failure.rate_limited else logging.WARNING,

@@ -6,7 +6,8 @@ import pytest
 from conftest import eventually
 from fake_slack import FakeSlack
 
-from goaltender.bot.outbox import METADATA_EVENT, Outbox
+from goaltender.bot.keys import CardKey
+from goaltender.bot.outbox import METADATA_EVENT, Outbox, replacing
 from goaltender.storage.bot_store import BotStore
 
 
@@ -15,6 +16,9 @@ async def slack():
     async with FakeSlack() as fake:
         fake.add_channel("C0TWO", "two")
         yield fake
+
+
+CARD = CardKey("box", 1)  # the key a goal card is queued under
 
 
 async def drain(outbox: Outbox, timeout: float = 30) -> None:
@@ -54,6 +58,27 @@ async def test_a_429_storm_delays_but_loses_and_reorders_nothing(slack, tmp_path
     assert [m.text for m in slack.messages(slack.general)] == ["m0", "m1", "m2"]
     limited = [c for c in slack.calls("chat.postMessage") if c.status == 429]
     assert len(limited) == 3
+    await store.close()
+
+
+async def test_a_429_holds_its_channel_even_when_a_newer_edit_replaces_the_limited_one(slack, tmp_path):
+    """A card edit gets a 429; a newer edit of the card replaces it while it waits, and a post is
+    queued behind. Neither goes out before the Retry-After: Slack limited the channel, not a row."""
+    store = await BotStore.open(tmp_path / "bot.db")
+    outbox = Outbox(store, slack.client(), per_channel_interval_s=0.0)
+    await store.enqueue(slack.general, "post", {"text": "card v0"}, str(CARD))
+    await drain(outbox)
+    slack.rate_limit("chat.update", times=1, retry_after=2)
+    await store.enqueue(slack.general, "update", replacing(CARD, {"text": "card v1"}), "edit1")
+    await outbox.drain_once()
+    [limited] = slack.calls("chat.update")
+    assert limited.status == 429
+    await store.enqueue(slack.general, "update", replacing(CARD, {"text": "card v2"}), "edit2")
+    await store.enqueue(slack.general, "post", {"text": "after"}, "after")
+    await drain(outbox)
+    later = [c for c in slack.calls() if c.time > limited.time]
+    assert later and later[0].time - limited.time >= 2 - 0.05
+    assert [m.text for m in slack.messages(slack.general)] == ["card v2", "after"]
     await store.close()
 
 
