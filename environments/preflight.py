@@ -406,7 +406,10 @@ def run(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
         print(f"preflight: counting with the estimate: {note}", file=err)
     try:
         reports = [(path, check_file(path, args.max_seq_len, _rebased(counter, path))) for path in args.data]
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        print(f"preflight: cannot read {exc.filename or 'the data'}: {exc.strerror or exc}", file=err)
+        return 2
+    except ValueError as exc:
         print(f"preflight: {exc}", file=err)
         return 2
     for _path, report in reports:

@@ -106,6 +106,18 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("diary", ["diary", "write", "-"], "stdin is not UTF-8 text"),
     ("report", ["report", "--file", "/nonexistent/report.md"], "cannot read /nonexistent/report.md"),
     ("report", ["report", ""], "give the report text"),
+    ("fetch", ["fetch", "not/a/valid/repo/x"], "not a repo id: 'not/a/valid/repo/x'"),
+    ("fetch", ["fetch", b"\xff"], "repo: b'\\xff' is not UTF-8"),
+    ("fetch", ["fetch", "org/x", "--revision", ""], "the revision is empty"),
+    ("fetch", ["fetch", "org/x", "--type", "space"], "invalid choice: 'space'"),
+    ("nemo-rl", ["nemo-rl", "sft"], "the following arguments are required: --config"),
+    ("nemo-rl", ["nemo-rl", "sft", "--config", "/nonexistent.yaml"], "--config: no such file"),
+    ("preflight", ["preflight", "--data", "x", "--max-seq-len", "0"], "--max-seq-len must be at least 1"),
+    (
+        "preflight",
+        ["preflight", "--data", "/nonexistent.jsonl", "--max-seq-len", "9"],
+        "cannot read /nonexistent.jsonl: No such",
+    ),
 ]
 NOT_TEXT = b"\xff\xfe not text"  # on every case's stdin: `diary write -` reads it
 
