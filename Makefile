@@ -40,7 +40,7 @@ test: $(STAMP) $(CODEX) gym-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
-	$(BIN)/pytest -n auto --dist loadgroup --durations=10  # loadgroup: tests/test_gym.py's servers run once
+	$(BIN)/pytest -n auto --durations=10
 	$(BIN)/pytest -m soak  # alone: 50,000 events under SSH drops and SIGKILLs (tests/test_soak.py)
 
 # mypy names modules after folders, and the repository root is the goaltender package: check it
