@@ -19,6 +19,7 @@ saying how to build it, unless GOALTENDER_SKIP_GYM=1 (a developer without Python
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -194,6 +195,21 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 # ---- gym env start, and stopping it ----
 
 
+@contextlib.contextmanager
+def sigint_not_ignored() -> Iterator[None]:
+    """A child inherits an ignored SIGINT (as under a shell's background job), and Python then
+    never raises KeyboardInterrupt, so gym could not be stopped the way a user stops it. A handler
+    is reset to the default at exec, so while it is set the child starts with SIGINT live."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @dataclass
 class GymServers:
     ws: Path
@@ -218,7 +234,7 @@ class GymServers:
             "--model-type",
             "openai_model",
         ]
-        with self.log.open("wb") as log:
+        with self.log.open("wb") as log, sigint_not_ignored():
             # A session of its own: the whole run can be signalled as a group, as a terminal would.
             self.process = subprocess.Popen(
                 command,

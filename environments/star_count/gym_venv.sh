@@ -34,6 +34,9 @@ find_python312() {
 }
 
 PYTHON=$(find_python312)
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"  # one build at a time (CI and a developer may share the cache)
+flock 9
 STAMP_TEXT="$("$PYTHON" -c 'import platform; print(platform.python_version())') ${PACKAGES[*]}"
 if [ -f "$VENV/.goaltender-stamp" ] && [ "$(cat "$VENV/.goaltender-stamp")" = "$STAMP_TEXT" ]; then
   echo "$VENV"
@@ -42,7 +45,6 @@ fi
 
 echo "gym_venv: building $VENV with $PYTHON ($STAMP_TEXT)" >&2
 rm -rf "$VENV"
-mkdir -p "$(dirname "$VENV")"
 "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}" >&2
 echo "$STAMP_TEXT" >"$VENV/.goaltender-stamp"
