@@ -26,7 +26,7 @@ $(CODEX):  # the real Codex CLI, for the Codex backend's end-to-end tests (the n
 	npm install --silent --no-save --no-audit --no-fund --prefix .codex-cli @openai/codex@$(CODEX_VERSION)
 
 # NeMo Gym 0.4.0 needs Python >= 3.12, so tests/test_gym.py runs it from a venv of its own, built
-# from the newest 3.12 under the pyenv root into ~/.cache/goaltender (about 1.4 GB, 4 min; kept
+# from the newest 3.12 under the pyenv root into ~/.cache/goaltender (1.4 GB, 4-6 min; kept
 # between runs and clean clones where the machine keeps its cache) and linked as .venv-gym.
 # GOALTENDER_SKIP_GYM=1 (no Python 3.12 here) skips both the build and those tests.
 gym-venv:
