@@ -281,9 +281,9 @@ class GymServers:
         return list(found.values())
 
     def server_url(self, name: str) -> str:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{self.head_port}/server_instances", timeout=10
-        ) as reply:
+        # Not through a proxy: the head server is on loopback.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"http://127.0.0.1:{self.head_port}/server_instances", timeout=10) as reply:
             instances = json.load(reply)
         [url] = [i["url"] for i in instances if i["process_name"] == name]
         return url
@@ -348,7 +348,6 @@ class Gym:
     servers: GymServers
     fake: FakeOpenAI
     heldout: list[dict[str, Any]]
-    answers: dict[str, str]  # image URL -> the fake's answer
 
 
 @pytest.fixture(scope="module")
@@ -362,13 +361,12 @@ def gym() -> Iterator[Gym]:
         lay_out_workspace(ws, venv)
         write_splits(ws, venv, env)
         heldout = read_jsonl(ws / "resources_servers/star_count/data/heldout.jsonl")
-        answers = answers_by_image(heldout)
-        policy = FakePolicyThread(answer_from(answers))
+        policy = FakePolicyThread(answer_from(answers_by_image(heldout)))
         head_port = free_port()
         write_env_yaml(ws, policy.start(), head_port)
         servers = GymServers(ws, venv, env, head_port)
         servers.start()
-        yield Gym(servers, policy.fake, heldout, answers)
+        yield Gym(servers, policy.fake, heldout)
     finally:
         if servers is not None:
             servers.stop()
