@@ -81,6 +81,12 @@ class RunnerSettings(GoaltenderSettings):
     grants: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_GRANTS))
     """Secret environment variables every goal's agent and experiments keep (still redacted on the
     way out). Comma-separated or a JSON list; empty grants nothing."""
+    mlflow: bool = False
+    """Mirror goals, the ledger and series to MLflow (the `mlflow` extra; runner/mlflow_mirror.py),
+    by default into sqlite:///<home>/mlflow.db."""
+    mlflow_tracking_uri: str = ""
+    """Where to mirror to (http://mlflow.internal:5000, sqlite:///…); setting it turns mirroring on.
+    `sqlite`: the default file."""
 
     @field_validator("secrets", "grants", "operators", mode="before")
     @classmethod
@@ -90,6 +96,14 @@ class RunnerSettings(GoaltenderSettings):
                 return json.loads(value)
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @property
+    def mlflow_uri(self) -> str | None:
+        """The MLflow tracking URI to mirror to; None: no mirroring."""
+        uri = self.mlflow_tracking_uri.strip()
+        if uri in ("", "sqlite"):
+            return f"sqlite:///{self.home / 'mlflow.db'}" if self.mlflow or uri else None
+        return uri
 
     @property
     def socket_path(self) -> Path:

@@ -28,6 +28,7 @@ from goaltender.runner.budget import (
 )
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.report import best_experiment, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING
 from goaltender.runner.secrets import Redactor
@@ -79,6 +80,7 @@ class Runner:
             operators=operator_uids(settings.operators),
         )
         self.campaigns = Campaigns(settings, store, self.server)
+        self.mirror = MlflowMirror.from_settings(settings, store, self.server.redactor)  # None: off
         self._listening = False
 
     # ---- life cycle ----
@@ -115,6 +117,8 @@ class Runner:
         await self._listen()
         await self.campaigns.recover()
         self.campaigns.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
+        if self.mirror:
+            self.mirror.start()
         await self.server.start_serving()
         log.info(
             "runner %s listening on %s (compute unit: %s; sandbox: %s; operators: %s)",
@@ -137,6 +141,7 @@ class Runner:
         (whose thread, left open, would keep the process from exiting)."""
         self.server.close()
         await self.campaigns.close()
+        await self._close_mirror()
         await self.store.close()
         if self._listening:
             self.server.remove_socket()
@@ -148,8 +153,13 @@ class Runner:
         """Shut down: stop serving, leave goals as they are (a restart resumes them)."""
         self.server.close()
         await self.campaigns.close()
+        await self._close_mirror()
         await self.store.close()
         self.server.remove_socket()
+
+    async def _close_mirror(self) -> None:
+        if self.mirror:
+            await self.mirror.close()  # what it has not mirrored yet waits in the log for the next start
 
     # ---- operator requests ----
 
