@@ -366,7 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
         timing/*) become the experiment's series as they are written (without the `nemo` extra:
         read from its output). At the end the best checkpoint by --metric is named: the ledger
         row gets its value, the goal's thread the milestone "best checkpoint: step_N" with the
-        training curves.""",
+        training curves. With --eval CMD the runner then scores the run itself (CMD finds the
+        checkpoints in $GOALTENDER_EXPERIMENT_DIR): the row's headline is what CMD prints
+        (--eval-metric, default the goal's metric), e.g. held-out exact_accuracy.""",
     )
     add_recipe_parsers(cmd, goal_arg)
 
@@ -829,20 +831,24 @@ def cmd_nemo_rl(args):
             trainer=args.trainer,
             metric=args.metric,
             direction="minimize" if args.minimize else ("maximize" if args.maximize else None),
+            eval_command=args.eval_command,
+            eval_metric=args.eval_metric,
         )
     except LaunchError as exc:
         raise UsageError(str(exc)) from None
+    metric, direction = run.headline()
     fields = _checked(
         p.RunExperiment,
         goal_id=goal_id,
         command=run.command(),
         description=args.description or run.description(),
         params=run.params(),
-        metric=run.metric,
-        direction=run.direction,
+        metric=metric,
+        direction=direction,
         timeout_s=_duration(args.timeout),
         cwd=cwd,
         env=_environment(),
+        eval_command=run.eval_command,
     )
     return _run(args, _experiment_body(fields))
 

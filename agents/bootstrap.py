@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn, TypeVar
@@ -129,11 +129,14 @@ def _problem(settings: type[BaseSettings], error: Any) -> str:
     return f"{where}={value!r}: {error['msg']}"
 
 
-def run_agent(name: str, label: str, build: Callable[[Goal], GoalAgent]) -> NoReturn:
+Build = Callable[[Goal], GoalAgent | Awaitable[GoalAgent]]
+
+
+def run_agent(name: str, label: str, build: Build) -> NoReturn:
     """The entry point of an agent process. `name` is how the runner and agent.log know it
     ("openai" -> client `agent:openai:<goal>`, lines `openai-agent: ...`), `label` how people do
-    ("The built-in agent"); `build` makes the agent once the runner is connected, and may raise
-    Misconfigured."""
+    ("The built-in agent"); `build` makes the agent once the runner is connected (a coroutine when
+    it must ask the runner first, e.g. for the goal's words), and may raise Misconfigured."""
     logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
     agent_log(name).setLevel(logging.INFO)
     raw_goal = os.environ.get("GOALTENDER_GOAL_ID", "")
@@ -145,7 +148,7 @@ def run_agent(name: str, label: str, build: Callable[[Goal], GoalAgent]) -> NoRe
     sys.exit(asyncio.run(_serve(name, label, build, int(raw_goal))))
 
 
-async def _serve(name: str, label: str, build: Callable[[Goal], GoalAgent], goal_id: int) -> int:
+async def _serve(name: str, label: str, build: Build, goal_id: int) -> int:
     log = agent_log(name)
     main = asyncio.current_task()
     assert main is not None  # asyncio.run runs us in a task
@@ -172,9 +175,10 @@ async def _serve(name: str, label: str, build: Callable[[Goal], GoalAgent], goal
         await runner.close()
 
 
-async def _run(build: Callable[[Goal], GoalAgent], goal: Goal, label: str, log: logging.Logger) -> int:
+async def _run(build: Build, goal: Goal, label: str, log: logging.Logger) -> int:
     try:
-        agent = build(goal)
+        made = build(goal)
+        agent = made if isinstance(made, GoalAgent) else await made
     except Misconfigured as exc:
         log.error("misconfigured: %s", exc)
         title = f"{label} is misconfigured"

@@ -102,9 +102,12 @@ class RunnerVerbs:
                 env=os.environ,
                 metric=args.metric or None,
                 direction=args.direction,
+                eval_command=_argv(args.eval_command)[0] if args.eval_command else None,
+                eval_metric=args.eval_metric or None,
             )
         except LaunchError as exc:
             return f"error: {exc}"
+        metric, direction = run.headline()
         ok, note = await self.gate(shlex.join(run.command()), "experiment")
         if not ok:
             return note
@@ -115,9 +118,10 @@ class RunnerVerbs:
             command=run.command(),
             description=args.description or run.description(),
             params=run.params(),
-            metric=run.metric,
-            direction=run.direction,
+            metric=metric,
+            direction=direction,
             timeout_s=args.timeout_s or None,
+            eval_command=run.eval_command,
         )
         return note + experiment_text(reply)
 

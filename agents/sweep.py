@@ -8,11 +8,16 @@ search space, pin or freeze a knob); a diary handoff after every run, so a resta
 up where it left off; a final report with the best config and what to try next.
 
     python -m goaltender.agents.sweep [--task module:attr] [--approve-above SECONDS]
+    python -m goaltender.agents.sweep --nemo-rl [CHECKOUT] --eval CMD   # SFT with NeMo RL
+
+Without --task the workload is star count: the CPU model, or, when the goal asks for SFT (or
+--nemo-rl is given), Qwen3-VL-2B fine-tuned with NeMo RL (agents/sft_sweep.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import json
 import os
@@ -21,6 +26,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from goaltender.agents.bootstrap import Goal, GoalAgent, Misconfigured, run_agent
@@ -43,6 +49,16 @@ class SweepTask:
     aliases: dict[str, str] = field(default_factory=dict)  # words people use -> knob
     direction: str = "maximize"
     eval_command: list[str] | None = None  # the runner scores each run itself with this
+    # A first run that trains nothing (the SFT sweep: the base model as it is), measured before
+    # `baseline`; the search then moves from the best trained config, whatever that scored.
+    untrained: dict[str, Any] | None = None
+    untrained_description: str = "baseline: the untrained model"
+    baseline_description: str = "baseline: the starting config, unchanged"
+    plan_text: str = "Baseline first, then one knob at a time from the best config."
+    # Makes what a config's run reads (its data) before it starts; returns a milestone (title, text)
+    # when it made something. Runs in a thread: it may take a while.
+    prepare: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
+    approve_above_s: float = 60.0  # the default for --approve-above
 
 
 def star_count_task() -> SweepTask:
@@ -129,22 +145,47 @@ class Planner:
 
     def best_scored(self, ledger: list[Experiment]) -> tuple[Experiment, float] | None:
         """The best kept row, with its headline value."""
-        kept = kept_scores(ledger)
-        if not kept:
+        return self._pick(kept_scores(ledger))
+
+    def _pick(self, scored: list[tuple[Experiment, float]]) -> tuple[Experiment, float] | None:
+        if not scored:
             return None
         pick = max if self.task.direction == "maximize" else min
-        return pick(kept, key=lambda pair: pair[1])
+        return pick(scored, key=lambda pair: pair[1])
+
+    def search_best(self, ledger: list[Experiment]) -> Experiment | None:
+        """The config the next move starts from: the best kept row. After an untrained run, the
+        best trained run, kept or not: training that scores below the untrained model is still
+        where the search goes on from."""
+        if self.task.untrained is None:
+            return self.best(ledger)
+        untrained = self.key(self.task.untrained)
+        trained = [
+            (e, e.metric_value)
+            for e in ledger
+            if e.status in ("keep", "discard")
+            and e.metric_value is not None
+            and self.key(e.params) != untrained
+        ]
+        found = self._pick(trained)
+        return found[0] if found else None
 
     def propose(self, ledger: list[Experiment]) -> Proposal | None:
-        """The next experiment: baseline first, then a one-knob move from the best config. A run
-        the runner interrupted (it crashed, say) is not tried: it is proposed again."""
+        """The next experiment: the untrained model (if the task has one) and the baseline first,
+        then a one-knob move from the best config. A run the runner interrupted (it crashed, say)
+        is not tried: it is proposed again."""
         tried = {self.key(e.params) for e in ledger if e.counted} | self.rejected
-        best = self.best(ledger)
+        untrained = self.task.untrained
+        if untrained is not None and self.key(untrained) not in tried:
+            return Proposal(dict(untrained), None, 0, self.task.untrained_description)
+        if untrained is not None and self._failed(untrained, ledger):
+            return None  # not even the untrained model could be scored: no run could be (see its log)
+        best = self.search_best(ledger)
         if best is None:
             config = {**self.task.baseline, **self.constraints.pinned}
             if self.key(config) in tried:
                 return None  # the baseline itself failed; nothing to build on
-            return Proposal(config, None, 0, "baseline: the starting config, unchanged")
+            return Proposal(config, None, 0, self.task.baseline_description)
         base = {**best.params, **self.constraints.pinned}
         if self.key(base) not in tried:  # a pin changed the best config: measure that first
             pins = ", ".join(f"{k}={v}" for k, v in self.constraints.pinned.items())
@@ -154,6 +195,11 @@ class Planner:
             if moved is not None and self.key(moved) not in tried:
                 return Proposal(moved, knob, step, self._describe(base, moved, knob, step))
         return None
+
+    def _failed(self, config: dict[str, Any], ledger: list[Experiment]) -> bool:
+        """Was `config` run to its end without a headline value?"""
+        runs = [e for e in ledger if e.counted and self.key(e.params) == self.key(config)]
+        return bool(runs) and all(e.metric_value is None for e in runs)
 
     def _move_order(self, ledger: list[Experiment], best: Experiment) -> list[tuple[str, int]]:
         knobs = [
@@ -199,7 +245,7 @@ class Planner:
         return f"{knob} {base[knob]} → {config[knob]}" + (f": {why}" if why else "")
 
     def untried_moves(self, ledger: list[Experiment], limit: int = 3) -> list[str]:
-        best = self.best(ledger)
+        best = self.search_best(ledger)
         if best is None:
             return []
         tried = {self.key(e.params) for e in ledger if e.counted}
@@ -281,7 +327,7 @@ class SweepAgent(GoalAgent):
         else:
             await self.milestone(
                 f"Plan: {self.task.name} sweep on {self.task.metric}",
-                f"Baseline first, then one knob at a time from the best config.\n"
+                f"{self.task.plan_text}\n"
                 f"Search space: {self._space_text()}\n"
                 f"Approval asked before any run estimated above {self.approve_above_s:.0f}s.\n"
                 f"{summary.status.stop_status}",
@@ -301,6 +347,7 @@ class SweepAgent(GoalAgent):
                 break
             if not await self._approved(proposal):
                 continue
+            await self._prepare(proposal.config)
             try:
                 reply = await self.runner.call(
                     p.RunExperiment,
@@ -348,6 +395,13 @@ class SweepAgent(GoalAgent):
             + ". Trying the next hypothesis.",
         )
         return False
+
+    async def _prepare(self, config: dict[str, Any]) -> None:
+        if self.task.prepare is None:
+            return
+        made = await asyncio.to_thread(self.task.prepare, config)
+        if made is not None:
+            await self.milestone(*made)
 
     def _estimate(self, config: dict[str, Any]) -> float:
         """The task's estimate, calibrated by how the finished runs compared with theirs."""
@@ -504,21 +558,50 @@ def load_task(spec: str) -> SweepTask:
     return obj() if callable(obj) and not isinstance(obj, SweepTask) else obj
 
 
+def choose_task(args: argparse.Namespace, goal_text: str, workspace: Path) -> SweepTask:
+    """--task when given; else star count: SFT with NeMo RL when --nemo-rl is given or the goal
+    asks for SFT, the CPU model otherwise."""
+    from goaltender.agents import sft_sweep
+
+    if args.task:
+        return load_task(args.task)
+    if args.nemo_rl is not None or sft_sweep.asks_for_sft(goal_text):
+        return sft_sweep.star_count_sft_task(workspace, args.eval, args.nemo_rl or None, os.environ)
+    return star_count_task()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="goaltender-sweep", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--task", help="module:attr of a SweepTask (default: star count, CPU or SFT)")
     parser.add_argument(
-        "--task", default="goaltender.agents.sweep:star_count_task", help="module:attr of a SweepTask"
+        "--nemo-rl",
+        nargs="?",
+        const="",
+        metavar="CHECKOUT",
+        help="sweep SFT of Qwen3-VL-2B on star count with NeMo RL (checkout default: $NEMO_RL_DIR; "
+        "GOALTENDER_NEMO_RL_COMMAND runs another trainer); also chosen when the goal says SFT",
+    )
+    parser.add_argument(
+        "--eval",
+        help="SFT: the command that scores a run on the held-out split (default: $GOALTENDER_SFT_EVAL)",
     )
     parser.add_argument(
         "--approve-above",
         type=float,
-        default=float(os.environ.get("GOALTENDER_SWEEP_APPROVE_ABOVE", 60)),
-        help="ask before a run estimated to take more seconds than this",
+        help="ask before a run estimated to take more seconds than this (default: "
+        "$GOALTENDER_SWEEP_APPROVE_ABOVE, else 60; SFT 3600)",
     )
     args = parser.parse_args()
-    run_agent(
-        "sweep", "The sweep agent", lambda goal: SweepAgent(goal, load_task(args.task), args.approve_above)
-    )
+
+    async def build(goal: Goal) -> SweepAgent:
+        summary = await goal.runner.call(p.Summary, p.SummaryReply, goal_id=goal.id)
+        task = choose_task(args, summary.status.goal.text, goal.workspace)
+        approve_above = args.approve_above
+        if approve_above is None:
+            approve_above = float(os.environ.get("GOALTENDER_SWEEP_APPROVE_ABOVE", task.approve_above_s))
+        return SweepAgent(goal, task, approve_above)
+
+    run_agent("sweep", "The sweep agent", build)
 
 
 if __name__ == "__main__":

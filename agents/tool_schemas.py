@@ -153,6 +153,15 @@ class NemoRl(ToolArguments):
     )
     direction: Literal["maximize", "minimize"] | Omitted[None] = None
     timeout_s: float | Omitted[None] = Field(None, description="per-run time limit in seconds")
+    eval_command: Command | Omitted[None] = Field(
+        None,
+        description="run by the runner after a clean run to score its best checkpoint on held-out "
+        "data (it finds the checkpoints in $GOALTENDER_EXPERIMENT_DIR); the ledger's headline is "
+        "then what it prints, and `metric` only picks the best checkpoint",
+    )
+    eval_metric: str | Omitted[None] = Field(
+        None, description="the metric the eval prints, e.g. exact_accuracy (default: the goal's)"
+    )
 
 
 class Milestone(ToolArguments):

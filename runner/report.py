@@ -25,8 +25,9 @@ def best_experiment(experiments: list[Experiment], direction: str = "maximize") 
 
 
 def best_checkpoint(experiment: Experiment) -> str | None:
-    """`step_240 of experiment #3`, and where it is when it lies where the launcher puts it."""
-    step = experiment.metrics.get(BEST_CHECKPOINT_STEP)
+    """`step_240 of experiment #3`, and where it is when it lies where the launcher puts it. A run
+    scored by an eval command keeps its own summary lines under `run/`."""
+    step = experiment.metrics.get(BEST_CHECKPOINT_STEP, experiment.metrics.get(f"run/{BEST_CHECKPOINT_STEP}"))
     if step is None:
         return None
     name = f"step_{step:.0f}"

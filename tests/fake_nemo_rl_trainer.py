@@ -12,6 +12,9 @@ writes what the real one writes where it writes it:
   when complete, the ones outside keep_top_k deleted.
 
 Validation is best at `fake.best_step` (val_loss lowest for SFT, accuracy 0.969 for GRPO).
+Each checkpoint also holds `fake_quality`: the held-out exact accuracy a fake eval reads back
+(tests/fake_star_count_eval.py), from the steps so far, the learning rate, the training rows and
+LoRA (`quality()`); `fake.quality` pins it.
 `fake.hold_at=N fake.release_file=PATH` waits after step N until PATH exists (a test looks at the
 series meanwhile); `fake.exit_code` ends it with that code.
 """
@@ -104,6 +107,7 @@ class Checkpointer:
         (tmp / "policy" / "weights").mkdir(parents=True)
         (tmp / "policy" / "tokenizer").mkdir(parents=True)
         (tmp / "training_info.json").write_text(json.dumps(info))
+        (tmp / "fake_quality").write_text(f"{quality(config, step)}\n")
         (tmp / "config.yaml").write_text(yaml.safe_dump(config))
         (tmp / "policy" / "weights" / "model.safetensors").write_bytes(b"\0" * 64)
         (tmp / "train_dataloader.pt").write_bytes(b"\0" * 16)
@@ -129,6 +133,26 @@ class Checkpointer:
             if step != latest:
                 print(f"Removing checkpoint {path} due to being outside top-{top_k}")
                 shutil.rmtree(path)
+
+
+def quality(config: dict[str, Any], step: int) -> float:
+    """The checkpoint's held-out exact accuracy, as a fake eval reports it: 0.25 untrained, rising
+    with steps x learning rate, a little faster with more rows, a little slower with LoRA."""
+    if "quality" in config.get("fake", {}):
+        return float(config["fake"]["quality"])
+    lr = float(config.get("policy", {}).get("optimizer", {}).get("kwargs", {}).get("lr", 2e-5))
+    rows = train_rows(config)
+    lora = config.get("policy", {}).get("dtensor_cfg", {}).get("lora_cfg", {}).get("enabled")
+    progress = step * lr / 2e-3 * math.sqrt(rows / 2048) * (0.8 if lora else 1.0)
+    return round(0.25 + 0.74 * (1 - math.exp(-progress)), 4)
+
+
+def train_rows(config: dict[str, Any]) -> int:
+    path = Path(str(config.get("data", {}).get("train", {}).get("data_path", "")))
+    if not path.is_file():
+        return 2048
+    with path.open("rb") as rows:
+        return sum(1 for _ in rows)
 
 
 def curves(algorithm: str, step: int, best: int, val_period: int) -> tuple[dict, dict]:

@@ -53,6 +53,19 @@ def test_parse_goal_text_reads_every_phrase():
     assert spec.has_stop_rule
 
 
+def test_the_reference_campaigns_goal():
+    """`/goal train Qwen3-VL-2B on star count with SFT to 95% exact accuracy, budget 5h`: a target,
+    a 5h deadline, no agent ("with SFT" is none) and no metric name: goals carry no metric until
+    the first experiment's --metric sets it (the brief says exact_accuracy)."""
+    spec = parse_goal_text("train Qwen3-VL-2B on star count with SFT to 95% exact accuracy, budget 5h")
+    assert spec.target == pytest.approx(0.95)
+    assert spec.wall_seconds == 5 * 3600 and spec.has_stop_rule
+    assert (spec.agent, spec.max_experiments, spec.compute_hours) == (None, None, None)
+    assert not hasattr(spec, "metric")
+    budget = explicit_budget(spec, NOW, default_timeout_s=None)
+    assert budget.deadline == NOW + timedelta(hours=5) and not budget.ask_to_continue
+
+
 def test_no_stop_rule_means_baseline_plus_three_then_ask():
     spec = parse_goal_text("make star count better")
     assert not spec.has_stop_rule

@@ -456,7 +456,8 @@ TOOL_ARGUMENTS = {
         {"command", "description"},
     ),
     "nemo_rl": (
-        {"recipe", "config", "overrides", "description", "metric", "direction", "timeout_s"},
+        {"recipe", "config", "overrides", "description", "metric", "direction", "timeout_s"}
+        | {"eval_command", "eval_metric"},
         {"recipe", "config"},
     ),
     "milestone": ({"title", "text"}, {"title"}),

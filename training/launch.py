@@ -2,8 +2,8 @@
 
 The experiment's command is the launcher (`python -m goaltender.training.nemo_rl run …`), which
 starts the trainer and reports on it. This module turns what the agent asked for into that command
-and the ledger's words for it (params, description, headline metric), for the CLI and the built-in
-agent's tool alike. Paths are made absolute here, where the agent's working directory is known:
+and the ledger's words for it (params, description, headline metric), for the CLI, the built-in
+agent's tool and the sweep's SFT mode alike. Paths are made absolute here, where the agent's working directory is known:
 the trainer runs in the NeMo RL checkout.
 """
 
@@ -59,6 +59,17 @@ def add_recipe_parsers(cmd: argparse.ArgumentParser, more: Callable[[argparse.Ar
         better.add_argument("--minimize", action="store_true", help="lower is better (default for losses)")
         better.add_argument("--maximize", action="store_true", help="higher is better (default otherwise)")
         one.add_argument("-d", "--description", help="the hypothesis (default: recipe, config, overrides)")
+        one.add_argument(
+            "--eval",
+            dest="eval_command",
+            help="a command the runner runs after a clean run to score it on the held-out split (it "
+            "finds the checkpoints in $GOALTENDER_EXPERIMENT_DIR); the ledger's headline is then "
+            "what it prints, and --metric only picks the best checkpoint",
+        )
+        one.add_argument(
+            "--eval-metric",
+            help="the metric the --eval command prints, e.g. exact_accuracy (default: the goal's)",
+        )
         one.add_argument("--timeout", help="per-run time limit, e.g. 6h (the goal's may be tighter)")
         one.add_argument(
             "--trainer",
@@ -89,6 +100,15 @@ class NemoRlRun:
     checkout: Path | None = None
     script: str | None = None
     trainer: str | None = None
+    eval_command: list[str] | None = None  # the runner scores the run with it
+    eval_metric: str | None = None  # what the eval prints (None: the goal's metric)
+
+    def headline(self) -> tuple[str | None, Direction | None]:
+        """The ledger row's metric and direction. With an eval the runner measures the headline
+        itself, in the goal's direction; without one it is the best checkpoint's value."""
+        if self.eval_command:
+            return self.eval_metric, None
+        return self.metric, self.direction
 
     def command(self) -> list[str]:
         """The experiment's command: the launcher, told everything (it runs in the sandbox, with
@@ -129,6 +149,8 @@ def plan(
     trainer: str | None = None,
     metric: str | None = None,
     direction: Direction | None = None,
+    eval_command: str | list[str] | None = None,
+    eval_metric: str | None = None,
 ) -> NemoRlRun:
     """The run the agent asked for, its paths absolute; LaunchError when it cannot run."""
     if recipe not in RECIPES:
@@ -148,6 +170,8 @@ def plan(
         checkout=checkout_path,
         script=script,
         trainer=trainer,
+        eval_command=_eval_argv(eval_command),
+        eval_metric=eval_metric or None,
     )
 
 
@@ -180,6 +204,20 @@ def _check_trainer(trainer: str) -> None:
         raise LaunchError(f"--trainer: {exc}") from None
     if not words:
         raise LaunchError("--trainer is empty")
+
+
+def _eval_argv(command: str | list[str] | None) -> list[str] | None:
+    if not command:
+        return None
+    if isinstance(command, list):
+        return command
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise LaunchError(f"--eval: {exc}") from None
+    if not words:
+        raise LaunchError("--eval is empty")
+    return words
 
 
 def _checked_override(override: str) -> str:
