@@ -158,7 +158,7 @@ class MlflowMirror:
                     await self.store.set_cursor(CURSOR_NAME, cursor)
                     continue
             except Exception as exc:  # reading runner.db failed: the runner has its own say on that
-                log.warning("MLflow mirror: cannot read the event log (%s); trying again", one_line(exc))
+                log.warning("MLflow mirror: cannot read runner.db (%s); trying again", one_line(exc))
                 await asyncio.sleep(RETRY_MAX_S)
                 continue
             with contextlib.suppress(TimeoutError):
@@ -234,6 +234,8 @@ class MlflowMirror:
                 steps.append(EnsureGoal(goal))
             elif isinstance(data, GoalStateChanged):
                 tags = {"goaltender.state": data.state, "goaltender.state_reason": data.reason}
+                if metric := goal.tags.get("goaltender.metric"):  # known from the first row on
+                    tags["goaltender.metric"] = metric
                 steps.append(TagGoal(goal, views.texts(tags)))
             elif isinstance(data, ExperimentStarted):
                 steps.append(StartRun(goal, views.row(data.experiment)))
@@ -258,7 +260,7 @@ class _Views:
         self._rows: dict[int, RowView | None] = {}
 
     def texts(self, tags: dict[str, str]) -> dict[str, str]:
-        return {key: self.redactor.redact(value) for key, value in tags.items()}
+        return redacted_tags(tags, self.redactor)
 
     async def goal(self, goal_id: int) -> GoalView | None:
         if goal_id not in self._goals:
@@ -307,10 +309,8 @@ def goal_view(goal: Goal, runner_name: str, redactor: Redactor) -> GoalView:
     }
     if goal.metric:
         tags["goaltender.metric"] = f"{goal.metric} ({goal.direction})"
-    redacted = {key: redactor.redact(value) for key, value in tags.items()}
-    return GoalView(
-        goal.id, f"goaltender/{runner_name}/goal-{goal.id}", redactor.redact(goal.owner), redacted
-    )
+    name = f"goaltender/{runner_name}/goal-{goal.id}"
+    return GoalView(goal.id, name, redactor.redact(goal.owner), redacted_tags(tags, redactor))
 
 
 def row_view(row: Experiment, runner_name: str, redactor: Redactor) -> RowView:
@@ -333,7 +333,7 @@ def row_view(row: Experiment, runner_name: str, redactor: Redactor) -> RowView:
         experiment_id=row.id,
         run_name=redactor.redact(f"#{row.index} {row.description}")[:MAX_KEY],
         start_ms=millis(row.started_at),
-        tags={key: redactor.redact(value)[:MAX_TAG_VALUE] for key, value in tags.items()},
+        tags=redacted_tags(tags, redactor),
         params=params,
     )
 
@@ -361,7 +361,7 @@ def ledger_points(row: Experiment) -> list[Point]:
 def finish_run(goal: GoalView, row: RowView, experiment: Experiment, views: _Views) -> FinishRun:
     tags = {"goaltender.status": experiment.status, "goaltender.verified": str(experiment.verified).lower()}
     if experiment.note:
-        tags["goaltender.note"] = experiment.note[:MAX_TAG_VALUE]
+        tags["goaltender.note"] = experiment.note
     if experiment.exit_code is not None:
         tags["goaltender.exit_code"] = str(experiment.exit_code)
     return FinishRun(
@@ -398,6 +398,10 @@ def mlflow_key(name: str) -> str:
     if normal != key or normal == "." or normal.startswith(("..", "/")):
         key = key.replace("/", "_").replace(".", "_")
     return key
+
+
+def redacted_tags(tags: dict[str, str], redactor: Redactor) -> dict[str, str]:
+    return {key: redactor.redact(value)[:MAX_TAG_VALUE] for key, value in tags.items()}
 
 
 def param_value(value: Any, redactor: Redactor) -> str:

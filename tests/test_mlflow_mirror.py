@@ -24,10 +24,12 @@ def series(scale: float) -> str:
     return f"import json; [print(json.dumps({{'step': s, 'loss': {scale} / s}})) for s in (1, 2, 3)]"
 
 
+TOKEN = "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2"  # a token's shape: redacted on the way out, as always
+
 AGENT = f"""
 goaltender experiment -d "baseline" --param lr=0.1 --param layers=2 --metric acc -- \
     python -c "{series(1.0)}; print('acc: 0.50')"
-goaltender experiment -d "broken idea" --param lr=9 --metric acc -- \
+goaltender experiment -d "broken idea" --param lr=9 --param hub={TOKEN} --metric acc -- \
     python -c "{series(2.0)}; raise SystemExit(3)"
 goaltender report "lr=0.1 it is"
 """
@@ -93,6 +95,7 @@ async def test_a_goal_and_its_rows_are_mirrored(start_runner, connect, tmp_path)
     assert experiment["tags"]["goaltender.goal"] == "find a good lr, max 5 experiments"
     assert experiment["tags"]["goaltender.owner"] == "ana"
     assert experiment["tags"]["goaltender.state"] == "finished"
+    assert experiment["tags"]["goaltender.metric"] == "acc (maximize)"
     runs = experiment["runs"]
     assert sorted(runs) == [1, 2]
 
@@ -108,7 +111,8 @@ async def test_a_goal_and_its_rows_are_mirrored(start_runner, connect, tmp_path)
 
     assert broken["status"] == "FAILED" and broken["tags"]["goaltender.status"] == "crash"
     assert broken["tags"]["goaltender.note"] == "exit code 3"
-    assert broken["params"] == {"lr": "9"}
+    assert broken["params"]["lr"] == "9"
+    assert TOKEN not in str(broken) and "redacted" in broken["params"]["hub"]
     assert broken["history"]["loss"] == [(1, 2.0), (2, 1.0), (3, pytest.approx(2 / 3))]
     assert "ledger/acc" not in broken["history"]
 
