@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 
+from goaltender.runner import mlflow_mirror
 from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.mlflow_mirror import CURSOR_NAME, mlflow_client_class, mlflow_key
@@ -206,3 +207,10 @@ def test_names_mlflow_would_refuse_are_made_acceptable():
     assert mlflow_key("a//b") == "a__b"
     assert mlflow_key("") == "_"
     assert len(mlflow_key("x" * 400)) == 250
+
+
+def test_without_the_extra_the_runner_says_so_and_runs_unmirrored(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(mlflow_mirror.importlib.util, "find_spec", lambda name: None)
+    settings = RunnerSettings(home=tmp_path, mlflow=True)
+    assert mlflow_mirror.MlflowMirror.from_settings(settings, store=None, redactor=None) is None
+    assert "mlflow-skinny is not installed (pip install 'goaltender[mlflow]')" in caplog.text
