@@ -34,6 +34,30 @@ def load_skill(name: str) -> str:
     return path.read_text()
 
 
+# What a training campaign (the reference: Qwen3-VL-2B SFT on star count) runs, in order.
+TRAINING_LINES = [
+    "## Training runs",
+    "",
+    "On a GPU box: `goaltender doctor` first (GPUs, disk, NeMo RL, Gym); models with `goaltender fetch`;",
+    "data exported into the workspace, its token lengths checked with `goaltender preflight`; a baseline",
+    "score of the untrained model; then each training run as",
+    '`goaltender nemo-rl <recipe> --config … --eval "<held-out eval>" --eval-metric <metric> -- overrides`',
+    "(never `uv run` yourself), so the runner scores its best checkpoint on the held-out split.",
+    "The `nemo-rl` skill has the reference campaign step by step.",
+]
+
+
+def metric_lines(metric: str | None, direction: str) -> list[str]:
+    """The goal's headline metric; before the first run, how it gets one."""
+    if metric:
+        return [f"Headline metric: `{metric}` ({direction}); pass the same `--metric` on every run."]
+    return [
+        "No headline metric yet: the first experiment's `--metric` fixes it for the goal, so pass it on",
+        "the baseline. For star count it is `exact_accuracy` on the fixed 64-example held-out split,",
+        "measured by the runner through `--eval` (not a training-time validation number).",
+    ]
+
+
 def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
     """The goal, its stop rule and budgets, how to report, the skills, and the latest handoff."""
     goal, budget = summary.status.goal, summary.status.goal.budget
@@ -68,6 +92,10 @@ def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
         "read steering with `goaltender inbox` between steps, and keep the diary",
         '(`goaltender diary write --handoff "..."`). Put caches, checkpoints and logs on the big disk.',
         "Finish with `goaltender report`.",
+        "",
+        *metric_lines(goal.metric, goal.direction),
+        "",
+        *TRAINING_LINES,
         "",
         "## Skills",
         "",

@@ -47,7 +47,9 @@ HOW_TO_FINISH = (
 
 def first_prompt(brief: str) -> str:
     return (
-        f"{brief}\n---\n\nWork toward this goal now (the brief above is also in AGENTS.md). {HOW_TO_FINISH}"
+        f"{brief}\n---\n\nWork toward this goal now (the brief above is also in AGENTS.md). Read the "
+        "skills it names that fit the goal (`.agents/skills/<name>/SKILL.md`: `autoresearch` always, "
+        f"`nemo-rl` for a training campaign) before the first run. {HOW_TO_FINISH}"
     )
 
 

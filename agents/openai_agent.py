@@ -66,8 +66,9 @@ this machine: baseline first, then one hypothesis per experiment, each measured 
 until the stop rule or a budget ends it. You work through function tools; the brief's \
 `goaltender <verb>` commands are these tools: `goaltender experiment` = run_experiment, \
 `milestone` = milestone, `metrics` = log_metrics, `ask` = ask_approval, `inbox` = read_inbox, \
-`diary` = write_diary / read_diary, `report` = submit_report. Also: shell, read_file, write_file, \
-edit_file, list_files, load_skill, and finish.
+`diary` = write_diary / read_diary, `report` = submit_report, `nemo-rl` = nemo_rl, `fetch` = \
+fetch_from_hub; the others (`goaltender doctor`, `goaltender preflight`) run in the shell. Also: \
+shell, read_file, write_file, edit_file, list_files, load_skill, and finish.
 
 Rules:
 - Run every experiment through run_experiment (never as a bare shell command): that is what puts \

@@ -3,7 +3,9 @@
 Every `goaltender <verb>` a skill mentions must be a subcommand of `goaltender.cli.build_parser()`,
 every `--flag` written after it in code must belong to that subcommand, and every command line in a
 shell code block must parse. The real command list comes from the parser, so a renamed verb
-or flag breaks this test instead of silently breaking an agent.
+or flag breaks this test instead of silently breaking an agent. The same holds for the words every
+agent is given besides the skills: the brief (agents/briefing.py), the built-in agent's preamble
+and Codex's first prompt.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from goaltender.agents import briefing, codex_prompts, openai_agent
 from goaltender.cli import build_parser
 
 SKILLS_DIR = Path(__file__).resolve().parents[1] / "skills"
@@ -26,6 +29,7 @@ EXPECTED_SKILLS = {
     "session-memory",
     "gpu-box-etiquette",
     "nemo-gym-environment",
+    "nemo-rl",
     "paper-to-code",
 }
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -133,7 +137,7 @@ def substitute_variables(words: list[str]) -> list[str]:
 # ---------------------------------------------------------------------------------------- structure
 
 
-def test_the_five_skills_are_present():
+def test_the_skills_are_present():
     names = {d.name for d in skill_dirs()}
     assert names >= EXPECTED_SKILLS, f"missing skills: {sorted(EXPECTED_SKILLS - names)}"
 
@@ -216,6 +220,27 @@ def test_fenced_goaltender_commands_parse(path: Path):
             if exc.code:
                 problems.append(f"{line.strip()}\n    {err.getvalue().strip().splitlines()[-1]}")
     assert not problems, "commands that goaltender would reject:\n" + "\n".join(problems)
+
+
+def test_the_briefs_commands_are_real():
+    subs = subcommands()
+    text = "\n".join(
+        [
+            *briefing.TRAINING_LINES,
+            *briefing.metric_lines(None, "maximize"),
+            openai_agent.PREAMBLE,
+            codex_prompts.first_prompt("(the brief)"),
+        ]
+    )
+    assert {"doctor", "fetch", "preflight", "nemo-rl"} <= {m.group(1) for m in VERB_RE.finditer(text)}
+    unknown = sorted({m.group(1) for m in VERB_RE.finditer(text)} - set(subs))
+    assert not unknown, f"not goaltender subcommands: {unknown}"
+    _, inline = code_snippets(text)
+    for snippet in inline:
+        for words in goaltender_commands(snippet):
+            known = option_strings(subs[words[0]])
+            assert all(flag in known for flag in flags_before_double_dash(words)), snippet
+    assert "nemo-rl" in set(briefing.list_skills())  # the skill the brief points to ships
 
 
 def test_the_checks_catch_mistakes():
