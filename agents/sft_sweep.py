@@ -79,7 +79,8 @@ ALIASES = {
 # how long the finished runs took.
 STARTUP_S, STEP_S, EVAL_S = 300.0, 2.0, 600.0
 
-_SFT_WORDS = re.compile(r"\bSFT\b|\bfine-?tun(?:e|es|ed|ing)\b|\bnemo[- ]?rl\b", re.I)
+# Not "fine-tune" alone: people fine-tune hyper-parameters too.
+_SFT_WORDS = re.compile(r"\bSFT\b|\bsupervised fine-?tuning\b|\bnemo[- ]?rl\b", re.I)
 
 
 def asks_for_sft(goal_text: str) -> bool:

@@ -136,8 +136,9 @@ echo $? > sft.rc
 
 def test_the_reference_goal_asks_for_sft_and_the_cpu_goal_does_not():
     assert sft_sweep.asks_for_sft(REFERENCE_GOAL)
-    assert sft_sweep.asks_for_sft("fine-tune the VLM with nemo-rl")
+    assert sft_sweep.asks_for_sft("supervised fine-tuning of the VLM with NeMo RL")
     assert not sft_sweep.asks_for_sft("train the star-count model to 95% exact accuracy, budget 2h")
+    assert not sft_sweep.asks_for_sft("fine-tune lr and iters of the star-count model")
 
 
 def test_the_untrained_model_then_the_first_sft_then_one_knob_from_the_best_trained(task):
