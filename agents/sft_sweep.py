@@ -58,6 +58,7 @@ SPACE: dict[str, list[Any]] = {
 FIRST_SFT = {"steps": 160, "lr": 2e-5, "train_size": 2048, "lora_rank": 0}
 UNTRAINED = {"model": MODEL, "steps": 0}
 VALIDATION_SIZE = dict(export.REFERENCE_SHAPES)  # train rows -> validation rows
+SPLITS = export.SPLITS  # train, validation, heldout: one file each
 REASONS = {
     ("steps", +1): "twice the steps, more epochs over the data; val loss still falling?",
     ("steps", -1): "half the steps: less overfitting if held-out accuracy fell with more",
@@ -200,13 +201,13 @@ def prepare_data(workspace: Path, params: dict[str, Any]) -> tuple[str, str] | N
         return None
     train = params["train_size"]
     directory = data_dir(workspace, train)
-    if (directory / "train.jsonl").is_file():
-        return None
+    if all((directory / f"{split}.jsonl").is_file() for split in SPLITS):
+        return None  # each file is written whole (renamed into place), so these are complete
     written = export.export_splits(directory, train, VALIDATION_SIZE[train], fmt="sft")
     limit = sequence_limit()
     counter, note = preflight.make_counter(MODEL)
     lines = []
-    for split in ("train", "validation", "heldout"):
+    for split in SPLITS:
         report = preflight.check_file(directory / f"{split}.jsonl", limit, counter)
         if report.over:
             raise AgentFailure(
@@ -214,7 +215,7 @@ def prepare_data(workspace: Path, params: dict[str, Any]) -> tuple[str, str] | N
                 f"NeMo RL would train on them with zero loss. Worst: {report.worst()}.",
             )
         lines.append(report.summary())
-    sizes = "/".join(str(written[s]) for s in ("train", "validation", "heldout"))
+    sizes = "/".join(str(written[split]) for split in SPLITS)
     how = f"\n(counted with the estimate: {note})" if note else ""
     return f"Data: star-count SFT {sizes} in {directory.name}/", "Preflight:\n" + "\n".join(lines) + how
 
