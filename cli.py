@@ -3,33 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
-import shlex
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from pydantic import ValidationError
-from pydantic_core import PydanticSerializationError
-
-from goaltender.environments import preflight
 from goaltender.runner import protocol as p
-from goaltender.runner.budget import (
-    GoalTextError,
-    apply_budget_change,
-    check_duration,
-    parse_duration,
-    parse_goal_text,
-)
-from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
-from goaltender.runner.report import fetch_summary, format_params
-from goaltender.storage.records import Budget, HubFetch, MetricPoint, utcnow
-from goaltender.training.launch import add_recipe_parsers
+
+# Every agent verb is a process of its own, so this module imports only what each verb needs:
+# the rest (asyncio and the client, budget words, reports, preflight, training) is imported by the
+# commands that use it (tests/test_cli_input.py checks the heavy ones stay out).
+if TYPE_CHECKING:
+    from goaltender.runner.client import RunnerClient
+    from goaltender.storage.records import HubFetch
 
 EXIT_OK = 0
 EXIT_NO = 1  # rejected approval, crashed experiment, failed fetch
@@ -73,7 +63,7 @@ class UsageError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(only=_command_in(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -84,9 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"goaltender: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except RunnerUnavailable as exc:
-        print(f"goaltender: {exc}", file=sys.stderr)
-        return EXIT_RUNNER
     except p.ProtocolError as exc:
         print(f"goaltender: the runner refused: {exc.error.message}", file=sys.stderr)
         return EXIT_BUDGET if exc.error.code == "budget_exhausted" else EXIT_RUNNER
@@ -95,6 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `goaltender events | head`: the reader has gone, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except ConnectionError as exc:
+        if not _runner_unavailable(exc):
+            raise
+        print(f"goaltender: {exc}", file=sys.stderr)
+        return EXIT_RUNNER
+
+
+def _runner_unavailable(exc: ConnectionError) -> bool:
+    from goaltender.runner.client import RunnerUnavailable  # already imported when it was raised
+
+    return isinstance(exc, RunnerUnavailable)
 
 
 def _whole_number(low: int) -> Callable[[str], int]:
@@ -145,7 +143,36 @@ def _finite(text: str) -> float:
 _finite.__name__ = "number"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: list[str]) -> str | None:
+    """The command `argv` names (the first word that is no option), as far as can be told cheaply."""
+    words = iter(argv)
+    for word in words:
+        if word == "--socket":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+class _Unused:
+    """Stands in for the parser of a command not being run: its arguments are not built (each verb
+    is a process of its own, and building all of them was a fifth of its start-up)."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Unused]:
+        return lambda *args, **kwargs: self
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, when `only` names one, of that one alone (a name that is
+    no command gets the whole parser, whose error lists them)."""
+    if only is not None:
+        parser, built = _build_parser(only)
+        if built:
+            return parser
+    return _build_parser(None)[0]
+
+
+def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]:
     parser = argparse.ArgumentParser(
         prog="goaltender",
         description=DESCRIPTION,
@@ -156,10 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--socket", type=Path, help="runner socket (default: $GOALTENDER_SOCKET or ~/.goaltender)"
     )
     sub = parser.add_subparsers(metavar="command")
+    built: list[str] = []
 
     def command(
         name: str, func: Callable, help: str, description: str | None = None
     ) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return cast(argparse.ArgumentParser, _Unused())
+        built.append(name)
         cmd = sub.add_parser(
             name,
             help=help,
@@ -247,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         worst, when any example has >= --max-seq-len tokens: NeMo RL would train on it with zero
         loss and no warning. --drop writes NAME.filtered.jsonl without them instead.""",
     )
-    preflight.add_arguments(cmd)
+    _add_preflight_arguments(cmd)
 
     # -- people --
     cmd = command("submit", cmd_submit, "submit a goal, e.g. 'reach 90%% accuracy, budget 2h'")
@@ -311,9 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         "metrics",
         cmd_metrics,
         "log metric values",
-        "log metric values: goaltender metrics loss=0.31 acc=0.82 --step 100",
+        """\
+        log metric values: goaltender metrics loss=0.31 acc=0.82 --step 100
+        or many at once, as JSON lines: goaltender metrics --file - < points.jsonl
+        where each line is {"name": "loss", "value": 0.31, "step": 100} (step optional)""",
     )
-    cmd.add_argument("values", nargs="+", metavar="NAME=VALUE")
+    cmd.add_argument("values", nargs="*", metavar="NAME=VALUE")
+    cmd.add_argument("--file", help="JSON lines of points, one {name, value, step} per line (- for stdin)")
     cmd.add_argument("--step", type=_finite)
     cmd.add_argument("--experiment", type=ID, dest="experiment_id")
     goal_arg(cmd)
@@ -370,7 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
         checkpoints in $GOALTENDER_EXPERIMENT_DIR): the row's headline is what CMD prints
         (--eval-metric, default the goal's metric), e.g. held-out exact_accuracy.""",
     )
-    add_recipe_parsers(cmd, goal_arg)
+    if not isinstance(cmd, _Unused):
+        from goaltender.training.launch import add_recipe_parsers
+
+        add_recipe_parsers(cmd, goal_arg)
 
     cmd = command(
         "ask",
@@ -440,13 +478,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the files these globs match, e.g. '*.json' '*.safetensors' (default: every file)",
     )
     goal_arg(cmd)
-    return parser
+    return parser, built
+
+
+def _add_preflight_arguments(cmd: argparse.ArgumentParser) -> None:
+    if isinstance(cmd, _Unused):
+        return
+    from goaltender.environments import preflight
+
+    preflight.add_arguments(cmd)
 
 
 # ---- plumbing ----
 
 
 def _run(args: argparse.Namespace, body: Callable[[RunnerClient], Awaitable[int | None]]) -> int:
+    import asyncio
+
+    from goaltender.runner.client import RunnerClient, socket_from_env
+
     async def go() -> int | None:
         path = args.socket or socket_from_env()
         async with await RunnerClient.connect_unix(path, client=f"cli:{args.func.__name__[4:]}") as runner:
@@ -478,6 +528,9 @@ def _checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
     """`fields`, once they make a `kind` request the runner could take; UsageError saying why not.
 
     Checked here, before connecting, so bad input never reaches the runner or prints a traceback."""
+    from pydantic import ValidationError
+    from pydantic_core import PydanticSerializationError
+
     try:
         size = len(p.encode(kind(id=0, **fields)))
     except ValidationError as exc:
@@ -489,7 +542,7 @@ def _checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
     return fields
 
 
-def _problems(exc: ValidationError) -> str:
+def _problems(exc: Any) -> str:
     """pydantic's complaints in one line: 'title: String should have at most 300 characters'."""
     return "; ".join(
         f"{'.'.join(str(part) for part in error['loc']) or 'input'}: {error['msg']}" for error in exc.errors()
@@ -511,6 +564,8 @@ def _duration(text: str | None) -> float | None:
     """`10m`, `2h`, `90` (seconds): from 1s to 365 days."""
     if text is None:
         return None
+    from goaltender.runner.budget import GoalTextError, check_duration, parse_duration
+
     seconds = parse_duration(text)
     if seconds is None:
         try:
@@ -549,6 +604,8 @@ def _no_constant(name: str) -> Any:
 
 def _goal_words(text: str) -> None:
     """The runner would refuse these goal words (budget 0h, max 0 experiments): say so now."""
+    from goaltender.runner.budget import GoalTextError, parse_goal_text
+
     try:
         parse_goal_text(text)
     except GoalTextError as exc:
@@ -558,6 +615,9 @@ def _goal_words(text: str) -> None:
 def _budget_words(change: str) -> None:
     """Budget words that cannot be whatever the goal's budget (+0h, budget 0h), in a change or a
     steer (the runner applies those too): say so now."""
+    from goaltender.runner.budget import GoalTextError, apply_budget_change
+    from goaltender.storage.records import Budget, utcnow
+
     try:
         apply_budget_change(Budget(), change, utcnow())
     except GoalTextError as exc:
@@ -608,6 +668,8 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
 def cmd_bot(args: argparse.Namespace) -> int:
     if args.check:
+        import asyncio
+
         from goaltender.bot.config import BotSettings
         from goaltender.bot.health import check
 
@@ -638,6 +700,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    from goaltender.environments import preflight
+
     return preflight.run(args)
 
 
@@ -774,16 +838,82 @@ def cmd_milestone(args):
 
 
 def cmd_metrics(args):
-    points = [
-        MetricPoint(name=k, value=_metric_value(k, v), step=args.step)
-        for k, v in _key_values(args.values).items()
+    from goaltender.storage.records import MetricPoint
+
+    if bool(args.values) == bool(args.file):
+        raise UsageError("give NAME=VALUE pairs or --file FILE (JSON lines), one or the other")
+    if args.file:
+        points = _points_from_lines(_read_points_file(args.file), step=args.step)
+    else:
+        points = [
+            MetricPoint(name=k, value=_metric_value(k, v), step=args.step)
+            for k, v in _key_values(args.values).items()
+        ]
+    goal_id = _goal_id(args)
+    requests = [
+        _checked(p.LogMetrics, goal_id=goal_id, points=chunk, experiment_id=args.experiment_id)
+        for chunk in _chunks(points)
     ]
-    fields = _checked(p.LogMetrics, goal_id=_goal_id(args), points=points, experiment_id=args.experiment_id)
 
     async def body(runner: RunnerClient):
-        print((await runner.call(p.LogMetrics, p.Done, **fields)).message)
+        # Sent together, answered in order: one round trip, however many chunks.
+        replies = await runner.call_many(p.LogMetrics, p.Done, requests)
+        if len(replies) == 1:
+            print(replies[0].message)
+        else:
+            print(f"{len(points)} metric point(s) logged in {len(replies)} requests")
 
     return _run(args, body)
+
+
+def _read_points_file(name: str) -> str:
+    if name == "-":
+        return _read_text(sys.stdin.buffer.read, "stdin")
+    return _read_text(Path(name).read_bytes, name)
+
+
+def _points_from_lines(text: str, step: float | None) -> list[Any]:
+    """The points of JSON lines `{"name": …, "value": …, "step": …}`; blank lines are skipped.
+    `step` (--step) is the step of lines that give none."""
+    from pydantic import ValidationError
+
+    from goaltender.storage.records import MetricPoint
+
+    points = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            fields = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:
+            raise UsageError(f"line {number}: not a JSON object: {str(exc)[:80]}") from None
+        if not isinstance(fields, dict):
+            raise UsageError(f'line {number}: expected an object like {{"name": "loss", "value": 0.3}}')
+        fields.setdefault("step", step)
+        try:
+            points.append(MetricPoint.model_validate(fields))
+        except ValidationError as exc:
+            raise UsageError(f"line {number}: {_problems(exc)}") from None
+    if not points:
+        raise UsageError("no points: the file has no JSON lines")
+    return points
+
+
+CHUNK_BYTES = p.MAX_LINE - 4096  # room for the request around the points
+
+
+def _chunks(points: list[Any]) -> list[list[Any]]:
+    """`points` in requests the runner takes: at most MAX_POINTS each, each line within its limit."""
+    chunks: list[list[Any]] = [[]]
+    size = 0
+    for point in points:
+        point_size = len(point.model_dump_json()) + 1  # and a comma
+        if len(chunks[-1]) == p.MAX_POINTS or (chunks[-1] and size + point_size > CHUNK_BYTES):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(point)
+        size += point_size
+    return chunks
 
 
 def _metric_value(name: str, text: str) -> float:
@@ -855,6 +985,7 @@ def cmd_nemo_rl(args):
 
 def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitable[int]]:
     """Run the experiment and print its ledger row."""
+    from goaltender.runner.report import format_params
 
     async def body(runner: RunnerClient) -> int:
         reply = await runner.call(p.RunExperiment, p.ExperimentReply, **fields)
@@ -896,6 +1027,8 @@ def _environment() -> dict[str, str]:
 
 
 def _split(command: str) -> list[str]:
+    import shlex
+
     try:
         return shlex.split(command)
     except ValueError as exc:  # an unclosed quote
@@ -969,7 +1102,10 @@ def cmd_report(args):
 def cmd_fetch(args):
     # huggingface_hub reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HOME when it is imported: here, in
     # this process's environment (an agent's is the one the runner gave its goal).
+    import asyncio
+
     from goaltender.runner import hub
+    from goaltender.runner.client import RunnerUnavailable
 
     spec = hub.FetchSpec(args.repo, args.repo_type, args.revision, tuple(args.include))
     if problem := hub.spec_problem(spec):
@@ -1025,6 +1161,8 @@ def _say_progress(title: str, text: str) -> None:
 
 
 def _print_fetch(fetch: HubFetch, recorded: str = "") -> None:
+    from goaltender.runner.report import fetch_summary
+
     print(fetch.path)
     print(fetch_summary(fetch) + (f"; {recorded}" if recorded else ""))
 

@@ -11,7 +11,7 @@ import re
 from datetime import datetime, timedelta
 from typing import NoReturn
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from goaltender.storage.records import Budget
 
@@ -49,6 +49,8 @@ _LONGEST_COUNT = 18  # digits; int() of more is refused by CPython past 4,300, a
 
 class GoalSpec(BaseModel):
     """What a goal's text asks for, before defaults are applied."""
+
+    model_config = ConfigDict(defer_build=True)  # built on first use: CLI verbs import this module
 
     text: str
     wall_seconds: float | None = None
@@ -292,6 +294,8 @@ def _set_limits(budget: Budget, spec: GoalSpec, now: datetime) -> tuple[Budget, 
 
 
 class BudgetCheck(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     ok: bool
     reason: str = ""  # why not, when not ok
     needs_continue_approval: bool = False  # the default stop rule was reached: ask before going on

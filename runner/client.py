@@ -19,16 +19,17 @@ import json
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
 from goaltender.runner import protocol as p
 from goaltender.runner import wire
-from goaltender.storage.records import Event, UnreadableEvent, utcnow
+from goaltender.storage.records import Event, MetricPoint, UnreadableEvent, utcnow
 
 R = TypeVar("R", bound=p.Reply)
 log = logging.getLogger("goaltender.client")
@@ -161,13 +162,29 @@ class RunnerClient:
             reply = await future
         finally:
             self._pending.pop(request.id, None)
-        if isinstance(reply, p.Error):
-            raise p.ProtocolError(reply)
-        if not isinstance(reply, expect):
-            raise p.ProtocolError(
-                p.Error(code="internal", message=f"expected {expect.__name__}, got {reply.type}")
-            )
-        return reply
+        return _expected(reply, expect)
+
+    async def call_many(
+        self, kind: type[p.Request], expect: type[R], /, many: Sequence[dict[str, Any]]
+    ) -> list[R]:
+        """Send one `kind` request per item of `many` without waiting between them, then return
+        their replies in order: one round trip for all. The first `error` reply raises ProtocolError
+        (the runner still answered the rest; each was handled on its own)."""
+        return await self.request_many([kind(id=next(self._ids), **fields) for fields in many], expect)
+
+    async def request_many(self, requests: Sequence[p.Request], expect: type[R]) -> list[R]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[p.AnyReply]] = []
+        for request in requests:
+            futures.append(future := loop.create_future())
+            self._pending[request.id] = future
+        try:
+            await self._send_lines(b"".join(p.encode(request) for request in requests))
+            replies = await asyncio.gather(*futures)
+        finally:
+            for request in requests:
+                self._pending.pop(request.id, None)
+        return [_expected(reply, expect) for reply in replies]
 
     async def subscribe(self, since: int = 0, goal_id: int | None = None) -> int:
         """Ask for events with seq > since (of one goal, or all); returns the newest seq right now.
@@ -185,11 +202,14 @@ class RunnerClient:
             yield message.event
 
     async def _send(self, message: p.Message) -> None:
+        await self._send_lines(p.encode(message))
+
+    async def _send_lines(self, data: bytes) -> None:
         if self._closed or self._reader_task.done():
             raise RunnerUnavailable("the connection to the runner is closed")
         async with self._write_lock:
             try:
-                self._stream.write(p.encode(message))
+                self._stream.write(data)
                 await self._stream.drain()
             except (ConnectionError, OSError) as exc:
                 raise RunnerUnavailable(f"lost the runner: {exc}") from exc
@@ -219,6 +239,65 @@ class RunnerClient:
                 if not future.done():
                     future.set_exception(error)
             self._events.put_nowait(error)  # why the link dropped reaches events() readers too
+
+
+def _expected(reply: p.AnyReply, expect: type[R]) -> R:
+    """`reply` when it is an `expect`; an `error` reply (or any other) raises ProtocolError."""
+    if isinstance(reply, p.Error):
+        raise p.ProtocolError(reply)
+    if not isinstance(reply, expect):
+        raise p.ProtocolError(
+            p.Error(code="internal", message=f"expected {expect.__name__}, got {reply.type}")
+        )
+    return reply
+
+
+class MetricBuffer:
+    """Metric points for one goal, sent in batches: when MAX_POINTS have gathered, when the oldest
+    has waited `max_delay` seconds (checked as points are added), and on flush() or exit.
+
+        async with MetricBuffer(runner, goal_id) as metrics:
+            for step in ...:
+                await metrics.add("loss", loss, step)
+
+    A step-by-step logger sends one request per batch instead of one per point (issue 13)."""
+
+    def __init__(
+        self,
+        runner: RunnerClient,
+        goal_id: int,
+        *,
+        experiment_id: int | None = None,
+        max_points: int = p.MAX_POINTS,
+        max_delay: float = 1.0,
+    ):
+        self.runner = runner
+        self.goal_id = goal_id
+        self.experiment_id = experiment_id
+        self.max_points = min(max_points, p.MAX_POINTS)
+        self.max_delay = max_delay
+        self._points: list[MetricPoint] = []
+        self._oldest = 0.0
+
+    async def add(self, name: str, value: float, step: float | None = None) -> None:
+        if not self._points:
+            self._oldest = time.monotonic()
+        self._points.append(MetricPoint(name=name, value=value, step=step))
+        if len(self._points) >= self.max_points or time.monotonic() - self._oldest >= self.max_delay:
+            await self.flush()
+
+    async def flush(self) -> None:
+        points, self._points = self._points, []
+        if points:
+            await self.runner.call(
+                p.LogMetrics, p.Done, goal_id=self.goal_id, points=points, experiment_id=self.experiment_id
+            )
+
+    async def __aenter__(self) -> MetricBuffer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.flush()
 
 
 def _salvage(line: bytes, exc: ValidationError) -> p.EventMessage | p.Error | None:

@@ -14,8 +14,10 @@ each field are below. `internal` is only ever a bug in the runner, never the cli
 
 from __future__ import annotations
 
+import functools
+import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -37,6 +39,7 @@ from goaltender.storage.records import (
 
 PROTOCOL_VERSION = 1
 MAX_LINE = 1024 * 1024  # bytes, newline included
+MAX_POINTS = 10_000  # metric points in one log_metrics request
 
 # ---- bounded values: every number a request carries fits SQLite and datetime arithmetic ----
 
@@ -88,13 +91,15 @@ def _sensible_budget(budget: Budget) -> Budget:
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Schemas are built on a model's first use, not at import: a CLI verb uses two or three of
+    # these models, and building all of them cost most of its start-up (issue 13).
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Request(Message):
     # NaN and infinities are refused on the wire (runner/wire.py), and here too for requests made
     # in Python (the CLI), before they are sent.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
     id: RequestId
     type: str  # each request narrows it to its own literal
@@ -224,7 +229,7 @@ class ReportMilestone(Request):
 class LogMetrics(Request):
     type: Literal["log_metrics"] = "log_metrics"
     goal_id: RowId
-    points: list[MetricPoint] = Field(min_length=1, max_length=10_000)
+    points: list[MetricPoint] = Field(min_length=1, max_length=MAX_POINTS)
     experiment_id: RowId | None = None
 
 
@@ -462,9 +467,18 @@ AnyReply = Annotated[
     Field(discriminator="type"),
 ]
 
-_requests: TypeAdapter[AnyRequest] = TypeAdapter(AnyRequest)
-_replies: TypeAdapter[AnyReply] = TypeAdapter(AnyReply)
-REQUEST_TYPES = frozenset(m.model_fields["type"].default for m in Request.__subclasses__())
+# Each message is validated by the model its `type` names (read first), so only the models in use
+# are ever built; the whole union is built only for a reply of a type this client does not know.
+REQUEST_MODELS: dict[str, type[Request]] = {
+    m.model_fields["type"].default: m for m in Request.__subclasses__()
+}
+REPLY_MODELS: dict[str, type[Reply]] = {m.model_fields["type"].default: m for m in Reply.__subclasses__()}
+REQUEST_TYPES = frozenset(REQUEST_MODELS)
+
+
+@functools.cache
+def _replies() -> TypeAdapter[AnyReply]:
+    return TypeAdapter(AnyReply)
 
 
 class ProtocolError(Exception):
@@ -500,7 +514,7 @@ def parse_request(line: bytes) -> AnyRequest | Error:
             id=request_id, code="unknown_type", message=f"unknown type {kind[:40]!r}; known: {known}"
         )
     try:
-        return _requests.validate_python(raw)
+        return cast(AnyRequest, REQUEST_MODELS[kind].model_validate(raw))
     except ValidationError as exc:
         return Error(id=request_id, code="bad_request", message=f"invalid {kind}: {_problems(exc)}")
 
@@ -510,7 +524,7 @@ MAX_PROBLEMS = 5  # an error names the first few; the reply stays a short line w
 
 def _problems(exc: ValidationError) -> str:
     errors = exc.errors(include_url=False, include_input=False)
-    named = [f"{_where(err['loc'][1:])}: {err['msg']}" for err in errors[:MAX_PROBLEMS]]
+    named = [f"{_where(err['loc'])}: {err['msg']}" for err in errors[:MAX_PROBLEMS]]
     if len(errors) > MAX_PROBLEMS:
         named.append(f"and {len(errors) - MAX_PROBLEMS} more")
     return "; ".join(named)
@@ -521,5 +535,18 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part)[:40] for part in loc) or "message"
 
 
+_REPLY_TYPE = re.compile(rb'"type":"([a-z_]{1,40})"')
+
+
 def parse_reply(line: bytes) -> AnyReply:
-    return _replies.validate_json(line)
+    """One reply line as its model; ValidationError when it is none this client knows."""
+    # encode() writes `type` near the start, so its model is guessed without parsing the line; a
+    # wrong guess fails (each model's `type` is a literal) and the whole union decides instead.
+    found = _REPLY_TYPE.search(line, 0, 400)
+    model = REPLY_MODELS.get(found.group(1).decode()) if found else None
+    if model is not None:
+        try:
+            return cast(AnyReply, model.model_validate_json(line))
+        except ValidationError:
+            pass
+    return _replies().validate_json(line)

@@ -13,7 +13,8 @@ def utcnow() -> datetime:
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Schemas are built on first use: a CLI verb (a process each) needs few of these (issue 13).
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 GoalState = Literal[
