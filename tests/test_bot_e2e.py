@@ -17,13 +17,13 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from conftest import blocks_text, eventually
+from daemons import Daemon
 from fake_slack import ALICE, BOB, FakeSlack
 from ssh_box import SSHBox
 
@@ -410,44 +410,6 @@ async def test_ssh_drops_mid_campaign_lose_and_repeat_nothing(fake, make_bot, st
     assert "finished" in blocks_text(fake.message(general, card.ts))
 
 
-class BotProcess:
-    """`goaltender bot` as a real subprocess, configured through its environment."""
-
-    def __init__(self, env: dict[str, str], logs: Path):
-        self.env = env
-        self.logs = logs
-        self.starts = 0
-        self.proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def log(self) -> Path:
-        return self.logs / f"bot-{self.starts}.log"
-
-    async def start(self) -> None:
-        self.starts += 1
-        with self.log.open("wb") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "goaltender.cli", "bot", env=self.env, stdout=out, stderr=out
-            )
-
-    async def wait_linked(self) -> None:
-        """Until this process's link to the runner has subscribed (it logs that)."""
-        await eventually(lambda: "subscribed since seq" in self.log.read_text(), 60)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-
-
 async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, monkeypatch):
     """The bot runs as `goaltender bot`. It is SIGKILLed right after Slack took the approval
     prompt (before it heard back), restarted, and the owner's ✅ on that prompt still decides it;
@@ -464,7 +426,7 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
         "GOALTENDER_OUTBOX_INTERVAL_S": "0.05",
     }
     env.pop("GOALTENDER_CONFIG", None)
-    bot = BotProcess(env, tmp_path)
+    bot = Daemon("bot", env, tmp_path)
     general = fake.general
 
     # The crash window: Slack has stored the approval prompt, the bot dies before it hears back.
@@ -484,7 +446,7 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
         _, ack, card = await open_goal(fake, star_goal(2))
         assert "goal #1 on box" in ack.text.lower()
         prompt = await fake.wait_for_message(general, thread_ts=card.ts, text="Approval needed", timeout=60)
-        assert await asyncio.wait_for(bot.proc.wait(), 30) == -signal.SIGKILL
+        await bot.killed()
 
         await bot.start()
         await fake.wait_connected(2, timeout=60)
@@ -501,7 +463,7 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
             # Killed again wherever the campaign is when the first result is logged.
             await runner_reached(runner, 1, lambda d: isinstance(d, ExperimentFinished))
             bot.kill()
-            assert await asyncio.wait_for(bot.proc.wait(), 30) == -signal.SIGKILL
+            await bot.killed()
             await bot.start()
             await fake.wait_connected(3, timeout=60)
             events = await wait_for_whole_thread(fake, runner, general, card.ts, 1)

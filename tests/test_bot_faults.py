@@ -15,13 +15,13 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import blocks_text, eventually, write_agent
+from daemons import Daemon
 from fake_slack import ALICE, FakeSlack
 
 from goaltender.bot.config import BotSettings
@@ -41,44 +41,6 @@ for step in first second; do
 done
 sleep 60
 """
-
-
-class BotProcess:
-    """`goaltender bot` as a subprocess, its stdout and stderr in one log file."""
-
-    def __init__(self, env: dict[str, str], log: Path):
-        self.env = env
-        self.log = log
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        with self.log.open("wb") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "goaltender.cli", "bot", env=self.env, stdout=out, stderr=out
-            )
-
-    def lines(self) -> list[str]:
-        return self.log.read_text().splitlines()
-
-    async def logged(self, *words: str, timeout: float = 30) -> str:
-        """The first log line holding all `words` (waiting for it)."""
-
-        def line() -> str | None:
-            return next((each for each in self.lines() if all(w in each for w in words)), None)
-
-        try:
-            return await eventually(line, timeout)
-        except TimeoutError:
-            raise AssertionError(f"no log line with {words}:\n{self.log.read_text()[-4000:]}") from None
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
 
 
 def bot_env(fake: FakeSlack, home: Path, socket: Path, **settings: str) -> dict[str, str]:
@@ -108,15 +70,17 @@ async def gated(start_runner, tmp_path):
 @pytest.fixture
 async def start_bot(fake, gated, tmp_path):
     """Start `goaltender bot` linked to the gated runner; wait until Slack and the runner are up."""
-    bots: list[BotProcess] = []
+    bots: list[Daemon] = []
 
-    async def start(**settings: str) -> BotProcess:
+    async def start(**settings: str) -> Daemon:
         env = bot_env(fake, tmp_path / "bot-home", gated.settings.socket_path, **settings)
-        bot = BotProcess(env, tmp_path / f"bot-{len(bots)}.log")
+        logs = tmp_path / f"bot-{len(bots)}"
+        logs.mkdir()
+        bot = Daemon("bot", env, logs)
         bots.append(bot)
         await bot.start()
         await fake.wait_connected(len(bots), timeout=60)
-        await bot.logged("subscribed since seq")
+        await bot.wait_linked()
         return bot
 
     yield start

@@ -10,18 +10,17 @@ own (pytest -m soak), after the main suite; a few minutes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import signal
 import sqlite3
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import eventually
+from daemons import Daemon
 from fake_slack import ALICE
-from test_bot_e2e import RUNNER, BotProcess, assert_thread_matches_log, open_goal, wait_for_whole_thread
+from test_bot_e2e import RUNNER, assert_thread_matches_log, open_goal, wait_for_whole_thread
 
 from goaltender.storage.records import MetricsLogged, MilestoneReported
 from goaltender.storage.runner_store import RunnerStore
@@ -33,38 +32,6 @@ MILESTONE_EVERY = 100
 FAULT_EVERY = 1_500  # events between faults: 33 faults over the campaign
 FAULTS = ("ssh", "ssh", "bot", "ssh", "ssh", "runner")
 AGENT = Path(__file__).with_name("soak_agent.py")
-
-
-class RunnerProcess:
-    """`goaltender runner` as a real subprocess, configured through its environment."""
-
-    def __init__(self, env: dict[str, str], logs: Path):
-        self.env = env
-        self.logs = logs
-        self.starts = 0
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self, socket: Path) -> None:
-        self.starts += 1
-        with (self.logs / f"runner-{self.starts}.log").open("wb") as out:
-            self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "goaltender.cli", "runner", env=self.env, stdout=out, stderr=out
-            )
-        await eventually(socket.exists, 60)
-
-    async def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        assert await asyncio.wait_for(self.proc.wait(), 30) == -signal.SIGKILL
-
-    async def stop(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.proc.wait(), 30)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
 
 
 def head(db: Path) -> int:
@@ -82,7 +49,8 @@ class StoreView:
 
 async def test_soak(fake, ssh_box, tmp_path, short_dir):
     home, socket = tmp_path / "runner-home", short_dir / "runner.sock"
-    runner = RunnerProcess(
+    runner = Daemon(
+        "runner",
         {
             **os.environ,
             "GOALTENDER_HOME": str(home),
@@ -110,10 +78,11 @@ async def test_soak(fake, ssh_box, tmp_path, short_dir):
     }
     for env in (runner.env, bot_env):
         env.pop("GOALTENDER_CONFIG", None)
-    bot = BotProcess(bot_env, tmp_path)
+    bot = Daemon("bot", bot_env, tmp_path)
     done = {"ssh": 0, "bot": 0, "runner": 0}
     try:
-        await runner.start(socket)
+        await runner.start()
+        await runner.logged("listening on", timeout=60)
         await bot.start()
         await fake.wait_connected(1, timeout=60)
         await bot.wait_linked()
@@ -131,11 +100,13 @@ async def test_soak(fake, ssh_box, tmp_path, short_dir):
                 box.drop()
             elif fault == "bot":
                 bot.kill()
-                assert await asyncio.wait_for(bot.proc.wait(), 30) == -signal.SIGKILL
+                await bot.killed()
                 await bot.start()
             else:
-                await runner.kill()
-                await runner.start(socket)
+                runner.kill()
+                await runner.killed()
+                await runner.start()
+                await runner.logged("listening on", timeout=60)
             done[fault] += 1
 
         store = await RunnerStore.open(db)
@@ -146,7 +117,7 @@ async def test_soak(fake, ssh_box, tmp_path, short_dir):
             await store.close()
     finally:
         await bot.stop()
-        await runner.stop()
+        await runner.stop(grace=30)
 
     assert len(events) >= 50_000 and done["ssh"] >= 20 and done["bot"] >= 5 and done["runner"] >= 5, done
     steps = [int(p.step) for e in events if isinstance(e.data, MetricsLogged) for p in e.data.points]
