@@ -16,6 +16,7 @@ import logging
 import signal
 import sqlite3
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from goaltender.runner import protocol as p
@@ -35,8 +36,8 @@ from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.supervisor import read_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
-from goaltender.storage.records import HubFetched, MilestoneReported, utcnow
-from goaltender.storage.runner_store import RunnerStore
+from goaltender.storage.records import Goal, HubFetched, MilestoneReported, utcnow
+from goaltender.storage.runner_store import Ledger, RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 log = logging.getLogger("goaltender.runner")
@@ -270,8 +271,11 @@ class Runner:
         if req.goal_id is not None:
             await self.campaigns.goal(req.goal_id)
             return p.StatusReply(goals=[await self._status(req.goal_id)])
+        # A handful of queries for all the goals together: a long history costs no query per goal.
         goals = await self.store.list_goals(active_only=req.active_only)
-        return p.StatusReply(goals=[await self._status(g.id) for g in goals])
+        ledgers = await self.store.ledgers([goal.id for goal in goals])
+        now = utcnow()
+        return p.StatusReply(goals=[_goal_status(goal, ledgers[goal.id], now) for goal in goals])
 
     async def _on_summary(self, req: p.Summary, who: Principal) -> p.Reply:
         goal = await self.campaigns.goal(req.goal_id)
@@ -371,6 +375,18 @@ class Runner:
             pending_approvals=await self.store.pending_approvals(goal_id),
             stop_status=stop_status(goal.budget, attempted, compute_used, utcnow()),
         )
+
+
+def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:
+    return p.GoalStatus(
+        goal=goal,
+        attempted=ledger.attempted,
+        compute_hours_used=ledger.compute_hours_used,
+        best=ledger.best,
+        running=ledger.running,
+        pending_approvals=ledger.pending_approvals,
+        stop_status=stop_status(goal.budget, ledger.attempted, ledger.compute_hours_used, now),
+    )
 
 
 async def run_forever(settings: RunnerSettings) -> None:

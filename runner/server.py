@@ -39,7 +39,7 @@ from goaltender.storage.records import Event
 from goaltender.storage.runner_store import RunnerStore
 
 log = logging.getLogger("goaltender.runner")
-STREAM_BATCH = 500  # events read from the log per query when streaming to a subscriber
+STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
 
 # Each handler takes its own request type and who asks; the table is keyed by that type.
 Handler = Callable[[Any, Principal], Awaitable[p.Reply]]
@@ -236,9 +236,9 @@ class SocketServer:
         while True:
             wake = self._new_events
             events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
-            for event in events:
-                await conn.send(p.EventMessage(event=event))
-                last = event.seq
+            if events:  # a batch goes in one write: a replay is not a drain per event
+                await conn.send_all([p.EventMessage(event=event) for event in events])
+                last = events[-1].seq
             if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
                 await wake.wait()
 
@@ -272,13 +272,23 @@ class _Connection:
         # The reader's limit counts bytes before the newline: one more may slip through.
         return _TOO_LONG if len(line) > p.MAX_LINE else line or None
 
-    async def send(self, message: p.Message) -> None:
-        """Write one message. Everything that leaves the runner passes here, and is redacted here."""
+    def _line(self, message: p.Message) -> bytes:
         if isinstance(message, p.LogReply):  # a chunk of a log may start or end inside a secret
             message = message.model_copy(update={"text": self.redactor.redact_edges(message.text)})
-        line = self.redactor.redact_line(p.encode(message))
+        return self.redactor.redact_line(p.encode(message))
+
+    async def send(self, message: p.Message) -> None:
+        """Write one message. Everything that leaves the runner passes here, and is redacted here."""
+        line = self._line(message)
         async with self._write_lock:
             self.writer.write(line)
+            await self.writer.drain()
+
+    async def send_all(self, messages: list[p.Message]) -> None:
+        """Write several messages, one line each, with one drain."""
+        lines = b"".join(self._line(message) for message in messages)
+        async with self._write_lock:
+            self.writer.write(lines)
             await self.writer.drain()
 
     def close(self) -> None:

@@ -124,4 +124,10 @@ MIGRATIONS = [
     """
     ALTER TABLE goals ADD COLUMN paused_for_disk INTEGER NOT NULL DEFAULT 0;
     """,
+    # 5: a long history must not slow status: the active goals and the pending approvals are found
+    # on an index, not by reading every row
+    """
+    CREATE INDEX goals_by_state ON goals (state, id);
+    CREATE INDEX approvals_by_state ON approvals (state, goal_id);
+    """,
 ]

@@ -16,9 +16,10 @@ import json
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, get_args
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -212,10 +213,20 @@ class RunnerStore:
         row = await self.db.fetchone("SELECT * FROM goals WHERE id = ?", (goal_id,))
         return _goal(row) if row else None
 
-    async def list_goals(self, active_only: bool = False) -> list[Goal]:
-        rows = await self.db.fetchall("SELECT * FROM goals ORDER BY id")
-        goals = [_goal(row) for row in rows]
-        return [g for g in goals if g.active] if active_only else goals
+    async def list_goals(
+        self, active_only: bool = False, *, limit: int | None = None, before: int | None = None
+    ) -> list[Goal]:
+        """Goals, oldest first; with `limit`, the newest `limit` of them (ids under `before`, when
+        given). The state is filtered here, in SQL on its index: a long history costs nothing."""
+        where, params = _goal_filter(active_only, before)
+        if limit is None:
+            rows = await self.db.fetchall(f"SELECT * FROM goals {where} ORDER BY id", params)
+        else:
+            rows = await self.db.fetchall(
+                f"SELECT * FROM (SELECT * FROM goals {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
+                [*params, limit],
+            )
+        return [_goal(row) for row in rows]
 
     @_waits_for_space
     async def set_goal_state(
@@ -444,6 +455,21 @@ class RunnerStore:
         )
         return int(row[0]), float(row[1])
 
+    async def ledgers(self, goal_ids: list[int]) -> dict[int, Ledger]:
+        """Each goal's ledger in brief (what a status shows), for many goals in four queries: the
+        totals grouped per goal, the best and the running experiment, never the whole ledger."""
+        ids = json.dumps(goal_ids)  # one parameter, however many goals
+        ledgers = {goal_id: Ledger() for goal_id in goal_ids}
+        for row in await self.db.fetchall(_LEDGER_TOTALS, (ids,)):
+            ledgers[row[0]].attempted, ledgers[row[0]].compute_hours_used = int(row[1]), float(row[2])
+        for row in await self.db.fetchall(_BEST_EXPERIMENTS, (ids,)):
+            ledgers[row["goal_id"]].best = _experiment(row)
+        for row in await self.db.fetchall(_RUNNING_EXPERIMENTS, (ids,)):
+            ledgers[row["goal_id"]].running = _experiment(row)
+        for row in await self.db.fetchall(_PENDING_APPROVALS_OF, (ids,)):
+            ledgers[row["goal_id"]].pending_approvals.append(_approval(row))
+        return ledgers
+
     # ---- metrics ----
 
     @_waits_for_space
@@ -625,6 +651,55 @@ class RunnerStore:
         return row is not None
 
 
+@dataclass
+class Ledger:
+    """A goal's ledger in brief: what its status shows."""
+
+    attempted: int = 0  # interrupted runs are not counted as attempted (Experiment.counted)
+    compute_hours_used: float = 0.0
+    best: Experiment | None = None  # runner/report.py's best_experiment, chosen in SQL
+    running: Experiment | None = None  # the newest running one
+    pending_approvals: list[Approval] = field(default_factory=list)
+
+
+# Named states (not NOT IN the terminal ones), so that the goals_by_state index answers it.
+_ACTIVE_STATES = [state for state in get_args(GoalState) if state not in TERMINAL_STATES]
+_ACTIVE = "state IN ({})".format(", ".join(f"'{state}'" for state in _ACTIVE_STATES))
+_OF_GOALS = "goal_id IN (SELECT value FROM json_each(?))"
+_LEDGER_TOTALS = (
+    "SELECT goal_id, SUM(status != 'interrupted'), COALESCE(SUM(compute_hours), 0) "
+    f"FROM experiments WHERE {_OF_GOALS} GROUP BY goal_id"
+)
+# The kept experiment with the best headline, the first (lowest idx) of equals, as best_experiment.
+_BEST_EXPERIMENTS = f"""
+    SELECT * FROM (
+        SELECT e.*, ROW_NUMBER() OVER (
+            PARTITION BY e.goal_id
+            ORDER BY CASE WHEN g.direction = 'maximize' THEN -e.metric_value ELSE e.metric_value END, e.idx
+        ) AS rank
+        FROM experiments e JOIN goals g ON g.id = e.goal_id
+        WHERE e.{_OF_GOALS} AND e.status = 'keep' AND e.metric_value IS NOT NULL
+    ) WHERE rank = 1
+"""
+_RUNNING_EXPERIMENTS = f"""
+    SELECT * FROM (
+        SELECT *, ROW_NUMBER() OVER (PARTITION BY goal_id ORDER BY idx DESC) AS rank
+        FROM experiments WHERE {_OF_GOALS} AND status = 'running'
+    ) WHERE rank = 1
+"""
+_PENDING_APPROVALS_OF = f"SELECT * FROM approvals WHERE state = 'pending' AND {_OF_GOALS} ORDER BY id"
+
+
+def _goal_filter(active_only: bool, before: int | None) -> tuple[str, list[Any]]:
+    conditions, params = [], []
+    if active_only:
+        conditions.append(_ACTIVE)
+    if before is not None:
+        conditions.append("id < ?")
+        params.append(before)
+    return ("WHERE " + " AND ".join(conditions) if conditions else ""), params
+
+
 def _goal(row: sqlite3.Row) -> Goal:
     data = dict(row)
     data.pop("agent_report")
@@ -635,6 +710,7 @@ def _goal(row: sqlite3.Row) -> Goal:
 
 def _experiment(row: sqlite3.Row) -> Experiment:
     data = dict(row)
+    data.pop("rank", None)  # a window query's own column
     data["index"] = data.pop("idx")
     data["command"] = json.loads(data["command"])
     data["params"] = json.loads(data["params"])

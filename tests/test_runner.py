@@ -15,8 +15,9 @@ from conftest import BIN, approval_prompts, events_until_report, eventually, sub
 
 from goaltender import cli
 from goaltender.runner import protocol as p
+from goaltender.runner import server
 from goaltender.runner.supervisor import group_members
-from goaltender.storage.records import ExperimentStarted
+from goaltender.storage.records import Budget, ExperimentStarted, MilestoneReported
 
 
 def kinds(events):
@@ -343,3 +344,44 @@ def _cmdline(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+
+
+async def test_a_replay_is_whole_and_in_order_across_batches(start_runner, connect, monkeypatch):
+    monkeypatch.setattr(server, "STREAM_BATCH", 7)
+    runner = await start_runner()
+    for i in range(30):
+        await runner.store.append_event(None, MilestoneReported(title=f"m{i}"))
+    head = await runner.store.head_seq()
+    since = 10  # inside the second batch of 7
+    client = await connect(runner)
+    assert await client.subscribe(since=since) == head
+    seen = []
+    async for event in client.events():
+        seen.append(event.seq)
+        if event.seq >= head:
+            break
+    assert seen == list(range(since + 1, head + 1))
+
+
+async def test_active_only_status_among_many_finished_goals(start_runner, connect, tmp_path):
+    runner = await start_runner()
+    goals = [
+        await runner.store.create_goal(
+            text=f"g{i}",
+            owner="ana",
+            agent="sweep",
+            budget=Budget(),
+            metric=None,
+            direction="maximize",
+            target=None,
+            workspace_root=tmp_path / "ws",
+        )
+        for i in range(25)
+    ]
+    for goal in goals[:-2]:
+        await runner.store.set_goal_state(goal.id, "finished", "done")
+    client = await connect(runner)
+    reply = await client.call(p.Status, p.StatusReply, active_only=True)
+    assert [s.goal.id for s in reply.goals] == [g.id for g in goals[-2:]]
+    assert all(s.attempted == 0 and s.best is None for s in reply.goals)
+    assert len((await client.call(p.Status, p.StatusReply)).goals) == 25

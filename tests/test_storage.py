@@ -173,3 +173,73 @@ async def test_database_busy_timeout_and_wal(tmp_path):
     assert (await db.fetchone("PRAGMA busy_timeout"))[0] >= 5000
     assert (await db.fetchone("PRAGMA foreign_keys"))[0] == 1
     await db.close()
+
+
+async def test_history_indexes_exist_and_answer_the_status_queries(tmp_path):
+    store = await RunnerStore.open(tmp_path / "runner.db")
+    names = {row[0] for row in await store.db.fetchall("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"goals_by_state", "approvals_by_state"} <= names
+    plan = await store.db.fetchall(
+        "EXPLAIN QUERY PLAN SELECT * FROM goals WHERE state IN ('running', 'paused')"
+    )
+    assert any("goals_by_state" in row[3] for row in plan)
+    await store.close()
+
+
+async def _goal_with_ledger(store: RunnerStore, tmp_path: Path, values: list[float | None]) -> int:
+    goal = await store.create_goal(
+        text="t",
+        owner="ana",
+        agent="sweep",
+        budget=Budget(),
+        metric=None,
+        direction="maximize",
+        target=None,
+        workspace_root=tmp_path / "ws",
+    )
+    for value in values:
+        e = await store.start_experiment(
+            goal.id,
+            description="d",
+            command=["x"],
+            params={},
+            metric_name="acc",
+            experiments_dir=tmp_path / "x",
+        )
+        if value is not None:  # None: left running
+            await store.finish_experiment(
+                e.id,
+                status="keep",
+                metric_value=value,
+                metrics={},
+                wall_seconds=1.0,
+                cpu_seconds=1.0,
+                compute_hours=0.25,
+                peak_rss_mb=1.0,
+                exit_code=0,
+                note=None,
+                new_best=False,
+            )
+    return goal.id
+
+
+async def test_active_goals_and_their_ledgers_among_many_finished(tmp_path):
+    store = await RunnerStore.open(tmp_path / "runner.db")
+    finished = [await _goal_with_ledger(store, tmp_path, [0.1]) for _ in range(30)]
+    for goal_id in finished:
+        await store.set_goal_state(goal_id, "finished", "done")
+    active = await _goal_with_ledger(store, tmp_path, [0.5, 0.9, 0.9, None])
+    await store.create_approval(active, kind="gpu", question="q", detail="", expires_at=utcnow())
+
+    assert [g.id for g in await store.list_goals(active_only=True)] == [active]
+    assert len(await store.list_goals()) == 31
+    assert [g.id for g in await store.list_goals(limit=3)] == [finished[-2], finished[-1], active]
+    assert [g.id for g in await store.list_goals(limit=2, before=finished[-1])] == finished[-3:-1]
+
+    ledger = (await store.ledgers([active]))[active]
+    assert (ledger.attempted, ledger.compute_hours_used) == (4, 0.75)
+    assert ledger.best is not None and ledger.best.index == 2  # the first of equals, as best_experiment
+    assert ledger.running is not None and ledger.running.index == 4
+    assert [a.goal_id for a in ledger.pending_approvals] == [active]
+    assert (await store.ledgers([finished[0]]))[finished[0]].attempted == 1
+    await store.close()
