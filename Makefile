@@ -67,6 +67,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_redact.py
 	$(BIN)/python benchmarks/bench_parsing.py
 	$(BIN)/python benchmarks/bench_wire.py
+	$(BIN)/python benchmarks/bench_history.py
 	$(BIN)/python benchmarks/bench_cli.py
 
 clean:

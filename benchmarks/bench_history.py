@@ -103,7 +103,8 @@ async def bench_status(tmp: Path) -> list[tuple[str, float, float]]:
 
         repeats = 3 if history >= 1000 else 10
         base = await best_of(20, bare_select)
-        rows.append((f"status, all goals, {history} finished", await best_of(repeats, status_all), base))
+        if history < 1000:  # all 1,000 goals' statuses make a reply over MAX_LINE: it needs pagination
+            rows.append((f"status, all goals, {history} finished", await best_of(repeats, status_all), base))
         rows.append((f"status, active only, {history} finished", await best_of(20, status_active), base))
     await client.close()
     await runner.close()
