@@ -286,8 +286,15 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     cmd.add_argument("--owner", default=os.environ.get("USER"), help="default: $USER, else who you are")
     cmd.add_argument("--agent", help="agent to run the goal (default: the runner's default)")
 
-    cmd = command("status", cmd_status, "show goals: state, budgets used, best result")
+    cmd = command(
+        "status", cmd_status, "show goals: state, budgets used, best result (active ones, or --all)"
+    )
     cmd.add_argument("goal_id", nargs="?", type=ID)
+    cmd.add_argument("--all", action="store_true", help="finished goals too, newest --limit of them")
+    cmd.add_argument(
+        "--limit", type=int, default=20, help="with --all: how many goals (default 20, at most 200)"
+    )
+    cmd.add_argument("--before", type=ID, help="with --all: goals with ids under this one (the next page)")
 
     cmd = command("summary", cmd_summary, "print a goal's summary and ledger (markdown)")
     cmd.add_argument("goal_id", type=ID)
@@ -717,14 +724,24 @@ def cmd_submit(args):
 
 
 def cmd_status(args):
-    fields = _checked(p.Status, goal_id=args.goal_id)
+    if args.goal_id is not None:
+        fields = _checked(p.Status, goal_id=args.goal_id)
+    elif args.all:  # history, a page at a time: every goal in one reply would outgrow a line
+        fields = _checked(p.Status, limit=args.limit, before=args.before)
+    else:
+        fields = _checked(p.Status, active_only=True)
 
     async def body(runner: RunnerClient):
         reply = await runner.call(p.Status, p.StatusReply, **fields)
         for status in reply.goals:
             _print_status(status)
         if not reply.goals:
-            print("no goals yet; submit one with: goaltender submit 'your goal, budget 1h'")
+            what = (
+                "no goals yet" if args.all or args.goal_id else "no active goals (--all shows finished ones)"
+            )
+            print(f"{what}; submit one with: goaltender submit 'your goal, budget 1h'")
+        elif args.all and args.goal_id is None and len(reply.goals) == args.limit:
+            print(f"(older goals: goaltender status --all --before {reply.goals[0].goal.id})")
 
     return _run(args, body)
 

@@ -272,7 +272,7 @@ class Runner:
             await self.campaigns.goal(req.goal_id)
             return p.StatusReply(goals=[await self._status(req.goal_id)])
         # A handful of queries for all the goals together: a long history costs no query per goal.
-        goals = await self.store.list_goals(active_only=req.active_only)
+        goals = await self.store.list_goals(active_only=req.active_only, limit=req.limit, before=req.before)
         ledgers = await self.store.ledgers([goal.id for goal in goals])
         now = utcnow()
         return p.StatusReply(goals=[_goal_status(goal, ledgers[goal.id], now) for goal in goals])

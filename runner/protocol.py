@@ -177,10 +177,17 @@ class Audit(Request):
     limit: int = Field(default=200, gt=0, le=10_000)
 
 
+STATUS_PAGE_MAX = 200  # goals per Status reply page: well under MAX_LINE, whatever their ledgers
+
+
 class Status(Request):
     type: Literal["status"] = "status"
     goal_id: RowId | None = None  # None: every goal
     active_only: bool = False  # only goals not yet finished, stopped or failed (cheap on a long history)
+    # A page of history: the newest `limit` goals (with ids under `before`). Without a limit every
+    # goal is listed, which on a long history makes a reply over MAX_LINE.
+    limit: int | None = Field(default=None, gt=0, le=STATUS_PAGE_MAX)
+    before: RowId | None = None
 
 
 class Summary(Request):

@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import io
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import BIN, submit, write_agent
+from conftest import BIN, eventually, submit, write_agent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -216,3 +217,38 @@ async def test_the_runner_refuses_limits_that_cannot_be(start_runner, connect, t
     assert extended.returncode == 0 and "budget changed: deadline +2h00m" in extended.stdout
     await client.call(p.Stop, p.Done, goal_id=goal_id)
     assert Path(socket).exists()
+
+
+async def test_status_shows_active_goals_and_pages_through_history(start_runner, connect, tmp_path):
+    """`goaltender status` lists the active goals; `--all` the newest --limit goals, with the
+    command for the next page: a long history never makes one reply over the line limit."""
+    runner = await start_runner(agents={"wait": write_agent(tmp_path, "wait.sh", "sleep 120\n")})
+    client = await connect(runner)
+    ids = [await submit(client, f"goal {n}, budget 1h", agent="wait") for n in range(5)]
+    for goal_id in ids[:4]:
+        await client.call(p.Stop, p.Done, goal_id=goal_id)
+
+    async def only_the_last_active() -> bool:
+        reply = await client.call(p.Status, p.StatusReply, active_only=True)
+        return [s.goal.id for s in reply.goals] == [ids[4]]
+
+    await eventually(only_the_last_active)
+    socket = str(runner.settings.socket_path)
+
+    def shown(out: subprocess.CompletedProcess[str]) -> list[int]:
+        assert out.returncode == 0, out.stderr
+        return [int(m) for m in re.findall(r"^goal #(\d+)", out.stdout, re.M)]
+
+    active = await asyncio.to_thread(run_cli, ["status"], socket=socket)
+    assert shown(active) == [ids[4]]
+    page = await asyncio.to_thread(run_cli, ["status", "--all", "--limit", "2"], socket=socket)
+    assert shown(page) == ids[3:5] and f"status --all --before {ids[3]}" in page.stdout
+    older = await asyncio.to_thread(
+        run_cli, ["status", "--all", "--limit", "2", "--before", str(ids[3])], socket=socket
+    )
+    assert shown(older) == ids[1:3]
+    assert_refused(
+        await asyncio.to_thread(run_cli, ["status", "--all", "--limit", "0"], socket=socket), "limit"
+    )
+    reply = await client.call(p.Status, p.StatusReply, limit=3)
+    assert [s.goal.id for s in reply.goals] == ids[2:5]
