@@ -38,7 +38,8 @@ from goaltender.runner.agent_env import cache_routing
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
-from goaltender.runner.secrets import Redactor
+from goaltender.runner.secrets import Redactor, url_shown
+from goaltender.training.nemo_rl import worker_venvs
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -292,7 +293,7 @@ def check_nemo_rl_venv(box: Box) -> Verdict:
     if box.on_small_disk(workers):
         return warn(
             f"{detail}: on the small disk (HOME's)",
-            f"export NEMO_RL_VENV_DIR={box.settings.cache_dir / 'nemo-rl-venvs'}",
+            f"export NEMO_RL_VENV_DIR={worker_venvs(box.settings.cache_dir)}",
         )
     return ok(detail)
 
@@ -362,16 +363,16 @@ def check_hub(box: Box) -> Verdict:
     try:
         status, _ = _http_get(url, headers, box.timeout_s)
     except OSError as exc:
-        return fail(f"cannot reach {_shown(endpoint)} ({_reason(exc)}); {token}", fix)
+        return fail(f"cannot reach {url_shown(endpoint)} ({_reason(exc)}); {token}", fix)
     if status in (401, 403):
         why = "refused the token" if headers else "wants a token"
         return fail(
-            f"{_shown(endpoint)} {why} (HTTP {status})",
+            f"{url_shown(endpoint)} {why} (HTTP {status})",
             "set HF_TOKEN to a token the hub accepts",
         )
     if status >= 500:
-        return fail(f"{_shown(endpoint)} answers HTTP {status}; {token}", fix)
-    return ok(f"{_shown(endpoint)} answers (HTTP {status}); {token}")
+        return fail(f"{url_shown(endpoint)} answers HTTP {status}; {token}", fix)
+    return ok(f"{url_shown(endpoint)} answers (HTTP {status}); {token}")
 
 
 def check_model_endpoint(box: Box) -> Verdict:
@@ -390,21 +391,21 @@ def check_model_endpoint(box: Box) -> Verdict:
         status, body = _http_get(f"{base.rstrip('/')}/models", headers, box.timeout_s)
     except OSError as exc:
         return fail(
-            f"cannot reach {_shown(base)} ({_reason(exc)})",
+            f"cannot reach {url_shown(base)} ({_reason(exc)})",
             "start the model server, or correct OPENAI_BASE_URL",
         )
     if status in (401, 403):
         return fail(
-            f"{_shown(base)} refused the key (HTTP {status}; {key})",
+            f"{url_shown(base)} refused the key (HTTP {status}; {key})",
             "set OPENAI_API_KEY to a key the endpoint accepts",
         )
     models = _model_ids(body) if status == 200 else None
     if models is None:
         return fail(
-            f"{_shown(base)}/models answers HTTP {status}: {_excerpt(body)}",
+            f"{url_shown(base)}/models answers HTTP {status}: {_excerpt(body)}",
             "check the endpoint serves the OpenAI API at that URL",
         )
-    detail = f"{_shown(base)} serves {len(models)} model{'s' * (len(models) != 1)}: {', '.join(models[:5])}{' …' * (len(models) > 5)}; {key}"
+    detail = f"{url_shown(base)} serves {len(models)} model{'s' * (len(models) != 1)}: {', '.join(models[:5])}{' …' * (len(models) > 5)}; {key}"
     chosen = box.env.get("GOALTENDER_MODEL")
     if key_var and key_var not in box.settings.grants:
         return warn(
@@ -607,7 +608,7 @@ def _worker_venvs(box: Box) -> Path:
     else in the goal's cache, where `goaltender nemo-rl` points it (training/nemo_rl.py)."""
     if value := box.env.get("NEMO_RL_VENV_DIR"):
         return Path(value).expanduser()
-    return cache_routing(box.settings, box.env)["GOALTENDER_CACHE_DIR"] / "nemo-rl" / "venvs"
+    return worker_venvs(cache_routing(box.settings, box.env)["GOALTENDER_CACHE_DIR"])
 
 
 def _clone_command(box: Box) -> str:
@@ -670,15 +671,6 @@ def _model_ids(body: bytes) -> list[str] | None:
         return sorted(str(model["id"]) for model in data)
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def _shown(url: str) -> str:
-    """`url` without any user:password@ in it."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
 
 
 def _reason(exc: OSError) -> str:

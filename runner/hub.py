@@ -45,6 +45,7 @@ from huggingface_hub.utils import filter_repo_objects, get_token, validate_repo_
 from huggingface_hub.utils import tqdm as HubBar
 
 from goaltender.runner.report import format_bytes
+from goaltender.runner.secrets import url_shown
 from goaltender.storage.records import HubFetch
 from goaltender.storage.space import free_space, is_disk_full, probe_after_failure
 
@@ -86,7 +87,8 @@ def hub_cache() -> Path:
 
 
 def endpoint() -> str:
-    return constants.ENDPOINT
+    """The hub or mirror, as messages name it (never with credentials a mirror URL may carry)."""
+    return url_shown(constants.ENDPOINT)
 
 
 def fetch(spec: FetchSpec, report: Report, *, milestone_bytes: int = MILESTONE_BYTES) -> HubFetch:

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,12 @@ def _marker(label: str, values: Iterable[str]) -> str:
         if not any(value in marker for value in values):
             return marker
     return ""
+
+
+def url_shown(url: str) -> str:
+    """`url` without any user:password@ in it: an endpoint may carry its credentials."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))

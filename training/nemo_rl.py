@@ -117,12 +117,17 @@ def _disabled(overrides: list[str], key: str) -> bool:
     return bool(values) and values[-1].lower() in ("false", "0", "no")
 
 
+def worker_venvs(cache: Path) -> Path:
+    """Where NeMo RL builds its per-worker venvs, under a goal's cache (unless the box says)."""
+    return cache / "nemo-rl" / "venvs"
+
+
 def run_environment(environ: Mapping[str, str], checkout: Path | None, run_dir: Path) -> dict[str, str]:
     """The trainer's environment: NeMo RL's and NeMo Gym's per-worker venvs in the cache on the big
     disk (shared by runs: they take minutes to build), not in the checkout."""
     env = dict(environ)
     cache = Path(env.get("GOALTENDER_CACHE_DIR") or run_dir / "cache")
-    env.setdefault("NEMO_RL_VENV_DIR", str(cache / "nemo-rl" / "venvs"))
+    env.setdefault("NEMO_RL_VENV_DIR", str(worker_venvs(cache)))
     env.setdefault("NEMO_GYM_VENV_DIR", str(cache / "nemo-gym" / "venvs"))
     if "HF_HOME" in env:  # NeMo Gym points the datasets cache at ./cache when it is unset
         env.setdefault("HF_DATASETS_CACHE", str(Path(env["HF_HOME"]) / "datasets"))
