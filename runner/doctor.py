@@ -37,6 +37,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import cache_routing
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.gpus import Gpu, Gpus, NoDriver, read_all_gpus
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
 from goaltender.runner.secrets import Redactor, url_shown
 from goaltender.training.nemo_rl import worker_venvs
@@ -93,50 +94,6 @@ class Finding:
         return line + "".join(f"\n       {row}" for row in self.snippet.splitlines())
 
 
-# ---- the NVML boundary ----
-
-
-@dataclass(frozen=True)
-class Gpu:
-    name: str
-    memory_mib: int
-
-
-@dataclass(frozen=True)
-class Gpus:
-    driver: str
-    cuda: str
-    devices: list[Gpu]
-
-
-class NoDriver(Exception):
-    """NVML cannot start: no NVIDIA driver (or no nvidia-ml-py) on this box."""
-
-
-def read_gpus() -> Gpus:
-    """What the NVIDIA driver reports, through NVML: the one function that talks to it (tests
-    give the doctor another)."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise NoDriver("nvidia-ml-py is not installed") from exc
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise NoDriver(str(exc)) from exc
-    try:
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040 for 12.4
-        devices = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            devices.append(Gpu(str(pynvml.nvmlDeviceGetName(handle)), int(memory.total) // 2**20))
-        driver = str(pynvml.nvmlSystemGetDriverVersion())
-        return Gpus(driver, f"{cuda // 1000}.{cuda % 1000 // 10}", devices)
-    finally:
-        pynvml.nvmlShutdown()
-
-
 # ---- the box ----
 
 
@@ -147,7 +104,7 @@ class Box:
 
     settings: RunnerSettings
     env: Mapping[str, str]
-    read_gpus: Callable[[], Gpus] = read_gpus
+    read_gpus: Callable[[], Gpus] = read_all_gpus
     timeout_s: float = 5.0
     ssh_port: int = 22
     user_home: Path = field(default_factory=Path.home)

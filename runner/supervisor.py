@@ -94,6 +94,23 @@ class _Tail:
         return [raw.decode(errors="replace") for raw in lines]
 
 
+class LiveMetrics:
+    """A run's metrics as they are written: its log and the metrics.jsonl beside it, read for new
+    whole lines; series points go to `on_points`, `key: value` lines to the summary."""
+
+    def __init__(
+        self, beneath: Path, log_path: Path, on_points: Callable[[list[MetricPoint]], Awaitable[None]]
+    ):
+        self.parser = MetricParser()
+        self.tails = [_Tail(beneath, log_path), _Tail(beneath, log_path.parent / "metrics.jsonl")]
+        self.on_points = on_points
+
+    async def drain(self, final: bool = False) -> None:
+        points = [p for tail in self.tails for line in tail.read_lines(final) for p in self.parser.feed(line)]
+        if points:
+            await self.on_points(points)
+
+
 @dataclass
 class ProcessResult:
     exit_code: int | None  # None when killed by a signal
@@ -243,19 +260,14 @@ async def run_supervised(
 
     However it ends (exit, timeout, cancellation) its wall and CPU time are measured: a cancelled
     run raises RunCancelled carrying them."""
-    parser = MetricParser()
-    tails = [_Tail(beneath, log_path), _Tail(beneath, log_path.parent / "metrics.jsonl")]
+    follow = LiveMetrics(beneath, log_path, on_points)
+    parser, drain = follow.parser, follow.drain
     started = time.monotonic()
     proc = spawn(launch, log_path=log_path, beneath=beneath)
     waiter = asyncio.ensure_future(wait_process(proc))
     # A timer, not a check between reads: a metrics write waiting for disk space must not stop
     # the timeout from being enforced.
     timer = asyncio.ensure_future(_kill_after(timeout_s, proc.pid, waiter, grace_s))
-
-    async def drain(final: bool = False) -> None:
-        points = [p for tail in tails for line in tail.read_lines(final) for p in parser.feed(line)]
-        if points:
-            await on_points(points)
 
     try:
         await on_start(proc.pid)

@@ -22,9 +22,6 @@ from goaltender.runner.config import RunnerSettings
 from goaltender.runner.doctor import (
     CHECKS,
     Box,
-    Gpu,
-    Gpus,
-    NoDriver,
     check_caches,
     check_disk,
     check_gpu,
@@ -36,8 +33,10 @@ from goaltender.runner.doctor import (
     check_ssh,
     run_checks,
 )
+from goaltender.runner.gpus import Gpu, Gpus, NoDriver
 
 GOALTENDER = str(Path(sys.executable).parent / "goaltender")
+FAKE_NVML = Path(__file__).parent / "fake_nvml"
 OPENAI_KEY = "sk-doctor-planted-0123456789abcdef"
 HF_TOKEN = "hf_doctorPlantedToken0123456789"
 LEFT_OUT = ("HF_", "OPENAI_", "GOALTENDER_", "NEMO_", "CUDA_VISIBLE_DEVICES", "HUGGING_FACE")
@@ -195,42 +194,6 @@ async def test_a_bad_setting_is_one_fail_line(tmp_path):
 
 # ---- GPUs: NVML faked ----
 
-FAKE_PYNVML = """\
-class NVMLError(Exception):
-    pass
-
-GPUS = {gpus!r}
-
-def nvmlInit():
-    if GPUS is None:
-        raise NVMLError("Driver Not Loaded")
-
-def nvmlShutdown():
-    pass
-
-def nvmlSystemGetDriverVersion():
-    return "550.54.15"
-
-def nvmlSystemGetCudaDriverVersion():
-    return 12040
-
-def nvmlDeviceGetCount():
-    return len(GPUS)
-
-def nvmlDeviceGetHandleByIndex(index):
-    return index
-
-def nvmlDeviceGetName(handle):
-    return GPUS[handle][0]
-
-class _Memory:
-    def __init__(self, total):
-        self.total, self.used, self.free = total, 0, total
-
-def nvmlDeviceGetMemoryInfo(handle):
-    return _Memory(GPUS[handle][1] * 2**20)
-"""
-
 
 @pytest.mark.parametrize(
     ("gpus", "expected"),
@@ -245,11 +208,12 @@ def nvmlDeviceGetMemoryInfo(handle):
 async def test_gpus_through_a_fake_nvml_module(tmp_path, gpus, expected):
     # The real read_gpus, in the real CLI, over a pynvml that answers like a 2-GPU box (or a box
     # with no driver).
-    (tmp_path / "fake").mkdir()
-    (tmp_path / "fake" / "pynvml.py").write_text(FAKE_PYNVML.format(gpus=gpus))
+    devices = None if gpus is None else [{"name": name, "memory_mib": mib} for name, mib in gpus]
+    (tmp_path / "nvml.json").write_text(json.dumps({"devices": devices}))
     env = box_env(
         tmp_path,
-        PYTHONPATH=str(tmp_path / "fake"),
+        PYTHONPATH=str(FAKE_NVML),
+        FAKE_NVML_STATE=str(tmp_path / "nvml.json"),
         GOALTENDER_HOME=str(tmp_path / "home"),
         GOALTENDER_GYM_VENV=str(tmp_path / "none"),
         HF_HUB_OFFLINE="1",
@@ -260,7 +224,7 @@ async def test_gpus_through_a_fake_nvml_module(tmp_path, gpus, expected):
 
 def test_gpu_check_with_an_injected_reader(tmp_path):
     def two_gpus() -> Gpus:
-        return Gpus("550.54.15", "12.4", [Gpu("NVIDIA A100-SXM4-40GB", 40960), Gpu("NVIDIA L4", 23034)])
+        return Gpus("550.54.15", "12.4", [Gpu(0, "NVIDIA A100-SXM4-40GB", 40960), Gpu(1, "NVIDIA L4", 23034)])
 
     def no_driver() -> Gpus:
         raise NoDriver("NVML Shared Library Not Found")

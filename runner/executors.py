@@ -1,0 +1,95 @@
+"""Where an experiment's processes run: on this box (local), as a Ray job, or as a Slurm job.
+
+One interface for all three. The runner keeps supervising whichever runs it: the process's output
+ends up in the experiment's run.log (written there by the process, or copied there from the
+engine's log as it grows), metrics are read from it as they come (LiveMetrics), the per-run
+timeout and a stop cancel it, and a ProcessResult says what it used. A remote job outlives a
+runner restart: `attach` follows it again from its Placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from goaltender.runner.sandbox import Sandbox
+from goaltender.runner.supervisor import Launch, ProcessResult, run_supervised
+from goaltender.storage.records import Goal, MetricPoint
+
+EXECUTORS = ("local", "ray", "slurm")
+OnPoints = Callable[[list[MetricPoint]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a process runs: which executor, on what (a box, a Ray address, a Slurm cluster), and
+    its id there (a pid, a Ray submission id, a Slurm job id)."""
+
+    executor: str
+    host: str
+    job_id: str
+
+
+OnStart = Callable[[Placement], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process of an experiment (its run, or its eval command)."""
+
+    goal: Goal
+    command: list[str]
+    cwd: Path
+    env: dict[str, str]  # CUDA_VISIBLE_DEVICES included when this box assigned GPUs
+    log_path: Path  # inside the goal's workspace
+    name: str  # e.g. goaltender-g3-e12: how the job shows in the engine's queue
+    gpus: int  # GPUs it asks for (a remote engine picks them; locally they are in env)
+    timeout_s: float | None
+    grace_s: float
+
+
+class Executor(Protocol):
+    name: str
+
+    async def run(self, job: Job, *, on_points: OnPoints, on_start: OnStart) -> ProcessResult:
+        """Start the job and follow it to its end. Cancelled, it stops the job (a remote one is
+        cancelled in its engine) and raises RunCancelled with what it used."""
+        ...
+
+    async def attach(self, job: Job, placement: Placement, *, on_points: OnPoints) -> ProcessResult:
+        """After a runner restart: follow a job started before it to its end, like `run`."""
+        ...
+
+
+class LocalExecutor:
+    """On this box, in the goal's sandbox, as the leader of its own process group."""
+
+    name = "local"
+
+    def __init__(self, sandbox: Sandbox, box: str):
+        self.sandbox = sandbox
+        self.box = box
+
+    def launch(self, job: Job) -> Launch:
+        return self.sandbox.launch(job.goal, job.command, cwd=job.cwd, env=job.env)
+
+    async def run(self, job: Job, *, on_points: OnPoints, on_start: OnStart) -> ProcessResult:
+        async def started(pid: int) -> None:
+            await on_start(Placement("local", self.box, str(pid)))
+
+        return await run_supervised(
+            self.launch(job),
+            log_path=job.log_path,
+            beneath=Path(job.goal.workspace),
+            timeout_s=job.timeout_s,
+            on_points=on_points,
+            on_start=started,
+            grace_s=job.grace_s,
+        )
+
+    async def attach(self, job: Job, placement: Placement, *, on_points: OnPoints) -> ProcessResult:
+        # A local process dies with its sandbox when the runner goes (--die-with-parent): there is
+        # nothing to attach to; recovery marks the run interrupted.
+        raise ProcessLookupError(f"local process {placement.job_id} did not outlive the runner")

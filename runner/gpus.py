@@ -1,0 +1,122 @@
+"""The box's GPUs, through NVML (nvidia-ml-py): the one module that talks to the driver.
+
+`inventory()` lists the GPUs this runner may use (all of them, or those CUDA_VISIBLE_DEVICES names
+when the runner itself was started with it), with memory and utilisation; `sample()` reads the
+memory and utilisation of some of them while a run holds them. A box without a driver, or without
+nvidia-ml-py, has no GPUs: NoDriver says why. Tests put a fake `pynvml` first on the path.
+
+Indices are NVML's, which are in PCI bus order; an experiment gets them with
+CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA counts the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+
+class NoDriver(Exception):
+    """NVML cannot start: no NVIDIA driver (or no nvidia-ml-py) on this box."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_mib: int  # total
+    uuid: str = ""
+    memory_used_mib: int = 0
+    utilization: int = 0  # percent of the last sample period the GPU was busy
+
+
+@dataclass(frozen=True)
+class Gpus:
+    driver: str
+    cuda: str
+    devices: list[Gpu]
+
+
+@contextmanager
+def _nvml() -> Iterator[Any]:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NoDriver("nvidia-ml-py is not installed") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise NoDriver(str(exc)) from exc
+    try:
+        yield pynvml
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _visible(count: int) -> list[int]:
+    """NVML indices this process may use: CUDA_VISIBLE_DEVICES (indices) when set, else all."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return list(range(count))
+    indices = []
+    for word in visible.split(","):
+        word = word.strip()
+        if not word.isdigit():
+            break  # CUDA stops at the first entry it cannot parse ("-1", "", a UUID we don't map)
+        if int(word) < count:
+            indices.append(int(word))
+    return indices
+
+
+def _device(nvml: Any, index: int) -> Gpu:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        busy = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except nvml.NVMLError:  # not supported on some boards
+        busy = 0
+    return Gpu(
+        index=index,
+        name=str(nvml.nvmlDeviceGetName(handle)),
+        memory_mib=int(memory.total) // 2**20,
+        uuid=str(nvml.nvmlDeviceGetUUID(handle)),
+        memory_used_mib=int(memory.used) // 2**20,
+        utilization=busy,
+    )
+
+
+def read_gpus(*, all_devices: bool = False) -> Gpus:
+    """The driver, its CUDA version and the GPUs this runner may use (`all_devices`: the box's),
+    as NVML reports them."""
+    with _nvml() as nvml:
+        cuda = nvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040 for 12.4
+        count = nvml.nvmlDeviceGetCount()
+        devices = [_device(nvml, i) for i in (range(count) if all_devices else _visible(count))]
+        driver = str(nvml.nvmlSystemGetDriverVersion())
+        return Gpus(driver, f"{cuda // 1000}.{cuda % 1000 // 10}", devices)
+
+
+def read_all_gpus() -> Gpus:
+    """Every GPU on the box (goaltender doctor shows CUDA_VISIBLE_DEVICES' limit beside them)."""
+    return read_gpus(all_devices=True)
+
+
+def inventory() -> list[Gpu]:
+    """The GPUs this runner may use; none on a box without a driver."""
+    try:
+        return read_gpus().devices
+    except NoDriver:
+        return []
+
+
+def sample(indices: tuple[int, ...]) -> list[Gpu]:
+    """Memory used and utilisation of these GPUs now (none when NVML cannot say)."""
+    if not indices:
+        return []
+    try:
+        with _nvml() as nvml:
+            return [_device(nvml, i) for i in indices]
+    except Exception:  # a sample is best effort: a driver hiccup must not fail the run
+        return []
