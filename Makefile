@@ -61,6 +61,12 @@ check-wheel:
 	d=$$(mktemp -d) && cd $$d && $(CURDIR)/.venv-wheel/bin/goaltender demo --yes --dir $$d/demo \
 		"train the star-count model to 90% exact accuracy, max 2 experiments" </dev/null && rm -rf $$d
 
+# The Ray head and the one-node Slurm cluster that tests/test_executors_remote.py runs against
+# (installed when missing; stop them with tests/engines.sh stop).
+.PHONY: engines
+engines:
+	tests/engines.sh start
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_bot.py
