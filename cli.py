@@ -332,6 +332,9 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     cmd.add_argument("--goal", type=ID, dest="goal_id")
     cmd.add_argument("--follow", "-f", action="store_true")
 
+    cmd = command("du", cmd_du, "what each goal's workspace holds on the big disk (checkpoints apart)")
+    cmd.add_argument("goal_id", nargs="?", type=ID, help="only this goal (an agent: its own)")
+
     cmd = command("log", cmd_log, "print an experiment's log")
     cmd.add_argument("experiment_id", type=ID)
     cmd.add_argument("--offset", type=COUNT, default=0)
@@ -390,6 +393,7 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         "held-out split (it finds the run's files in $GOALTENDER_EXPERIMENT_DIR); without it the "
         "metric is marked 'reported'",
     )
+    placement_args(cmd)
     cmd.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     goal_arg(cmd)
 
@@ -415,7 +419,11 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     if not isinstance(cmd, _Unused):
         from goaltender.training.launch import add_recipe_parsers
 
-        add_recipe_parsers(cmd, goal_arg)
+        def recipe_args(sub: argparse.ArgumentParser) -> None:
+            placement_args(sub)
+            goal_arg(sub)
+
+        add_recipe_parsers(cmd, recipe_args)
 
     cmd = command(
         "ask",
@@ -815,6 +823,22 @@ def cmd_audit(args):
     return _run(args, body)
 
 
+def cmd_du(args):
+    from goaltender.runner.report import format_bytes
+
+    fields = _checked(p.DiskUsage, goal_id=args.goal_id)  # an agent is answered for its own goal
+
+    async def body(runner: RunnerClient):
+        reply = await runner.call(p.DiskUsage, p.DiskUsageReply, **fields)
+        for goal in reply.goals:
+            print(f"goal #{goal.goal_id} ({goal.state}): {format_bytes(goal.total)}")
+            for line in goal.lines:
+                print(f"  {line}")
+        print(f"{format_bytes(reply.free)} free on the runner's disk")
+
+    return _run(args, body)
+
+
 def cmd_events(args):
     _checked(p.Subscribe, since=args.since, goal_id=args.goal_id)
 
@@ -940,6 +964,22 @@ def _metric_value(name: str, text: str) -> float:
         raise UsageError(f"metric {name[:40]!r}: {exc}") from None
 
 
+def placement_args(cmd: argparse.ArgumentParser) -> None:
+    """Where an experiment runs, and on how many GPUs (defaults: the goal's, then the box's)."""
+    cmd.add_argument(
+        "--gpus",
+        type=COUNT,
+        help="GPUs it needs; it waits in the box's fair queue until they are free (default: the "
+        "goal's, else GOALTENDER_GPUS_PER_EXPERIMENT, else 1 on a box with GPUs)",
+    )
+    cmd.add_argument(
+        "--executor",
+        choices=("local", "ray", "slurm"),
+        help="run it on this box (local), as a Ray job or as a Slurm job (default: the goal's, else "
+        "GOALTENDER_EXECUTOR)",
+    )
+
+
 def cmd_experiment(args):
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -956,6 +996,8 @@ def cmd_experiment(args):
         cwd=_working_directory(),
         env=_environment(),  # what the agent exported reaches its experiment
         eval_command=_split(args.eval_command) if args.eval_command else None,
+        gpus=args.gpus,
+        executor=args.executor,
     )
     return _run(args, _experiment_body(fields))
 
@@ -996,6 +1038,8 @@ def cmd_nemo_rl(args):
         cwd=cwd,
         env=_environment(),
         eval_command=run.eval_command,
+        gpus=args.gpus,
+        executor=args.executor,
     )
     return _run(args, _experiment_body(fields))
 
@@ -1011,6 +1055,10 @@ def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitab
         value = f"{e.metric_name} = {e.metric_value:.4g}{how}" if e.metric_value is not None else "no metric"
         best = " (new best)" if reply.new_best else ""
         print(f"experiment #{e.index}: {e.status}{best} — {value}; {e.wall_seconds or 0:.1f}s wall")
+        print(
+            f"  ran: {e.where}"
+            + (f", after {e.queued_seconds:.1f}s in the queue" if e.queued_seconds else "")
+        )
         if e.note:
             print(f"  note: {e.note}")
         if e.params:

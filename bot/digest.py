@@ -381,7 +381,7 @@ def _best_so_far(ledger: list[Experiment], direction: str) -> Series:
     points: Series = []
     best: float | None = None
     for e in sorted(ledger, key=lambda e: e.index):
-        if e.status == "running" or e.metric_value is None:
+        if not e.finished or e.metric_value is None:
             continue
         if best is None or (e.metric_value > best if direction == "maximize" else e.metric_value < best):
             best = e.metric_value

@@ -269,8 +269,13 @@ def status_card(
     if status.running is not None:
         r = status.running
         params = f" `{escape(format_params(r.params, 300))}`" if r.params else ""
+        if r.status == "queued":
+            # "waiting for a GPU, 2 ahead": the box's fair queue (runner/slots.py)
+            where = f" · _{escape(r.note or 'waiting for a slot')}_"
+        else:
+            where = f" · {escape(r.where)}"
         blocks.append(
-            section(f"{EMOJI['running']} running #{r.index}: {escape(r.description[:500])}{params}")
+            section(f"{EMOJI[r.status]} {r.status} #{r.index}: {escape(r.description[:500])}{params}{where}")
         )
     for approval in status.pending_approvals[:5]:
         blocks.append(
@@ -359,6 +364,7 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
         parts.append(crash_text(e))
     if cost := experiment_cost(e):
         parts.append(" · ".join(cost))
+    parts.append(f"_{escape(e.where)}_")
     lines = ["  ".join(parts), escape(e.description[:1000])]
     if e.params:
         lines.append(f"`{escape(format_params(e.params, 1000))}`")

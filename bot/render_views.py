@@ -136,7 +136,7 @@ def goal_summary(
     lines = [head, f">{escape(goal.text[:300])}", f"{budget} · {_best(status)}"]
     if goal.end_reason:
         lines.append(f"ended: {people(goal.end_reason.splitlines()[0][:300])}")
-    finished = [e for e in ledger if e.status != "running"]
+    finished = [e for e in ledger if e.finished]
     counts = Counter(e.status for e in finished)
     tally = ", ".join(f"{n} {kind}" for kind, n in counts.most_common())
     lines.append(f"*Experiments*: {len(finished)} finished" + (f" ({tally})" if tally else ""))

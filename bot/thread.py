@@ -29,6 +29,7 @@ from goaltender.storage.records import (
     Curves,
     Event,
     ExperimentFinished,
+    ExperimentQueued,
     ExperimentStarted,
     FinalReport,
     GoalAccepted,
@@ -41,6 +42,7 @@ from goaltender.storage.records import (
 CARD_EVENTS = (
     GoalAccepted,
     GoalStateChanged,
+    ExperimentQueued,
     ExperimentStarted,
     ExperimentFinished,
     ApprovalRequested,
@@ -220,7 +222,7 @@ class ThreadWriter:
             return None
         # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
         # comes again after the reconnect (recording it now would lose its plot for good).
-        finished = [e for e in summary.ledger if e.status != "running"]
+        finished = [e for e in summary.ledger if e.finished]
         goal = summary.status.goal
         metric = goal.metric
         if not finished or metric is None:

@@ -28,6 +28,7 @@ EMOJI = {
     "crash": "💥",
     "interrupted": "🔌",  # cut short by a runner crash or shutdown; not counted
     "running": "🧪",
+    "queued": "⏳",
     "milestone": "🏁",
     "approval_requested": "🙋",
     "approved": "👍",
@@ -237,6 +238,12 @@ def experiment_cost(e: Experiment) -> list[str]:
         cost.append(f"{format_hours(e.compute_hours)} compute-h")
     elif e.cpu_seconds is not None:
         cost.append(f"{format_hours(e.cpu_seconds / 3600)} cpu-h")
+    if e.peak_gpu_memory_mb is not None:
+        cost.append(f"GPU peak {e.peak_gpu_memory_mb / 1024:.1f} GiB")
+    if e.gpu_utilization is not None:
+        cost.append(f"{e.gpu_utilization:.0f}% busy")
+    if e.queued_seconds:
+        cost.append(f"queued {format_duration(e.queued_seconds)}")
     return cost
 
 

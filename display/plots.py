@@ -138,7 +138,7 @@ def campaign_figure(
         if e.status != "crash" and e.metric_value is not None and math.isfinite(e.metric_value)
     ]
     scored_idx = {id(e) for e, _ in scored}
-    crashed = [e for e in rows if id(e) not in scored_idx and e.status != "running"]
+    crashed = [e for e in rows if id(e) not in scored_idx and e.finished]
     values = [v for _, v in scored]
     percent = _use_percent(metric, values + ([target] if target is not None else []))
     arrow = "↑" if direction == "maximize" else "↓"

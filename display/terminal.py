@@ -44,6 +44,7 @@ from goaltender.storage.records import (
     Event,
     Experiment,
     ExperimentFinished,
+    ExperimentQueued,
     ExperimentStarted,
     FinalReport,
     Goal,
@@ -208,6 +209,9 @@ class ConsoleThread:
             return self._message(ts, EMOJI["milestone"], summary, body + self._body(data.text))
         if isinstance(data, MetricsLogged):
             return ""
+        if isinstance(data, ExperimentQueued):
+            summary = f"{self._c(f'#{data.experiment.index}', 'bold')} queued: {clean(data.waiting)}"
+            return self._message(ts, EMOJI["queued"], summary, [])
         if isinstance(data, ExperimentStarted):
             return self._render_started(ts, data.experiment)
         if isinstance(data, ExperimentFinished):

@@ -60,6 +60,8 @@ class GoalSpec(BaseModel):
     target: float | None = None
     runner: str | None = None
     agent: str | None = None
+    executor: str | None = None  # "via slurm", "via ray", "via local"
+    gpus_per_experiment: int | None = None  # "2 GPUs each", "1 GPU per experiment"
 
     @property
     def has_stop_rule(self) -> bool:
@@ -146,6 +148,8 @@ _PATTERNS = {
     "target": re.compile(r"\btarget\s++(?:of\s++)?(\d*+\.\d++|\d++)\b(?!\s*+%)", re.I),
     "runner": re.compile(r"\bon\s++([A-Za-z0-9][\w.-]*+)\s*+$|\bon\s++runner\s++([\w.-]++)", re.I),
     "with": re.compile(r"\bwith\s++([\w-]++)", re.I),
+    "executor": re.compile(r"\bvia\s++(local|ray|slurm)\b", re.I),
+    "gpus": re.compile(r"\b(\d{1,3})\s*+gpus?\s++(?:each|per\s++(?:experiments?|runs?))\b", re.I),
 }
 _AGENTS = ("sweep", "codex", "openai")  # built in; any other is named `<something>-agent`
 
@@ -159,6 +163,10 @@ def parse_goal_text(text: str) -> GoalSpec:
     if m := _PATTERNS["runner"].search(text):
         spec.runner = m.group(1) or m.group(2)
     spec.agent = _agent(text)
+    if m := _PATTERNS["executor"].search(text):
+        spec.executor = m.group(1).lower()
+    if m := _PATTERNS["gpus"].search(text):
+        spec.gpus_per_experiment = int(m.group(1))
     return spec
 
 

@@ -14,20 +14,26 @@ through the agent verbs and on nothing else.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import subprocess
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from goaltender.runner import gpus
 from goaltender.runner import protocol as p
-from goaltender.runner.agent_env import agent_environment, count_gpus, experiment_environment
+from goaltender.runner.agent_env import agent_environment, experiment_environment
 from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.executors import Executor, Job, LocalExecutor, Placement
 from goaltender.runner.report import best_experiment, final_report
+from goaltender.runner.retention import prune_checkpoints
 from goaltender.runner.sandbox import Sandbox
 from goaltender.runner.server import Refused
+from goaltender.runner.slots import Grant, Slots, Unfit, Waiting, waiting_for
 from goaltender.runner.supervisor import (
     Launch,
     ProcessResult,
@@ -35,7 +41,6 @@ from goaltender.runner.supervisor import (
     kill_leftover_group,
     leftover_usage,
     read_beneath,
-    run_supervised,
     spawn,
     terminate_group,
     wait_process,
@@ -57,7 +62,7 @@ from goaltender.storage.space import DiskFull, FreeSpace, free_space, is_disk_fu
 
 log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
-OnStart = Callable[[int], Awaitable[None]]
+OnStart = Callable[[Placement], Awaitable[None]]
 
 
 class AgentSockets(Protocol):
@@ -76,8 +81,15 @@ class Campaigns:
         self.store = store
         self.sockets = sockets
         self.sandbox = Sandbox(settings)
-        self.gpus = count_gpus() if settings.compute_unit != "cpu" else 0
-        self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or self.gpus) else "cpu"
+        inventory = gpus.inventory() if settings.compute_unit != "cpu" else []
+        self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or inventory) else "cpu"
+        self.slots = Slots(
+            settings.slots or os.cpu_count() or 1, [g.index for g in inventory], self._queue_moved
+        )
+        self._executors: dict[str, Executor] = {"local": LocalExecutor(self.sandbox, settings.name)}
+        self._told_waiting: dict[int, str] = {}  # queued experiment id -> where it stands, as last written
+        self._unwritten_waits: set[int] = set()
+        self._writing_waits: asyncio.Task | None = None
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
         self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
         self._experiment_goal: dict[int, int] = {}
@@ -126,11 +138,21 @@ class Campaigns:
             )
         for goal in await self.store.list_goals(active_only=True):
             await self._resume(goal)
+        self._spawn(self._watch_disk())
 
     async def _close_interrupted(self, experiment: Experiment) -> None:
         """A run the runner lost track of in a crash: killed if it still runs, charged what can
         still be measured of it, and entered as `interrupted`, which does not count against
-        max experiments (the agent runs it again if it wants it)."""
+        max experiments (the agent runs it again if it wants it). A queued one never ran; a Ray
+        or Slurm job outlives the runner, and is followed again to its end."""
+        if experiment.status == "queued":
+            await self._finish(
+                experiment, "interrupted", "never started: the runner restarted while it waited"
+            )
+            return
+        if experiment.executor != "local" and experiment.job_id:
+            self._follow_again(experiment)
+            return
         started = experiment.started_at.timestamp()
         used = leftover_usage(experiment.pid, started)  # before the kill: its CPU time so far
         killed = kill_leftover_group(experiment.pid, started)
@@ -138,6 +160,47 @@ class Campaigns:
             " (process group killed)" if killed else ""
         )
         await self._finish(experiment, "interrupted", note, result=used)
+
+    def _follow_again(self, experiment: Experiment) -> None:
+        task = asyncio.ensure_future(self._reattach(experiment))
+        self._experiments[experiment.id] = task
+        self._experiment_goal[experiment.id] = experiment.goal_id
+        task.add_done_callback(lambda _: self._forget_experiment(experiment.id))
+
+    async def _reattach(self, experiment: Experiment) -> None:
+        """Follow a cluster job started before a restart to its end, and enter it like any other.
+        Its eval command (if it had one) does not run again: the row says so."""
+        goal = await self.goal(experiment.goal_id)
+        assert experiment.job_id is not None
+        placement = Placement(experiment.executor, experiment.host or "", experiment.job_id)
+        job = Job(
+            goal=goal,
+            command=experiment.command,
+            cwd=Path(goal.workspace),
+            env={},
+            log_path=Path(experiment.log_path),
+            name=f"goaltender-g{goal.id}-e{experiment.id}",
+            gpus=experiment.gpus,
+            timeout_s=experiment_timeout(goal.budget, None, utcnow()),
+            grace_s=self.settings.stop_grace_s,
+        )
+
+        async def on_points(points: list[MetricPoint]) -> None:
+            await self.store.add_metrics(goal.id, experiment.id, points)
+
+        try:
+            running = self.executor(experiment.executor).attach(job, placement, on_points=on_points)
+            result = await self._measure(experiment, running)
+        except OSError as exc:
+            await self._finish(experiment, "interrupted", f"lost after a runner restart: {exc}")
+            return
+        unverified = experiment.eval_command is not None
+        status, note = _judge(
+            result, job.timeout_s, None if unverified else experiment.metric_name, result.summary
+        )
+        if unverified and status != "crash":
+            note = "followed again after a runner restart; its eval command did not run (reported metric)"
+        await self._conclude(goal, experiment, result, status, note, result.summary, False)
 
     async def _resume(self, goal: Goal) -> None:
         kill_leftover_group(goal.agent_pid, goal.accepted_at.timestamp() if goal.accepted_at else None)
@@ -273,6 +336,15 @@ class Campaigns:
         await asyncio.sleep(self.settings.disk_check_s)
         await self._until_space()
 
+    async def _watch_disk(self) -> None:
+        """While experiments run, the disk is looked at every GOALTENDER_DISK_CHECK_S: below the
+        floor, each goal with a run pauses (the run goes on; nothing new starts) and says why."""
+        while True:
+            await asyncio.sleep(self.settings.disk_check_s)
+            if self._experiments and (space := self.low_space()):
+                for goal_id in set(self._experiment_goal.values()):
+                    self.pause_for_disk(goal_id, space)
+
     def pause_for_disk(self, goal_id: int, space: FreeSpace) -> None:
         """Hold the goal's experiments until the disk has room again; its thread is told why (as
         soon as that can be written) and again when it goes on."""
@@ -354,9 +426,12 @@ class Campaigns:
     # ---- experiments ----
 
     async def run_experiment(self, req: p.RunExperiment) -> tuple[Experiment, bool]:
-        """Admit one experiment against the budget, run it to its end and enter it in the ledger:
-        (its row, whether it is the new best). A client that hangs up leaves it running."""
+        """Admit one experiment against the budget, wait for its slot, run it to its end and enter
+        it in the ledger: (its row, whether it is the new best). A client that hangs up leaves it
+        running (or queued)."""
         goal = await self.active_goal(req.goal_id)
+        executor = req.executor or goal.executor or self.settings.executor
+        wanted = self._gpus_wanted(req, goal, executor)
         unpaused = self._unpaused_event(goal.id)
         if not unpaused.is_set():
             log.info("goal #%d is paused: its next experiment waits until it resumes", goal.id)
@@ -368,6 +443,8 @@ class Campaigns:
             if metric and goal.metric is None:
                 await self.store.set_goal_metric(goal.id, metric, req.direction or "maximize")
                 goal = await self.goal(goal.id)
+            grant = self.slots.try_acquire(goal.id, wanted) if executor == "local" else None
+            waiting = waiting_for(wanted) if executor == "local" and grant is None else None
             experiment = await self.store.start_experiment(
                 goal.id,
                 description=req.description,
@@ -376,8 +453,13 @@ class Campaigns:
                 metric_name=metric,
                 experiments_dir=Path(goal.workspace) / "experiments",
                 eval_command=req.eval_command,
+                waiting=waiting,
+                executor=executor,
+                host=self.settings.name if executor == "local" else None,
+                gpus=len(grant.devices) if grant else wanted if executor != "local" else 0,
+                devices=grant.cuda_visible_devices if grant and grant.devices else None,
             )
-            task = asyncio.ensure_future(self._supervise(goal, experiment, req))
+            task = asyncio.ensure_future(self._supervise(goal, experiment, req, grant, wanted))
             self._experiments[experiment.id] = task
             self._experiment_goal[experiment.id] = goal.id
             task.add_done_callback(lambda _: self._forget_experiment(experiment.id))
@@ -390,6 +472,60 @@ class Campaigns:
             finished = await self.store.get_experiment(experiment.id)
             assert finished is not None, "its row was written before its task started"
             return finished, False
+
+    def _gpus_wanted(self, req: p.RunExperiment, goal: Goal, executor: str) -> int:
+        """GPUs the experiment asks for: its own word, its goal's, the box's, else 1 where there
+        are GPUs (0 elsewhere). Refused at once when this box can never give them."""
+        default = self.settings.gpus_per_experiment
+        if default is None:
+            default = 1 if self.slots.gpus else 0
+        wanted = next(n for n in (req.gpus, goal.gpus_per_experiment, default) if n is not None)
+        if executor == "local":
+            try:
+                self.slots.check(wanted)
+            except Unfit as exc:
+                raise Refused(
+                    "bad_request",
+                    f"experiment not started: {exc}. Ask for fewer (--gpus), or run it on a cluster "
+                    "(--executor ray|slurm).",
+                ) from None
+        return wanted
+
+    def _queue_moved(self, waiting: list[Waiting]) -> None:
+        """The box's queue changed: each queued experiment whose place changed is told (in its
+        goal's thread card), in order, by one writer."""
+        for w in waiting:
+            if self._told_waiting.get(w.experiment_id) != w.text:
+                self._told_waiting[w.experiment_id] = w.text
+                self._unwritten_waits.add(w.experiment_id)
+        if self._unwritten_waits and (self._writing_waits is None or self._writing_waits.done()):
+            self._writing_waits = self._spawn(self._write_waits())
+
+    async def _write_waits(self) -> None:
+        while self._unwritten_waits:
+            experiment_id = min(self._unwritten_waits)
+            self._unwritten_waits.discard(experiment_id)
+            if (text := self._told_waiting.get(experiment_id)) is not None:
+                await self.store.experiment_waiting(experiment_id, text)
+
+    def executor(self, name: str) -> Executor:
+        """The executor by name; Ray's and Slurm's are made when first used."""
+        if name not in self._executors:
+            if name == "ray":
+                from goaltender.runner.ray_executor import RayExecutor
+
+                self._executors[name] = RayExecutor(
+                    self.settings.ray_address, self.settings.ray_token or None
+                )
+            elif name == "slurm":
+                from goaltender.runner.slurm_executor import SlurmExecutor
+
+                self._executors[name] = SlurmExecutor(
+                    partition=self.settings.slurm_partition or None, extra_args=self.settings.slurm_args
+                )
+            else:
+                raise Refused("bad_request", f"no executor {name!r}; there are local, ray and slurm")
+        return self._executors[name]
 
     def _check_space(self, goal_id: int) -> None:
         """Refuse to start an experiment the disk has no room for; its goal pauses until it has."""
@@ -431,50 +567,120 @@ class Campaigns:
         self._experiment_goal.pop(experiment_id, None)
 
     async def _supervise(
-        self, goal: Goal, experiment: Experiment, req: p.RunExperiment
+        self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None, wanted: int
     ) -> tuple[Experiment, bool]:
-        log_path = Path(experiment.log_path)
+        """The experiment's life: its wait for a slot (local runs), its run and its eval, its row."""
+        try:
+            if experiment.status == "queued":
+                grant = await self._wait_for_slot(experiment, wanted)
+                experiment = await self.store.experiment_started(
+                    experiment.id,
+                    executor="local",
+                    host=self.settings.name,
+                    gpus=len(grant.devices),
+                    devices=grant.cuda_visible_devices or None,
+                )
+            return await self._run(goal, experiment, req, grant)
+        finally:
+            if grant is not None:
+                self.slots.release(grant)
+
+    async def _wait_for_slot(self, experiment: Experiment, wanted: int) -> Grant:
+        try:
+            return await self.slots.acquire(experiment.goal_id, experiment.id, wanted)
+        except asyncio.CancelledError:
+            # Stopped while queued: it never ran, so it is no fault of its and does not count.
+            _, why = self._cancel_reasons.pop(experiment.id, ("interrupted", "cancelled"))
+            await self._finish(experiment, "interrupted", f"never started ({why})")
+            raise
+        finally:
+            self._told_waiting.pop(experiment.id, None)
+
+    def _job(self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None) -> Job:
         env = experiment_environment(self.settings, goal, experiment, req.env)
-        timeout = experiment_timeout(goal.budget, req.timeout_s, utcnow())
+        if grant is not None and self.slots.gpus:
+            # Only its own GPUs (none for a CPU-only run), numbered as NVML numbers them.
+            env |= {"CUDA_VISIBLE_DEVICES": grant.cuda_visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        elif experiment.executor != "local":
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # a cluster's engine assigns the GPUs
+        return Job(
+            goal=goal,
+            command=req.command,
+            cwd=Path(req.cwd or goal.workspace),
+            env=env,
+            log_path=Path(experiment.log_path),
+            name=f"goaltender-g{goal.id}-e{experiment.id}",
+            gpus=experiment.gpus,
+            timeout_s=experiment_timeout(goal.budget, req.timeout_s, utcnow()),
+            grace_s=self.settings.stop_grace_s,
+        )
+
+    async def _run(
+        self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None
+    ) -> tuple[Experiment, bool]:
+        job = self._job(goal, experiment, req, grant)
+        executor = self.executor(experiment.executor)
+        usage = gpus.Usage()
+        watching = (
+            asyncio.ensure_future(gpus.watch(grant.devices, self.settings.gpu_sample_s, usage))
+            if grant is not None and grant.devices
+            else None
+        )
 
         async def on_points(points: list[MetricPoint]) -> None:
             await self.store.add_metrics(goal.id, experiment.id, points)
 
-        async def record_pid(pid: int) -> None:
-            await self.store.set_experiment_pid(experiment.id, pid)
-
-        async def run(command: list[str], log_to: Path, on_start: OnStart) -> ProcessResult:
-            return await run_supervised(
-                self.sandbox.launch(goal, command, cwd=Path(req.cwd or goal.workspace), env=env),
-                log_path=log_to,
-                beneath=Path(goal.workspace),
-                timeout_s=timeout,
-                on_points=on_points,
-                on_start=on_start,
-                grace_s=self.settings.stop_grace_s,
+        async def placed(placement: Placement) -> None:
+            pid = int(placement.job_id) if placement.executor == "local" else None
+            await self.store.set_experiment_placement(
+                experiment.id, host=placement.host, job_id=placement.job_id, pid=pid
             )
 
+        async def run(command: list[str], log_to: Path, on_start: OnStart) -> ProcessResult:
+            part = dataclasses.replace(job, command=command, log_path=log_to)
+            return await executor.run(part, on_points=on_points, on_start=on_start)
+
         try:
-            result = await self._measure(experiment, run(req.command, log_path, record_pid))
-        except OSError as exc:
-            return await self._not_started(goal, experiment, exc), False
-        metric, summary, verified = experiment.metric_name, result.summary, False
-        # With an eval command the run need not print the metric: the evaluation measures it.
-        status, note = _judge(result, timeout, None if req.eval_command else metric, summary)
-        if status != "crash" and req.eval_command:
-            # The runner measures the headline itself; the run's own numbers stay under `run/`.
             try:
-                evaluation = await self._measure(
-                    experiment, run(req.eval_command, log_path.parent / "eval.log", _ignore_pid), result
-                )
+                result = await self._measure(experiment, run(req.command, job.log_path, placed))
             except OSError as exc:
-                return await self._not_started(goal, experiment, exc, result, what="eval: "), False
-            status, note = _judge(evaluation, timeout, metric, evaluation.summary, what="eval")
-            summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
-            result = _together(result, evaluation)
-            verified = status != "crash"
+                return await self._not_started(goal, experiment, exc), False
+            summary, verified = result.summary, False
+            # With an eval command the run need not print the metric: the evaluation measures it.
+            metric = experiment.metric_name
+            status, note = _judge(result, job.timeout_s, None if req.eval_command else metric, summary)
+            if status != "crash" and req.eval_command:
+                # The runner measures the headline itself; the run's own numbers stay under `run/`.
+                try:
+                    evaluation = await self._measure(
+                        experiment, run(req.eval_command, job.log_path.parent / "eval.log", _ignore), result
+                    )
+                except OSError as exc:
+                    return await self._not_started(goal, experiment, exc, result, what="eval: "), False
+                status, note = _judge(evaluation, job.timeout_s, metric, evaluation.summary, what="eval")
+                summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
+                result = _together(result, evaluation)
+                verified = status != "crash"
+        finally:
+            if watching is not None:
+                watching.cancel()
+        return await self._conclude(goal, experiment, result, status, note, summary, verified, usage)
+
+    async def _conclude(
+        self,
+        goal: Goal,
+        experiment: Experiment,
+        result: ProcessResult,
+        status: ExperimentStatus,
+        note: str | None,
+        summary: dict[str, float],
+        verified: bool,
+        usage: gpus.Usage | None = None,
+    ) -> tuple[Experiment, bool]:
+        """Judge the finished run against the best so far and enter it in the ledger."""
         if status == "crash" and (space := self.low_space()):
             note = f"{note}; the disk was nearly full when it ended ({space})"
+        metric = experiment.metric_name
         value = summary.get(metric) if metric and status != "crash" else None
         new_best = False
         if status == "keep" and value is not None:
@@ -490,8 +696,29 @@ class Campaigns:
             metrics=summary,
             new_best=new_best,
             verified=verified,
+            usage=usage,
         )
+        await self._keep_checkpoints(goal)
         return finished, new_best
+
+    async def _keep_checkpoints(self, goal: Goal) -> None:
+        """After each run: the goal keeps its best GOALTENDER_KEEP_CHECKPOINTS checkpoints and the
+        latest; what that frees is said in its thread."""
+        if self.settings.keep_checkpoints <= 0:
+            return
+        experiments = await self.store.experiments(goal.id)
+        pruned = await asyncio.to_thread(
+            prune_checkpoints,
+            Path(goal.workspace),
+            experiments,
+            direction=goal.direction,
+            keep_best=self.settings.keep_checkpoints,
+        )
+        if pruned.removed:
+            log.info("goal #%d: %s", goal.id, pruned.text())
+            await self.store.append_event(
+                goal.id, MilestoneReported(title="Checkpoints pruned", text=pruned.text())
+            )
 
     async def _measure(
         self, experiment: Experiment, running: Awaitable[ProcessResult], before: ProcessResult | None = None
@@ -537,11 +764,16 @@ class Campaigns:
         metrics: dict[str, float] | None = None,
         new_best: bool = False,
         verified: bool = False,
+        usage: gpus.Usage | None = None,
     ) -> Experiment:
-        """Enter the experiment's outcome in the ledger, charging its compute to the budget."""
+        """Enter the experiment's outcome in the ledger, charging its compute to the budget:
+        GPU-hours (wall time × the GPUs it held) on a GPU box or when it held GPUs, else CPU-hours."""
         compute = None
         if result is not None:
-            seconds = result.wall_seconds * self.gpus if self.compute_unit == "gpu" else result.cpu_seconds
+            if experiment.gpus or self.compute_unit == "gpu":
+                seconds = result.wall_seconds * experiment.gpus
+            else:
+                seconds = result.cpu_seconds
             compute = seconds / 3600
         return await self.store.finish_experiment(
             experiment.id,
@@ -556,6 +788,10 @@ class Campaigns:
             note=note,
             new_best=new_best,
             verified=verified,
+            peak_gpu_memory_mb=usage.peak_memory_mib
+            if usage and usage.mean_utilization is not None
+            else None,
+            gpu_utilization=usage.mean_utilization if usage else None,
         )
 
     # ---- the end ----
@@ -651,7 +887,7 @@ def _beats(value: float, best: Experiment | None, direction: str) -> bool:
     return value > best.metric_value if direction == "maximize" else value < best.metric_value
 
 
-async def _ignore_pid(pid: int) -> None:
+async def _ignore(placement: Placement) -> None:
     return None
 
 

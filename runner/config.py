@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -69,6 +70,25 @@ class RunnerSettings(GoaltenderSettings):
     disk_check_s: float = Field(default=5.0, gt=0)
     """How often a goal paused for a full disk, or a write waiting for space, looks again."""
     compute_unit: Literal["auto", "gpu", "cpu"] = "auto"
+    slots: int | None = Field(default=None, ge=1)
+    """How many experiments run on this box at once (GOALTENDER_SLOTS); default: one per CPU core.
+    The rest wait in a fair queue (runner/slots.py)."""
+    gpus_per_experiment: int | None = Field(default=None, ge=0)
+    """GPUs an experiment gets unless it or its goal says: default 1 on a box with GPUs, else 0."""
+    executor: Literal["local", "ray", "slurm"] = "local"
+    """Where experiments run unless they or their goal say: this box, a Ray cluster, Slurm."""
+    ray_address: str = "http://127.0.0.1:8265"
+    """The Ray cluster's dashboard (its Job Submission API) for `--executor ray`."""
+    ray_token: str = ""
+    """Bearer token for a Ray cluster with token auth (RAY_AUTH_MODE=token)."""
+    slurm_partition: str = ""
+    slurm_args: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """More sbatch options for every Slurm job, e.g. --account=lab --qos=normal (space-separated)."""
+    keep_checkpoints: int = Field(default=3, ge=0)
+    """Checkpoints a goal keeps when an experiment ends: the best this many, and the latest; 0
+    keeps them all."""
+    gpu_sample_s: float = Field(default=5.0, gt=0)
+    """How often a run's GPUs are sampled (memory, utilisation) for its ledger row."""
     operators: Annotated[list[int | str], NoDecode] = Field(default_factory=list)
     """Who may control goals over the runner socket, by the peer's uid: uids or user names,
     comma-separated or a JSON list. Default: the user the runner runs as."""
@@ -87,6 +107,13 @@ class RunnerSettings(GoaltenderSettings):
     mlflow_tracking_uri: str = ""
     """Where to mirror to (http://mlflow.internal:5000, sqlite:///…); setting it turns mirroring on.
     `sqlite`: the default file."""
+
+    @field_validator("slurm_args", mode="before")
+    @classmethod
+    def _words(cls, value: object) -> object:
+        if isinstance(value, str):
+            return json.loads(value) if value.lstrip().startswith("[") else shlex.split(value)
+        return value
 
     @field_validator("secrets", "grants", "operators", mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from goaltender.runner.budget import (
 )
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.disk_usage import goal_usage
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.report import best_experiment, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING
@@ -60,6 +61,7 @@ class Runner:
             p.Summary: self._on_summary,
             p.GetLog: self._on_get_log,
             p.GetSeries: self._on_get_series,
+            p.DiskUsage: self._on_disk_usage,
             p.Audit: self._on_audit,
             # from the agents
             p.ReportMilestone: self._on_milestone,
@@ -190,6 +192,8 @@ class Runner:
             direction="maximize",
             target=spec.target,
             workspace_root=self.settings.workspaces,
+            executor=spec.executor,
+            gpus_per_experiment=spec.gpus_per_experiment,
         )
         await self.campaigns.start_agent(goal, resumed=False)
         return p.GoalReply(status=await self._status(goal.id))
@@ -305,6 +309,26 @@ class Runner:
         points = await self.store.metric_series(req.goal_id, req.name, req.experiment_id)
         return p.SeriesReply(name=req.name, points=points)
 
+    async def _on_disk_usage(self, req: p.DiskUsage, who: Principal) -> p.Reply:
+        goals = (
+            [await self.campaigns.goal(req.goal_id)]
+            if req.goal_id
+            else await self.store.list_goals(limit=200)
+        )
+
+        def measure() -> list[p.GoalDisk]:
+            found = []
+            for goal in goals:
+                usage = goal_usage(Path(goal.workspace))
+                found.append(
+                    p.GoalDisk(goal_id=goal.id, state=goal.state, total=usage.total, lines=usage.lines())
+                )
+            return sorted(found, key=lambda g: -g.total)
+
+        return p.DiskUsageReply(
+            free=self.campaigns.free_space().free_bytes, goals=await asyncio.to_thread(measure)
+        )
+
     async def _on_audit(self, req: p.Audit, who: Principal) -> p.Reply:
         return p.AuditReply(entries=await self.store.audit_entries(req.goal_id, req.limit))
 
@@ -365,7 +389,9 @@ class Runner:
         experiments = await self.store.experiments(goal_id)
         attempted = sum(e.counted for e in experiments)
         compute_used = sum(e.compute_hours or 0 for e in experiments)
-        running = next((e for e in reversed(experiments) if e.status == "running"), None)
+        running = next((e for e in reversed(experiments) if e.status == "running"), None) or next(
+            (e for e in experiments if e.status == "queued"), None
+        )
         return p.GoalStatus(
             goal=goal,
             attempted=attempted,

@@ -11,6 +11,7 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID so that CUDA counts the same way.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -120,3 +121,30 @@ def sample(indices: tuple[int, ...]) -> list[Gpu]:
             return [_device(nvml, i) for i in indices]
     except Exception:  # a sample is best effort: a driver hiccup must not fail the run
         return []
+
+
+@dataclass
+class Usage:
+    """What a run's GPUs showed while it ran: the peak of their memory together, the mean of
+    their utilisation."""
+
+    peak_memory_mib: float = 0.0
+    _busy: float = 0.0
+    _samples: int = 0
+
+    def add(self, devices: list[Gpu]) -> None:
+        self.peak_memory_mib = max(self.peak_memory_mib, float(sum(d.memory_used_mib for d in devices)))
+        self._busy += sum(d.utilization for d in devices) / len(devices)
+        self._samples += 1
+
+    @property
+    def mean_utilization(self) -> float | None:
+        return self._busy / self._samples if self._samples else None
+
+
+async def watch(indices: tuple[int, ...], every_s: float, usage: Usage) -> None:
+    """Sample these GPUs into `usage` until cancelled (NVML calls block: each in a thread)."""
+    while True:
+        if devices := await asyncio.to_thread(sample, indices):
+            usage.add(devices)
+        await asyncio.sleep(every_s)

@@ -222,6 +222,13 @@ class GetSeries(Request):
     experiment_id: RowId | None = None
 
 
+class DiskUsage(Request):
+    """What each goal's workspace holds on the big disk (one goal, or every goal)."""
+
+    type: Literal["disk_usage"] = "disk_usage"
+    goal_id: RowId | None = None
+
+
 # ---- agent verbs (the `goaltender <verb>` CLI and the built-in agents' tools) ----
 
 
@@ -256,6 +263,9 @@ class RunExperiment(Request):
     # Run by the runner itself after a successful run (GOALTENDER_EXPERIMENT_DIR points at the
     # run's directory); its `metric: value` line becomes the verified headline.
     eval_command: list[OsText] | None = Field(default=None, min_length=1)
+    # Where it runs and with how many GPUs; default: its goal's, else the box's.
+    executor: Literal["local", "ray", "slurm"] | None = None
+    gpus: int | None = Field(default=None, ge=0, le=1024)
 
 
 class Ask(Request):
@@ -417,6 +427,19 @@ class LogReply(Reply):
     eof: bool
 
 
+class GoalDisk(Message):
+    goal_id: int
+    state: str
+    total: int  # bytes
+    lines: list[str]  # per experiment (checkpoints apart), newest first, then the rest
+
+
+class DiskUsageReply(Reply):
+    type: Literal["disk_usage"] = "disk_usage"
+    free: int  # bytes free on the home's disk
+    goals: list[GoalDisk]
+
+
 class SeriesReply(Reply):
     type: Literal["series"] = "series"
     name: str
@@ -467,6 +490,7 @@ AnyReply = Annotated[
     | DiaryReply
     | AuditReply
     | LogReply
+    | DiskUsageReply
     | SeriesReply
     | Subscribed
     | EventMessage

@@ -50,8 +50,11 @@ class Waiting:
 
     @property
     def text(self) -> str:
-        what = "a slot" if not self.gpus else "a GPU" if self.gpus == 1 else f"{self.gpus} GPUs"
-        return f"waiting for {what}, {self.ahead} ahead"
+        return f"{waiting_for(self.gpus)}, {self.ahead} ahead"
+
+
+def waiting_for(gpus: int) -> str:
+    return "waiting for " + ("a slot" if not gpus else "a GPU" if gpus == 1 else f"{gpus} GPUs")
 
 
 class Unfit(ValueError):

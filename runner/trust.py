@@ -115,7 +115,9 @@ AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
         p.RecordFetch,
     }
 )
-GOAL_READS: frozenset[type[p.Request]] = frozenset({p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog})
+GOAL_READS: frozenset[type[p.Request]] = frozenset(
+    {p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog, p.DiskUsage}
+)
 CONNECTION_REQUESTS: frozenset[type[p.Request]] = frozenset({p.Hello, p.Ack})
 
 PEOPLE_ONLY: dict[type[p.Request], str] = {
@@ -165,7 +167,9 @@ async def goal_named(request: p.Request, store: RunnerStore) -> int | None:
 
 def scoped(principal: Principal, request: R) -> R:
     """An agent asking about every goal (status, subscribe) gets its own."""
-    asks_all = type(request) in (p.Status, p.Subscribe) and getattr(request, "goal_id", None) is None
+    asks_all = (
+        type(request) in (p.Status, p.Subscribe, p.DiskUsage) and getattr(request, "goal_id", None) is None
+    )
     if principal.goal_id is not None and asks_all:
         return request.model_copy(update={"goal_id": principal.goal_id})
     return request

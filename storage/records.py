@@ -51,14 +51,18 @@ class Goal(Record):
     ended_at: datetime | None = None
     end_reason: str | None = None
     agent_pid: int | None = None
+    # Its experiments' defaults ("via slurm", "2 GPUs each" in its text); else the box's.
+    executor: Literal["local", "ray", "slurm"] | None = None
+    gpus_per_experiment: int | None = None
 
     @property
     def active(self) -> bool:
         return self.state not in TERMINAL_STATES
 
 
-ExperimentStatus = Literal["running", "keep", "discard", "crash", "interrupted"]
-"""`crash`: the run failed, timed out, or was killed with its goal. `interrupted`: the runner cut it
+ExperimentStatus = Literal["queued", "running", "keep", "discard", "crash", "interrupted"]
+"""`queued`: admitted, waiting for a slot or GPUs on its box (its note says where it stands).
+`crash`: the run failed, timed out, or was killed with its goal. `interrupted`: the runner cut it
 short itself (it crashed or shut down while the run ran, or the disk was full): no fault of the
 run's, so it does not count against max experiments, and the agent may run it again."""
 
@@ -90,11 +94,38 @@ class Experiment(Record):
     log_path: str = ""
     pid: int | None = None
     note: str | None = None
+    # Where it ran: the executor (local, ray, slurm), the box or cluster, the engine's job id.
+    executor: str = "local"
+    host: str | None = None
+    job_id: str | None = None
+    gpus: int = 0  # GPUs assigned: GPU-hours are wall time × this
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES it ran with, when this box assigned GPUs
+    queued_seconds: float | None = None  # how long it waited for a slot
+    peak_gpu_memory_mb: float | None = None  # of its GPUs together, as NVML sampled them
+    gpu_utilization: float | None = None  # mean percent busy of its GPUs while it ran
 
     @property
     def counted(self) -> bool:
         """Does it count against max experiments (as attempted)? Not when it was interrupted."""
         return self.status != "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in ("queued", "running")
+
+    @property
+    def where(self) -> str:
+        """ "slurm job 42 on ci", "local on gpu-box-1 (GPUs 0,1)": for the card and the ledger."""
+        place = (
+            self.executor
+            if self.job_id is None or self.executor == "local"
+            else f"{self.executor} job {self.job_id}"
+        )
+        if self.host:
+            place += f" on {self.host}"
+        if self.devices:
+            place += f" (GPU{'s' if ',' in self.devices else ''} {self.devices})"
+        return place
 
 
 class MetricPoint(Record):
@@ -204,6 +235,14 @@ class ExperimentStarted(Record):
     experiment: Experiment
 
 
+class ExperimentQueued(Record):
+    """It waits for a slot on its box: sent again whenever its place in the queue changes."""
+
+    kind: Literal["experiment_queued"] = "experiment_queued"
+    experiment: Experiment
+    waiting: str  # "waiting for a GPU, 2 ahead"
+
+
 class ExperimentFinished(Record):
     kind: Literal["experiment_finished"] = "experiment_finished"
     experiment: Experiment
@@ -258,6 +297,7 @@ EventData = Annotated[
     | GoalStateChanged
     | MilestoneReported
     | MetricsLogged
+    | ExperimentQueued
     | ExperimentStarted
     | ExperimentFinished
     | ApprovalRequested

@@ -130,4 +130,19 @@ MIGRATIONS = [
     CREATE INDEX goals_by_state ON goals (state, id);
     CREATE INDEX approvals_by_state ON approvals (state, goal_id);
     """,
+    # 6: where each experiment ran and what it held: slots and GPUs on the box (runner/slots.py),
+    # Ray or Slurm beyond it (runner/executors.py)
+    """
+    ALTER TABLE experiments ADD COLUMN executor TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE experiments ADD COLUMN host TEXT;
+    ALTER TABLE experiments ADD COLUMN job_id TEXT;
+    ALTER TABLE experiments ADD COLUMN gpus INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE experiments ADD COLUMN devices TEXT;
+    ALTER TABLE experiments ADD COLUMN queued_seconds REAL;
+    ALTER TABLE experiments ADD COLUMN peak_gpu_memory_mb REAL;
+    ALTER TABLE experiments ADD COLUMN gpu_utilization REAL;
+    CREATE INDEX experiments_by_status ON experiments (status, goal_id);
+    ALTER TABLE goals ADD COLUMN executor TEXT;
+    ALTER TABLE goals ADD COLUMN gpus_per_experiment INTEGER;
+    """,
 ]

@@ -37,6 +37,7 @@ from goaltender.storage.records import (
     EventData,
     Experiment,
     ExperimentFinished,
+    ExperimentQueued,
     ExperimentStarted,
     FinalReport,
     Goal,
@@ -176,6 +177,8 @@ class RunnerStore:
         direction: str,
         target: float | None,
         workspace_root: Path,
+        executor: str | None = None,
+        gpus_per_experiment: int | None = None,
     ) -> Goal:
         """Insert an accepted goal (its stop rule and budgets already explicit) and announce it."""
         pending: list[Event] = []
@@ -183,7 +186,8 @@ class RunnerStore:
         async with self.db.write() as tx:
             goal_id = await tx.insert(
                 "INSERT INTO goals (text, owner, agent, state, budget, metric, direction, target, "
-                "workspace, created_at, accepted_at) VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?)",
+                "workspace, created_at, accepted_at, executor, gpus_per_experiment) "
+                "VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?)",
                 (
                     text,
                     owner,
@@ -194,6 +198,8 @@ class RunnerStore:
                     target,
                     now.isoformat(),
                     now.isoformat(),
+                    executor,
+                    gpus_per_experiment,
                 ),
             )
             workspace = str(workspace_root / f"goal-{goal_id}")
@@ -348,8 +354,14 @@ class RunnerStore:
         metric_name: str | None,
         experiments_dir: Path,
         eval_command: list[str] | None = None,
+        waiting: str | None = None,
+        executor: str = "local",
+        host: str | None = None,
+        gpus: int = 0,
+        devices: str | None = None,
     ) -> Experiment:
-        """Reserve the next attempted index and log the experiment as running."""
+        """Reserve the next attempted index and log the experiment as running, or as queued
+        (`waiting`: why, and where it stands) until `experiment_started`."""
         pending: list[Event] = []
         async with self.db.write() as tx:
             index = (
@@ -360,21 +372,75 @@ class RunnerStore:
             log_path = str(experiments_dir / f"{index:03d}" / "run.log")
             experiment_id = await tx.insert(
                 "INSERT INTO experiments (goal_id, idx, description, command, params, status, "
-                "metric_name, started_at, log_path, eval_command) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
+                "metric_name, started_at, log_path, eval_command, note, executor, host, gpus, devices) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     goal_id,
                     index,
                     description,
                     json.dumps(command),
                     json.dumps(params),
+                    "running" if waiting is None else "queued",
                     metric_name,
                     utcnow().isoformat(),
                     log_path,
                     json.dumps(eval_command) if eval_command else None,
+                    waiting,
+                    executor,
+                    host,
+                    gpus,
+                    devices,
                 ),
             )
             experiment = await self._experiment(tx, experiment_id)
-            await self._append(tx, goal_id, ExperimentStarted(experiment=experiment), pending)
+            data = (
+                ExperimentStarted(experiment=experiment)
+                if waiting is None
+                else ExperimentQueued(experiment=experiment, waiting=waiting)
+            )
+            await self._append(tx, goal_id, data, pending)
+        self._announce(pending)
+        return experiment
+
+    @_waits_for_space
+    async def experiment_waiting(self, experiment_id: int, waiting: str) -> None:
+        """A queued experiment's place in the queue changed."""
+        pending: list[Event] = []
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE experiments SET note = ? WHERE id = ? AND status = 'queued'", (waiting, experiment_id)
+            )
+            experiment = await self._experiment(tx, experiment_id)
+            if experiment.status == "queued":
+                await self._append(
+                    tx, experiment.goal_id, ExperimentQueued(experiment=experiment, waiting=waiting), pending
+                )
+        self._announce(pending)
+
+    @_waits_for_space
+    async def experiment_started(
+        self, experiment_id: int, *, executor: str, host: str | None, gpus: int, devices: str | None
+    ) -> Experiment:
+        """A queued experiment got its slot: it runs from now (its wait is kept as queued_seconds)."""
+        pending: list[Event] = []
+        now = utcnow()
+        async with self.db.write() as tx:
+            queued = await self._experiment(tx, experiment_id)
+            await tx.run(
+                "UPDATE experiments SET status = 'running', started_at = ?, queued_seconds = ?, note = NULL, "
+                "executor = ?, host = ?, gpus = ?, devices = ? WHERE id = ? AND status = 'queued'",
+                (
+                    now.isoformat(),
+                    (now - queued.started_at).total_seconds(),
+                    executor,
+                    host,
+                    gpus,
+                    devices,
+                    experiment_id,
+                ),
+            )
+            experiment = await self._experiment(tx, experiment_id)
+            await self._append(tx, experiment.goal_id, ExperimentStarted(experiment=experiment), pending)
         self._announce(pending)
         return experiment
 
@@ -382,8 +448,14 @@ class RunnerStore:
         return _experiment(await tx.one("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
 
     @_waits_for_space
-    async def set_experiment_pid(self, experiment_id: int, pid: int) -> None:
-        await self.db.execute("UPDATE experiments SET pid = ? WHERE id = ?", (pid, experiment_id))
+    async def set_experiment_placement(
+        self, experiment_id: int, *, host: str, job_id: str, pid: int | None = None
+    ) -> None:
+        """Where its process runs: its pid (local), or its job id in Ray or Slurm."""
+        await self.db.execute(
+            "UPDATE experiments SET host = ?, job_id = ?, pid = ? WHERE id = ?",
+            (host, job_id, pid, experiment_id),
+        )
 
     @_waits_for_space
     async def finish_experiment(
@@ -401,13 +473,16 @@ class RunnerStore:
         note: str | None,
         new_best: bool = False,
         verified: bool = False,
+        peak_gpu_memory_mb: float | None = None,
+        gpu_utilization: float | None = None,
     ) -> Experiment:
         pending: list[Event] = []
         async with self.db.write() as tx:
             await tx.run(
                 "UPDATE experiments SET status = ?, metric_value = ?, metrics = ?, ended_at = ?, "
                 "wall_seconds = ?, cpu_seconds = ?, compute_hours = ?, peak_rss_mb = ?, exit_code = ?, "
-                "note = ?, verified = ? WHERE id = ? AND status = 'running'",
+                "note = ?, verified = ?, peak_gpu_memory_mb = ?, gpu_utilization = ? "
+                "WHERE id = ? AND status IN ('running', 'queued')",
                 (
                     status,
                     metric_value,
@@ -420,6 +495,8 @@ class RunnerStore:
                     exit_code,
                     note,
                     verified,
+                    peak_gpu_memory_mb,
+                    gpu_utilization,
                     experiment_id,
                 ),
             )
@@ -442,7 +519,10 @@ class RunnerStore:
         return [_experiment(row) for row in rows]
 
     async def running_experiments(self) -> list[Experiment]:
-        rows = await self.db.fetchall("SELECT * FROM experiments WHERE status = 'running' ORDER BY id")
+        """Running or queued: what a restart finds unfinished."""
+        rows = await self.db.fetchall(
+            "SELECT * FROM experiments WHERE status IN ('running', 'queued') ORDER BY id"
+        )
         return [_experiment(row) for row in rows]
 
     async def usage(self, goal_id: int) -> tuple[int, float]:
@@ -658,7 +738,7 @@ class Ledger:
     attempted: int = 0  # interrupted runs are not counted as attempted (Experiment.counted)
     compute_hours_used: float = 0.0
     best: Experiment | None = None  # runner/report.py's best_experiment, chosen in SQL
-    running: Experiment | None = None  # the newest running one
+    running: Experiment | None = None  # the newest running one, else the first queued
     pending_approvals: list[Approval] = field(default_factory=list)
 
 
@@ -683,8 +763,10 @@ _BEST_EXPERIMENTS = f"""
 """
 _RUNNING_EXPERIMENTS = f"""
     SELECT * FROM (
-        SELECT *, ROW_NUMBER() OVER (PARTITION BY goal_id ORDER BY idx DESC) AS rank
-        FROM experiments WHERE {_OF_GOALS} AND status = 'running'
+        SELECT *, ROW_NUMBER() OVER (
+            PARTITION BY goal_id ORDER BY status = 'running' DESC, CASE status WHEN 'running' THEN -idx ELSE idx END
+        ) AS rank
+        FROM experiments WHERE {_OF_GOALS} AND status IN ('running', 'queued')
     ) WHERE rank = 1
 """
 _PENDING_APPROVALS_OF = f"SELECT * FROM approvals WHERE state = 'pending' AND {_OF_GOALS} ORDER BY id"
