@@ -90,6 +90,7 @@ class Campaigns:
         self._told_waiting: dict[int, str] = {}  # queued experiment id -> where it stands, as last written
         self._unwritten_waits: set[int] = set()
         self._writing_waits: asyncio.Task | None = None
+        self._detached: set[int] = set()  # cluster runs left running at shutdown
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
         self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
         self._experiment_goal: dict[int, int] = {}
@@ -232,6 +233,11 @@ class Campaigns:
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
             proc.poll()  # reap it (its watcher was cancelled), so no zombie is left behind
         for experiment_id, task in list(self._experiments.items()):
+            experiment = await self.store.get_experiment(experiment_id)
+            if experiment is not None and experiment.executor != "local" and experiment.job_id:
+                # A cluster job outlives the runner: it is followed again at the next start.
+                self.executor(experiment.executor).detach(experiment.job_id)
+                self._detached.add(experiment_id)
             self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
             task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
@@ -729,6 +735,8 @@ class Campaigns:
         try:
             return await running
         except asyncio.CancelledError as cancelled:
+            if experiment.id in self._detached:
+                raise  # left running on its cluster: its row stays open for the next runner
             used = cancelled.result if isinstance(cancelled, RunCancelled) else None
             if before is not None:
                 used = before if used is None else _together(before, used)

@@ -62,6 +62,11 @@ class Executor(Protocol):
         """After a runner restart: follow a job started before it to its end, like `run`."""
         ...
 
+    def detach(self, job_id: str) -> None:
+        """The runner is shutting down: when this job's `run` or `attach` is cancelled next, it
+        stops following and leaves the job be (a cluster job outlives the runner)."""
+        ...
+
 
 class LocalExecutor:
     """On this box, in the goal's sandbox, as the leader of its own process group."""
@@ -93,3 +98,6 @@ class LocalExecutor:
         # A local process dies with its sandbox when the runner goes (--die-with-parent): there is
         # nothing to attach to; recovery marks the run interrupted.
         raise ProcessLookupError(f"local process {placement.job_id} did not outlive the runner")
+
+    def detach(self, job_id: str) -> None:
+        pass  # it dies with the runner: nothing outlives it to attach to

@@ -90,6 +90,12 @@ class RayExecutor:
         # How long odd answers (5xx, non-JSON, connection drops) are retried while following a job
         # before the run is given up as lost: a dashboard restart must not crash a healthy run.
         self.patience_s = patience_s
+        self.detached: set[str] = set()  # jobs left running when their following is cancelled
+
+    def detach(self, job_id: str) -> None:
+        """The runner is going down: stop following this job, but leave it running (the next
+        runner attaches to it again)."""
+        self.detached.add(job_id)
 
     def _session(self) -> aiohttp.ClientSession:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -105,7 +111,7 @@ class RayExecutor:
                 # The POST may have reached Ray: the job must not run on unsupervised.
                 await _stop_quietly(api, submission_id)
                 raise RunCancelled(ProcessResult(None, None, 0.0, 0.0, 0.0, False, {})) from None
-            follow = _Follow(api, job, submission_id, on_points, self.patience_s)
+            follow = _Follow(api, job, submission_id, on_points, self.patience_s, self.detached)
 
             async def started() -> None:
                 await on_start(Placement("ray", self.address, submission_id))
@@ -121,7 +127,7 @@ class RayExecutor:
             answer = await api.call("GET", f"/api/jobs/{placement.job_id}")
             if answer.status == 404:
                 raise ProcessLookupError(f"Ray at {address}: job {placement.job_id} is not known there")
-            follow = _Follow(api, job, placement.job_id, on_points, self.patience_s)
+            follow = _Follow(api, job, placement.job_id, on_points, self.patience_s, self.detached)
             copied = follow.resume_metrics()
             follow.resumed = True
             return await follow.run(None, copied=copied)
@@ -147,7 +153,16 @@ class _Follow:
     """One job followed to its end: status and log polled, the log's new part appended to run.log,
     metrics drained after each append; a timeout or a cancellation stops it in Ray."""
 
-    def __init__(self, api: _RayApi, job: Job, submission_id: str, on_points: OnPoints, patience_s: float):
+    def __init__(
+        self,
+        api: _RayApi,
+        job: Job,
+        submission_id: str,
+        on_points: OnPoints,
+        patience_s: float,
+        detached: set[str],
+    ):
+        self.detached = detached
         self.api = api
         self.job = job
         self.id = submission_id
@@ -183,6 +198,8 @@ class _Follow:
                 await asyncio.sleep(POLL_S)
             await self.finish()
         except asyncio.CancelledError:
+            if self.id in self.detached:
+                raise
             await self.stop()
             await self.finish()
             raise RunCancelled(self.result(False)) from None

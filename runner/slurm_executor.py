@@ -102,6 +102,12 @@ class SlurmExecutor:
         # How long failing squeue/scontrol calls (controller restarting) are retried while
         # following a job before the run is given up as lost.
         self.patience_s = patience_s
+        self.detached: set[str] = set()  # jobs left running when their following is cancelled
+
+    def detach(self, job_id: str) -> None:
+        """The runner is going down: stop following this job, but leave it queued or running
+        (the next runner attaches to it again)."""
+        self.detached.add(job_id)
 
     async def cluster(self) -> str:
         """The cluster's name (Placement.host), read from `scontrol show config` once."""
@@ -114,7 +120,7 @@ class SlurmExecutor:
     async def run(self, job: Job, *, on_points: OnPoints, on_start: OnStart) -> ProcessResult:
         script = self.write_script(job)
         job_id = await self.submit(job, script)
-        follow = _Follow(job, job_id, on_points, self.patience_s)
+        follow = _Follow(job, job_id, on_points, self.patience_s, self.detached)
         try:
             await on_start(Placement("slurm", await self.cluster(), job_id))
         except asyncio.CancelledError:
@@ -126,7 +132,7 @@ class SlurmExecutor:
         """Follows `placement`'s job to its end. Slurm kept writing run.log while no runner read it,
         so it is read again from its start: series points from before the restart are delivered
         again (the offset read then is not known), none is lost."""
-        follow = _Follow(job, placement.job_id, on_points, self.patience_s)
+        follow = _Follow(job, placement.job_id, on_points, self.patience_s, self.detached)
         if await follow.queue_state() is None and not (await follow.record()).state:
             raise ProcessLookupError(f"Slurm: job {placement.job_id} is not known to the cluster")
         return await follow.run()
@@ -173,7 +179,8 @@ class _Follow:
     """One Slurm job followed to its end: the queue polled, run.log tailed for metrics; a timeout
     or a cancellation scancels it."""
 
-    def __init__(self, job: Job, job_id: str, on_points: OnPoints, patience_s: float):
+    def __init__(self, job: Job, job_id: str, on_points: OnPoints, patience_s: float, detached: set[str]):
+        self.detached = detached
         self.job = job
         self.id = job_id
         self.live = LiveMetrics(Path(job.goal.workspace), job.log_path, on_points)
@@ -196,6 +203,8 @@ class _Follow:
                 await asyncio.sleep(POLL_S)
             result = await self.result(timed_out)
         except asyncio.CancelledError:
+            if self.id in self.detached:
+                raise
             await self.cancel()
             raise RunCancelled(await self.result(False)) from None
         return result
