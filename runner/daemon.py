@@ -124,10 +124,12 @@ class Runner:
             self.mirror.start()
         await self.server.start_serving()
         log.info(
-            "runner %s listening on %s (compute unit: %s; sandbox: %s; operators: %s)",
+            "runner %s listening on %s (compute unit: %s; %d slots, GPUs %s; sandbox: %s; operators: %s)",
             settings.name,
             settings.socket_path,
             self.campaigns.compute_unit,
+            self.campaigns.slots.slots,
+            ",".join(map(str, self.campaigns.slots.gpus)) or "none",
             settings.sandbox,
             ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(self.server.operators)),
         )

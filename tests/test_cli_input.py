@@ -83,6 +83,10 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("approve", ["approve", "1.5"], "not a whole number"),
     ("reject", ["reject", "1", "--comment", b"\xc3"], "comment: b'\\xc3' is not UTF-8"),
     ("audit", ["audit", "--limit", "0"], "limit: Input should be greater than 0"),
+    ("du", ["du", "0"], "0 is out of range"),
+    ("du", ["du", "abc"], "not a whole number"),
+    ("experiment", ["experiment", "-d", "x", "--gpus", "-1", "--", "true"], "--gpus"),
+    ("experiment", ["experiment", "-d", "x", "--executor", "k8s", "--", "true"], "invalid choice: 'k8s'"),
     ("events", ["events", "--since", "-1"], "is out of range"),
     ("log", ["log", "1", "--offset", "x"], "not a whole number"),
     ("milestone", ["milestone", b"\xff"], "title: b'\\xff' is not UTF-8"),
@@ -149,7 +153,7 @@ def test_a_bad_goal_id_in_the_environment():
 
 VERBS = [
     *("submit", "status", "summary", "steer", "budget", "pause", "resume", "stop", "approve", "reject"),
-    *("audit", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "report"),
+    *("audit", "du", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "report"),
     *("diary write", "diary read"),
 ]
 AWKWARD = [

@@ -72,7 +72,12 @@ async def series(client, goal_id: int, name: str, experiment_id: int | None = No
 
 
 def milestones(events) -> list[MilestoneReported]:
-    return [e.data for e in events if isinstance(e.data, MilestoneReported)]
+    """The launcher's milestones (not the runner's checkpoint retention, which follows each run)."""
+    return [
+        e.data
+        for e in events
+        if isinstance(e.data, MilestoneReported) and e.data.title != "Checkpoints pruned"
+    ]
 
 
 # ---- through the runner ----

@@ -38,6 +38,7 @@ REQUESTS = [
     p.Subscribe(id=11, since=42, goal_id=1),
     p.Ack(id=12, seq=42),
     p.GetLog(id=13, experiment_id=1, offset=10),
+    p.DiskUsage(id=31, goal_id=1),
     p.GetSeries(id=14, goal_id=1, name="loss"),
     p.ReportMilestone(id=15, goal_id=1, title="baseline done", text="25%"),
     p.LogMetrics(id=16, goal_id=1, points=[MetricPoint(name="loss", value=0.5, step=3)]),

@@ -124,6 +124,7 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
         {"type": "read_diary", "id": 21, "goal_id": goal, "last": 3},
         {"type": "submit_report", "id": 22, "goal_id": goal, "text": "done"},
         {"type": "audit", "id": 23, "goal_id": goal, "limit": 5},
+        {"type": "disk_usage", "id": 40, "goal_id": goal},
         {
             "type": "record_fetch",
             "id": 24,
@@ -424,7 +425,16 @@ class LineClient:
         self.sock.close()
 
 
-HARMLESS = (p.Hello, p.Status, p.Summary, p.GetSeries, p.GetLog, p.Audit, p.ReadDiary)  # reads only
+HARMLESS = (
+    p.Hello,
+    p.Status,
+    p.Summary,
+    p.GetSeries,
+    p.GetLog,
+    p.Audit,
+    p.ReadDiary,
+    p.DiskUsage,
+)  # reads only
 NAMED_IDS = ("goal_id", "approval_id", "experiment_id")
 
 
