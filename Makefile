@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_wire.py
 	$(BIN)/python benchmarks/bench_history.py
 	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/bench_slots.py
 
 clean:
 	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build .venv-gym  # the link; the Gym venv stays cached
