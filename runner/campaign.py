@@ -462,7 +462,8 @@ class Campaigns:
                 waiting=waiting,
                 executor=executor,
                 host=self.settings.name if executor == "local" else None,
-                gpus=len(grant.devices) if grant else wanted if executor != "local" else 0,
+                # What it holds now: the GPUs granted here, or (on a cluster) those it asks for.
+                gpus=wanted if executor != "local" else len(grant.devices) if grant else 0,
                 devices=grant.cuda_visible_devices if grant and grant.devices else None,
             )
             task = asyncio.ensure_future(self._supervise(goal, experiment, req, grant, wanted))
