@@ -349,6 +349,10 @@ def ledger_points(row: Experiment) -> list[Point]:
         "cpu_seconds": row.cpu_seconds,
         "compute_hours": row.compute_hours,
         "peak_rss_mb": row.peak_rss_mb,
+        "gpus": float(row.gpus),
+        "queued_seconds": row.queued_seconds,
+        "peak_gpu_memory_mb": row.peak_gpu_memory_mb,
+        "gpu_utilization": row.gpu_utilization,
     }
     ended = millis(row.ended_at or row.started_at)
     return [
@@ -359,7 +363,11 @@ def ledger_points(row: Experiment) -> list[Point]:
 
 
 def finish_run(goal: GoalView, row: RowView, experiment: Experiment, views: _Views) -> FinishRun:
-    tags = {"goaltender.status": experiment.status, "goaltender.verified": str(experiment.verified).lower()}
+    tags = {
+        "goaltender.status": experiment.status,
+        "goaltender.verified": str(experiment.verified).lower(),
+        "goaltender.where": experiment.where,  # executor, box or cluster, job id, GPUs
+    }
     if experiment.note:
         tags["goaltender.note"] = experiment.note
     if experiment.exit_code is not None:
