@@ -260,8 +260,9 @@ def process_groups(needle: str) -> set[int]:
 async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     fake.add(
         Turn(tool_calls=[ToolCall("submit_report", {"text": "Interim: baseline pending."})]),
-        Turn(tool_calls=[ToolCall("shell", {"command": "sleep 61 & echo left behind"})]),
-        Turn(tool_calls=[ToolCall("shell", {"command": "touch started; sleep 60"})]),
+        # Durations no other test uses: the check below finds the processes by their command line.
+        Turn(tool_calls=[ToolCall("shell", {"command": "sleep 61.25 & echo left behind"})]),
+        Turn(tool_calls=[ToolCall("shell", {"command": "touch started; sleep 60.75"})]),
     )
     runner = await start_runner(agents=AGENTS, stop_grace_s=4.0)
     client = await connect(runner)
@@ -271,7 +272,7 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
     # Each shell command leads its own process group: the running one, and the background job
     # an earlier one left behind.
-    shells = await eventually(lambda: process_groups("sleep 61") | process_groups("sleep 60"))
+    shells = await eventually(lambda: process_groups("sleep 61.25") | process_groups("sleep 60.75"))
     assert len(shells) == 2 and agent_pid not in shells
 
     started = time.monotonic()

@@ -101,6 +101,7 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
         {"type": "ack", "id": 12, "seq": 1},
         {"type": "get_log", "id": 13, "experiment_id": experiment, "offset": 0, "limit": 100},
         {"type": "get_series", "id": 14, "goal_id": goal, "name": "loss"},
+        {"type": "get_artifact", "id": 41, "experiment_id": experiment, "name": "errors.json"},
         {"type": "milestone", "id": 15, "goal_id": goal, "title": "baseline", "text": "25%"},
         {
             "type": "log_metrics",
@@ -431,6 +432,7 @@ HARMLESS = (
     p.Summary,
     p.GetSeries,
     p.GetLog,
+    p.GetArtifact,
     p.Audit,
     p.ReadDiary,
     p.DiskUsage,
@@ -484,7 +486,12 @@ async def test_fuzzed_lines_through_a_real_runner_change_nothing(start_runner, c
         reply = fuzz_client.exchange(case.line)
         sent.append(reply.get("code") or reply["type"])
         if isinstance(expected, p.Error):
-            assert (reply["type"], reply["code"], reply["id"]) == ("error", expected.code, expected.id), reply
+            # A line nested past the JSON decoder's own recursion guard is refused before its id
+            # can be read; where the guard trips depends on the caller's stack depth, so the
+            # runner may not echo an id this thread could read.
+            too_deep = expected.message.startswith("nested more than") and reply["id"] is None
+            echoed = None if too_deep else expected.id
+            assert (reply["type"], reply["code"], reply["id"]) == ("error", expected.code, echoed), reply
         else:
             assert reply["id"] == expected.id, reply
             assert reply.get("code") in (None, "not_found", "version_mismatch"), reply
