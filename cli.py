@@ -394,6 +394,12 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         "metric is marked 'reported'",
     )
     placement_args(cmd)
+    cmd.add_argument(
+        "--repeat",
+        type=_whole_number(1),
+        default=1,
+        help="run it (and --eval) N times with GOALTENDER_SEED=0..N-1; the row holds the mean ± sd",
+    )
     cmd.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     goal_arg(cmd)
 
@@ -998,6 +1004,7 @@ def cmd_experiment(args):
         eval_command=_split(args.eval_command) if args.eval_command else None,
         gpus=args.gpus,
         executor=args.executor,
+        repeat=args.repeat,
     )
     return _run(args, _experiment_body(fields))
 
@@ -1059,6 +1066,9 @@ def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitab
             f"  ran: {e.where}"
             + (f", after {e.queued_seconds:.1f}s in the queue" if e.queued_seconds else "")
         )
+        if e.interval_low is not None and e.interval_high is not None:
+            noisy = "; within noise: not yet a finding" if e.within_noise else ""
+            print(f"  interval: {e.interval_low:.4g}–{e.interval_high:.4g} ({e.interval_how}){noisy}")
         if e.note:
             print(f"  note: {e.note}")
         if e.params:

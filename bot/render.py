@@ -25,6 +25,8 @@ from goaltender.display.facts import (
     format_bar,
     format_metric,
     format_params,
+    interval_text,
+    noise_mark,
     objective,
     reported_mark,
     state_label,
@@ -228,7 +230,9 @@ def _bar(bar: BudgetBar) -> str:
 def _metric_text(e: Experiment) -> str:
     name = e.metric_name or "metric"
     how = f" _({reported_mark(e)})_" if reported_mark(e) else ""
-    return f"{escape(name)} *{format_metric(name, e.metric_value)}*{how}"
+    trust = f" [{escape(interval_text(e))}]" if interval_text(e) else ""
+    noisy = " :warning: _within noise_" if noise_mark(e) else ""
+    return f"{escape(name)} *{format_metric(name, e.metric_value)}*{how}{trust}{noisy}"
 
 
 def status_card(

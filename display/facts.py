@@ -252,6 +252,19 @@ def crash_text(e: Experiment) -> str:
     return f"exit {e.exit_code}" if e.exit_code is not None else "no metric"
 
 
+def interval_text(e: Experiment) -> str:
+    """`18.9%–35.4% (Wilson 95%, n=64)`: how far the headline can be trusted; "" when unknown."""
+    if e.interval_low is None or e.interval_high is None:
+        return ""
+    name = e.metric_name
+    return f"{format_metric(name, e.interval_low)}–{format_metric(name, e.interval_high)} ({e.interval_how})"
+
+
+def noise_mark(e: Experiment) -> str:
+    """ "within noise" for a kept gain that lies inside its own interval (not yet a finding)."""
+    return "within noise" if e.within_noise else ""
+
+
 def reported_mark(e: Experiment) -> str:
     """ "reported" for a number the runner did not measure itself (every surface says so), else ""."""
     return "" if e.verified else "reported"

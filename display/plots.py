@@ -164,6 +164,35 @@ def campaign_figure(
     max_index = rows[-1].index
     ax.set_xlim(0.4, max(max_index, 5) + 0.6)  # a few empty slots read better than one lonely dot
 
+    # Each headline's interval (runner/noise.py) as an error bar; a within-noise keep ringed.
+    bars = [(e, v) for e, v in scored if e.interval_low is not None and e.interval_high is not None]
+    if bars:
+        ax.errorbar(
+            [e.index for e, _ in bars],
+            [v for _, v in bars],
+            yerr=[
+                [max(0.0, v - (e.interval_low or v)) for e, v in bars],
+                [max(0.0, (e.interval_high or v) - v) for e, v in bars],
+            ],
+            fmt="none",
+            ecolor="#9aa0a6",
+            elinewidth=1.0,
+            capsize=3,
+            zorder=2,
+        )
+    noisy = [(e, v) for e, v in scored if e.within_noise]
+    if noisy:
+        ax.scatter(
+            [e.index for e, _ in noisy],
+            [v for _, v in noisy],
+            s=150,
+            facecolors="none",
+            edgecolors="#e37400",
+            linewidths=1.4,
+            zorder=4,
+            label="within noise",
+        )
+
     # Scored points by status.
     for status in ("discard", "keep", "running"):
         pts = [(e, v) for e, v in scored if e.status == status]

@@ -31,6 +31,8 @@ from goaltender.display.facts import (
     format_bar,
     format_metric,
     format_params,
+    interval_text,
+    noise_mark,
     objective,
     reported_mark,
     state_label,
@@ -347,6 +349,8 @@ class ConsoleThread:
             value = format_metric(name, e.metric_value)
             best = " (best)" if new_best else ""
             how = f" {reported_mark(e)}" if reported_mark(e) else ""
+            how += f" [{interval_text(e)}]" if interval_text(e) else ""
+            how += f" {noise_mark(e)}" if noise_mark(e) else ""
             parts_plain.append(f"{name} {value}{how}{best}")
             parts.append(
                 f"{name} {self._c(value, 'bold')}{self._c(how, 'dim')}{self._c(best, 'yellow', 'bold')}"

@@ -17,13 +17,14 @@ import asyncio
 import dataclasses
 import logging
 import os
+import statistics
 import subprocess
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from goaltender.runner import gpus
+from goaltender.runner import gpus, noise
 from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import agent_environment, experiment_environment
 from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
@@ -91,6 +92,7 @@ class Campaigns:
         self._unwritten_waits: set[int] = set()
         self._writing_waits: asyncio.Task | None = None
         self._detached: set[int] = set()  # cluster runs left running at shutdown
+        self._asking_low_signal: set[int] = set()  # goals with a low-signal prompt open
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
         self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
         self._experiment_goal: dict[int, int] = {}
@@ -201,7 +203,7 @@ class Campaigns:
         )
         if unverified and status != "crash":
             note = "followed again after a runner restart; its eval command did not run (reported metric)"
-        await self._conclude(goal, experiment, result, status, note, result.summary, False)
+        await self._conclude(goal, experiment, _Attempt(result, status, note, result.summary, False))
 
     async def _resume(self, goal: Goal) -> None:
         kill_leftover_group(goal.agent_pid, goal.accepted_at.timestamp() if goal.accepted_at else None)
@@ -643,70 +645,141 @@ class Campaigns:
                 experiment.id, host=placement.host, job_id=placement.job_id, pid=pid
             )
 
-        async def run(command: list[str], log_to: Path, on_start: OnStart) -> ProcessResult:
-            part = dataclasses.replace(job, command=command, log_path=log_to)
+        async def run(part: Job, command: list[str], log_to: Path, on_start: OnStart) -> ProcessResult:
+            part = dataclasses.replace(part, command=command, log_path=log_to)
             return await executor.run(part, on_points=on_points, on_start=on_start)
 
-        try:
-            try:
-                result = await self._measure(experiment, run(req.command, job.log_path, placed))
-            except OSError as exc:
-                return await self._not_started(goal, experiment, exc), False
+        async def attempt(seed: int, before: ProcessResult | None) -> _Attempt:
+            """One run (and its eval): with --repeat, seed N's logs are run-N+1.log, eval-N+1.log."""
+            part = (
+                job
+                if req.repeat == 1
+                else dataclasses.replace(job, env={**job.env, "GOALTENDER_SEED": str(seed)})
+            )
+            log_to = _seeded(job.log_path, seed)
+            result = await self._measure(experiment, run(part, req.command, log_to, placed), before)
             summary, verified = result.summary, False
             # With an eval command the run need not print the metric: the evaluation measures it.
-            metric = experiment.metric_name
             status, note = _judge(result, job.timeout_s, None if req.eval_command else metric, summary)
             if status != "crash" and req.eval_command:
                 # The runner measures the headline itself; the run's own numbers stay under `run/`.
+                eval_log = _seeded(job.log_path.parent / "eval.log", seed)
                 try:
                     evaluation = await self._measure(
-                        experiment, run(req.eval_command, job.log_path.parent / "eval.log", _ignore), result
+                        experiment, run(part, req.eval_command, eval_log, _ignore), _add(before, result)
                     )
                 except OSError as exc:
-                    return await self._not_started(goal, experiment, exc, result, what="eval: "), False
+                    raise _NotStarted(exc, _add(before, result), "eval: ") from exc
                 status, note = _judge(evaluation, job.timeout_s, metric, evaluation.summary, what="eval")
                 summary = {**{f"run/{k}": v for k, v in result.summary.items()}, **evaluation.summary}
                 result = _together(result, evaluation)
                 verified = status != "crash"
+            return _Attempt(result, status, note, summary, verified)
+
+        metric = experiment.metric_name
+        attempts: list[_Attempt] = []
+        try:
+            for seed in range(req.repeat):
+                before = _total([a.result for a in attempts])
+                try:
+                    attempts.append(await attempt(seed, before))
+                except _NotStarted as late:
+                    what = _seed_note(seed, req.repeat) + late.what
+                    return await self._not_started(goal, experiment, late.cause, late.used, what=what), False
+                except OSError as exc:
+                    what = _seed_note(seed, req.repeat)
+                    return await self._not_started(goal, experiment, exc, before, what=what), False
+                if attempts[-1].status == "crash":
+                    break  # a crashed seed crashes the row: the rest would not change that
         finally:
             if watching is not None:
                 watching.cancel()
-        return await self._conclude(goal, experiment, result, status, note, summary, verified, usage)
+        done = _combined(attempts, metric, req.repeat)
+        return await self._conclude(goal, experiment, done, usage)
 
     async def _conclude(
-        self,
-        goal: Goal,
-        experiment: Experiment,
-        result: ProcessResult,
-        status: ExperimentStatus,
-        note: str | None,
-        summary: dict[str, float],
-        verified: bool,
-        usage: gpus.Usage | None = None,
+        self, goal: Goal, experiment: Experiment, done: _Attempt, usage: gpus.Usage | None = None
     ) -> tuple[Experiment, bool]:
-        """Judge the finished run against the best so far and enter it in the ledger."""
+        """Judge the finished run against the best so far, with its interval, and enter it in the
+        ledger. A new best inside the noise of its predecessor is kept, flagged within noise."""
+        status, note = done.status, done.note
         if status == "crash" and (space := self.low_space()):
             note = f"{note}; the disk was nearly full when it ended ({space})"
         metric = experiment.metric_name
-        value = summary.get(metric) if metric and status != "crash" else None
-        new_best = False
+        value = done.summary.get(metric) if metric and status != "crash" else None
+        new_best, found, noisy = False, None, False
+        if value is not None and metric:
+            found = noise.interval(metric, value, done.summary, done.seeds)
         if status == "keep" and value is not None:
             best = best_experiment(await self.store.experiments(goal.id), goal.direction)
             new_best = _beats(value, best, goal.direction)
             status = "keep" if new_best else "discard"
+            noisy = new_best and noise.within_noise(
+                found, best.metric_value if best else None, goal.direction
+            )
         finished = await self._finish(
             experiment,
             status,
             note,
-            result=result,
+            result=done.result,
             value=value,
-            metrics=summary,
+            metrics=done.summary,
             new_best=new_best,
-            verified=verified,
+            verified=done.verified,
             usage=usage,
+            interval=(found.low, found.high, found.how) if found else None,
+            within_noise=noisy,
+            repeats=len(done.seeds) or 1,
         )
         await self._keep_checkpoints(goal)
+        if noisy:
+            await self._ask_when_low_signal(goal)
         return finished, new_best
+
+    async def _ask_when_low_signal(self, goal: Goal) -> None:
+        """After GOALTENDER_NOISE_ASK_AFTER kept results in a row within noise, ask the humans how
+        to go on; their answer (and comment) reaches the agent's inbox. Asked once per streak."""
+        wanted = self.settings.noise_ask_after
+        kept = [e for e in await self.store.experiments(goal.id) if e.status == "keep"]
+        streak = kept[-wanted:] if wanted else []
+        if (
+            len(streak) < wanted
+            or not all(e.within_noise for e in streak)
+            or goal.id in self._asking_low_signal
+        ):
+            return
+        if any(e.within_noise for e in kept[-wanted - 1 : -wanted]) and len(kept) > wanted:
+            return  # the streak was asked about when it reached this length
+        self._asking_low_signal.add(goal.id)
+        self._spawn(self._low_signal_prompt(goal, streak))
+
+    async def _low_signal_prompt(self, goal: Goal, streak: list[Experiment]) -> None:
+        rows = ", ".join(
+            f"#{e.index} {e.metric_value:.4g} ({e.interval_how}: {e.interval_low:.3g}–{e.interval_high:.3g})"
+            for e in streak
+            if e.metric_value is not None and e.interval_low is not None and e.interval_high is not None
+        )
+        question = f"The last {len(streak)} gains are within noise ({rows}). Go on as planned?"
+        detail = (
+            "Each new best lies inside the noise of the one before it, so none is a finding yet. "
+            "Options: repeat the best configs with other seeds (`--repeat 3`); a larger eval split; "
+            "longer runs; or a change of direction. Approve to let the agent go on as planned, "
+            "reject to have it change course; a comment reaches the agent either way."
+        )
+        try:
+            approval = await self.ask(goal, "low_signal", question, detail, None)
+            if approval.state in ("approved", "rejected"):
+                verdict = "go on as planned" if approval.state == "approved" else "change course"
+                comment = f": {approval.comment}" if approval.comment else ""
+                await self.store.add_inbox(
+                    goal.id,
+                    approval.decided_by or "people",
+                    f"On the low-signal prompt (#{approval.id}) the humans said: {verdict}{comment}. "
+                    "Options were: repeat with other seeds (--repeat 3), a larger eval split, longer "
+                    "runs, another direction.",
+                )
+        finally:
+            self._asking_low_signal.discard(goal.id)
 
     async def _keep_checkpoints(self, goal: Goal) -> None:
         """After each run: the goal keeps its best GOALTENDER_KEEP_CHECKPOINTS checkpoints and the
@@ -774,6 +847,9 @@ class Campaigns:
         new_best: bool = False,
         verified: bool = False,
         usage: gpus.Usage | None = None,
+        interval: tuple[float, float, str] | None = None,
+        within_noise: bool = False,
+        repeats: int = 1,
     ) -> Experiment:
         """Enter the experiment's outcome in the ledger, charging its compute to the budget:
         GPU-hours (wall time × the GPUs it held) on a GPU box or when it held GPUs, else CPU-hours."""
@@ -801,6 +877,9 @@ class Campaigns:
             if usage and usage.mean_utilization is not None
             else None,
             gpu_utilization=usage.mean_utilization if usage else None,
+            interval=interval,
+            within_noise=within_noise,
+            repeats=repeats,
         )
 
     # ---- the end ----
@@ -887,6 +966,65 @@ def _together(first: ProcessResult, then: ProcessResult) -> ProcessResult:
         timed_out=first.timed_out,
         summary=first.summary,
     )
+
+
+class _NotStarted(OSError):
+    """An eval command that could not start, after its run had: what the run used is charged."""
+
+    def __init__(self, cause: OSError, used: ProcessResult | None, what: str):
+        super().__init__(str(cause))
+        self.cause, self.used, self.what = cause, used, what
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """One seed's run (and eval) of an experiment, judged; or, combined, the whole experiment."""
+
+    result: ProcessResult
+    status: ExperimentStatus
+    note: str | None
+    summary: dict[str, float]
+    verified: bool
+    seeds: list[float] = dataclasses.field(default_factory=list)  # each seed's headline (--repeat)
+
+
+def _combined(attempts: list[_Attempt], metric: str | None, repeats: int) -> _Attempt:
+    """The experiment's outcome from its seeds: times add up; a crashed seed crashes it; every
+    number all seeds printed is their mean, and the headline gets `/sd` and each seed's value."""
+    if repeats == 1:
+        return attempts[0]
+    result = _total([a.result for a in attempts])
+    assert result is not None, "at least one seed ran"
+    last = attempts[-1]
+    if last.status == "crash":
+        return _Attempt(result, "crash", f"seed {len(attempts) - 1}: {last.note}", last.summary, False)
+    keys = set.intersection(*(set(a.summary) for a in attempts))
+    summary = {k: statistics.fmean(a.summary[k] for a in attempts) for k in sorted(keys)}
+    seeds = [a.summary[metric] for a in attempts] if metric and metric in keys else []
+    if seeds:
+        summary[f"{metric}/sd"] = statistics.stdev(seeds)
+        summary |= {f"{metric}/seed_{i}": v for i, v in enumerate(seeds)}
+    return _Attempt(result, "keep", None, summary, all(a.verified for a in attempts), seeds)
+
+
+def _seeded(path: Path, seed: int) -> Path:
+    """Seed 0 keeps the plain name (run.log); seed N writes run-N+1.log beside it."""
+    return path if seed == 0 else path.with_name(f"{path.stem}-{seed + 1}{path.suffix}")
+
+
+def _seed_note(seed: int, repeats: int) -> str:
+    return f"seed {seed}: " if repeats > 1 else ""
+
+
+def _add(before: ProcessResult | None, then: ProcessResult) -> ProcessResult:
+    return then if before is None else _together(before, then)
+
+
+def _total(results: list[ProcessResult]) -> ProcessResult | None:
+    total = None
+    for result in results:
+        total = _add(total, result)
+    return total
 
 
 def _beats(value: float, best: Experiment | None, direction: str) -> bool:

@@ -87,6 +87,9 @@ class RunnerSettings(GoaltenderSettings):
     keep_checkpoints: int = Field(default=3, ge=0)
     """Checkpoints a goal keeps when an experiment ends: the best this many, and the latest; 0
     keeps them all."""
+    noise_ask_after: int = Field(default=2, ge=0)
+    """After this many kept results in a row whose gains are within noise, the humans are asked how
+    to go on (repeat seeds, a larger eval split, longer runs, another direction); 0 never asks."""
     gpu_sample_s: float = Field(default=5.0, gt=0)
     """How often a run's GPUs are sampled (memory, utilisation) for its ledger row."""
     operators: Annotated[list[int | str], NoDecode] = Field(default_factory=list)

@@ -280,6 +280,8 @@ class Ask(Request):
 
 
 class ReadInbox(Request):
+    # Run it (and its eval) this many times, GOALTENDER_SEED=0, 1, …: the row holds their mean ± sd.
+    repeat: int = Field(default=1, ge=1, le=20)
     type: Literal["read_inbox"] = "read_inbox"
     goal_id: RowId
     all: bool = False

@@ -69,6 +69,10 @@ def ledger_table(experiments: list[Experiment], metric: str | None) -> str:
         value = (
             "—" if e.metric_value is None else f"{e.metric_value:.4g}" + ("" if e.verified else " (reported)")
         )
+        if e.interval_low is not None and e.interval_high is not None:
+            value += f" [{e.interval_low:.3g}–{e.interval_high:.3g}, {e.interval_how}]"
+        if e.within_noise:
+            value += " **within noise**"
         wall = f"{e.wall_seconds:.1f}s" if e.wall_seconds is not None else "—"
         compute = f"{e.compute_hours:.4f}" if e.compute_hours is not None else "—"
         description = e.description + (f" ({e.note})" if e.note else "")

@@ -103,6 +103,13 @@ class Experiment(Record):
     queued_seconds: float | None = None  # how long it waited for a slot
     peak_gpu_memory_mb: float | None = None  # of its GPUs together, as NVML sampled them
     gpu_utilization: float | None = None  # mean percent busy of its GPUs while it ran
+    # How far metric_value can be trusted (runner/noise.py): its interval, how it was found, and
+    # whether its gain over the best before it lies inside it (a keep that is not yet a finding).
+    interval_low: float | None = None
+    interval_high: float | None = None
+    interval_how: str | None = None
+    within_noise: bool = False
+    repeats: int = 1  # seeds it ran (--repeat); metric_value is their mean
 
     @property
     def counted(self) -> bool:

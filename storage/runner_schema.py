@@ -145,4 +145,12 @@ MIGRATIONS = [
     ALTER TABLE goals ADD COLUMN executor TEXT;
     ALTER TABLE goals ADD COLUMN gpus_per_experiment INTEGER;
     """,
+    # 7: how far each headline can be trusted (runner/noise.py) and how many seeds it averages
+    """
+    ALTER TABLE experiments ADD COLUMN interval_low REAL;
+    ALTER TABLE experiments ADD COLUMN interval_high REAL;
+    ALTER TABLE experiments ADD COLUMN interval_how TEXT;
+    ALTER TABLE experiments ADD COLUMN within_noise INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE experiments ADD COLUMN repeats INTEGER NOT NULL DEFAULT 1;
+    """,
 ]

@@ -475,13 +475,18 @@ class RunnerStore:
         verified: bool = False,
         peak_gpu_memory_mb: float | None = None,
         gpu_utilization: float | None = None,
+        interval: tuple[float, float, str] | None = None,
+        within_noise: bool = False,
+        repeats: int = 1,
     ) -> Experiment:
         pending: list[Event] = []
+        low, high, how = interval if interval is not None else (None, None, None)
         async with self.db.write() as tx:
             await tx.run(
                 "UPDATE experiments SET status = ?, metric_value = ?, metrics = ?, ended_at = ?, "
                 "wall_seconds = ?, cpu_seconds = ?, compute_hours = ?, peak_rss_mb = ?, exit_code = ?, "
-                "note = ?, verified = ?, peak_gpu_memory_mb = ?, gpu_utilization = ? "
+                "note = ?, verified = ?, peak_gpu_memory_mb = ?, gpu_utilization = ?, "
+                "interval_low = ?, interval_high = ?, interval_how = ?, within_noise = ?, repeats = ? "
                 "WHERE id = ? AND status IN ('running', 'queued')",
                 (
                     status,
@@ -497,6 +502,11 @@ class RunnerStore:
                     verified,
                     peak_gpu_memory_mb,
                     gpu_utilization,
+                    low,
+                    high,
+                    how,
+                    within_noise,
+                    repeats,
                     experiment_id,
                 ),
             )
@@ -798,6 +808,7 @@ def _experiment(row: sqlite3.Row) -> Experiment:
     data["params"] = json.loads(data["params"])
     data["metrics"] = json.loads(data["metrics"])
     data["verified"] = bool(data["verified"])
+    data["within_noise"] = bool(data["within_noise"])
     data["eval_command"] = json.loads(data["eval_command"]) if data["eval_command"] else None
     return Experiment(**data)
 
