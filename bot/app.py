@@ -48,6 +48,7 @@ from goaltender.bot.admin import Admin
 from goaltender.bot.approvals import Approvals
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.config import BotSettings
+from goaltender.bot.gallery import Gallery
 from goaltender.bot.health import HealthMonitor
 from goaltender.bot.intake import GoalRefused, Intake, command_text
 from goaltender.bot.links import RunnerPool
@@ -128,6 +129,7 @@ class GoaltenderBot:
             roles=self.roles,
             budget=self.budget,
             views=self.views,
+            gallery=Gallery(self.pool, plots_dir),
         )
         self.approvals = Approvals(store, self.pool, self.outbox, self.roles, self.budget)
         self.digests = digest.Digests(store, self.pool, self.outbox, plots_dir)

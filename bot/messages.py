@@ -1,12 +1,12 @@
 """People's messages: a new goal (a message that @mentions the bot, or any new top-level message
 in a goal channel), or a reply in a goal's thread — `stop`, `pause`, `resume`, `status`,
-`summary` (or "what happened so far?"), `audit`, `budget +2h`, or anything else, which goes to the
-agent as steering.
+`summary` (or "what happened so far?"), `audit`, `show examples` (bot/gallery.py), `budget +2h`,
+or anything else, which goes to the agent as steering.
 
-Anyone in the channel may ask for `status`, `summary` and `audit` (the bot answers them; the agent
-is not disturbed). Everything else changes the goal: only those who control it (its owner, the
-approvers, the channel's controllers: bot/roles.py) may; anyone else is told so privately, nothing
-changes, and the refusal goes into the audit trail.
+Anyone in the channel may ask for `status`, `summary`, `audit` and `show examples` (the bot answers
+them; the agent is not disturbed). Everything else changes the goal: only those who control it (its
+owner, the approvers, the channel's controllers: bot/roles.py) may; anyone else is told so
+privately, nothing changes, and the refusal goes into the audit trail.
 A budget change over the channel's limit waits for a second person (bot/budget_guard.py).
 
 A message that @mentions the bot arrives twice (app_mention + message): it is handled once,
@@ -20,6 +20,7 @@ from typing import Any
 
 from goaltender.bot import audit, queries, render
 from goaltender.bot.budget_guard import BudgetGuard
+from goaltender.bot.gallery import Gallery, NoAnswer, asks_for_examples
 from goaltender.bot.intake import GoalRefused, Intake
 from goaltender.bot.keys import CardKey, ReplyKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
@@ -64,6 +65,7 @@ class Messages:
         roles: Roles,
         budget: BudgetGuard,
         views: Views,
+        gallery: Gallery,
     ):
         self.store = store
         self.pool = pool
@@ -73,6 +75,7 @@ class Messages:
         self.roles = roles
         self.budget = budget
         self.views = views
+        self.gallery = gallery
 
     async def on_message(self, event: dict[str, Any], bot_user: str | None, *, mention: bool) -> None:
         if event.get("subtype") not in _HANDLED_SUBTYPES:
@@ -124,6 +127,9 @@ class Messages:
         if command == "audit":
             await self._audit(thread, key)
             return
+        if asks_for_examples(text):
+            await self._examples(thread, user, key)
+            return
         doing = command if command in CONTROL else "budget" if _BUDGET.match(text) else "steer"
         if not await self.roles.may_control(thread, user):
             who = await self.roles.who_controls(thread)
@@ -173,6 +179,25 @@ class Messages:
             return
         await self.outbox.enqueue(
             thread.channel, "post", in_thread(CardKey(thread.runner, thread.goal_id), answer), key
+        )
+
+    async def _examples(self, thread: Thread, user: str, key: ReplyKey) -> None:
+        """`show examples`: the gallery of hard cases, posted in the thread (or why there is none)."""
+        try:
+            shown = await self.gallery.find(thread)
+        except NoAnswer:
+            await self._say(thread, f"Runner {thread.runner} did not answer; try again soon.", key)
+            return
+        if shown is None:
+            text = (
+                f"No experiment of goal #{thread.goal_id} has a gallery of hard cases yet "
+                "(an evaluation that writes `hard_cases.png` makes one)."
+            )
+            await self._tell(thread, user, text, key)
+            return
+        upload = self.gallery.upload(thread, shown)
+        await self.outbox.enqueue(
+            thread.channel, "upload", in_thread(CardKey(thread.runner, thread.goal_id), upload), key
         )
 
     async def _audit(self, thread: Thread, key: ReplyKey) -> None:

@@ -12,6 +12,7 @@ are answered by the server.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import signal
 import sqlite3
@@ -61,6 +62,7 @@ class Runner:
             p.Summary: self._on_summary,
             p.GetLog: self._on_get_log,
             p.GetSeries: self._on_get_series,
+            p.GetArtifact: self._on_get_artifact,
             p.DiskUsage: self._on_disk_usage,
             p.Audit: self._on_audit,
             # from the agents
@@ -306,6 +308,27 @@ class Runner:
         return p.LogReply(
             text=data.decode(errors="replace"), offset=req.offset, next_offset=req.offset + len(data), eof=eof
         )
+
+    async def _on_get_artifact(self, req: p.GetArtifact, who: Principal) -> p.Reply:
+        experiment = await self.store.get_experiment(req.experiment_id)
+        if experiment is None:
+            raise Refused("not_found", f"no experiment #{req.experiment_id}")
+        goal = await self.campaigns.goal(experiment.goal_id)
+        path = Path(experiment.log_path).parent / req.name
+        try:  # in the agent's workspace: never read through a link it left there
+            data = read_beneath(Path(goal.workspace), path, 0, p.MAX_ARTIFACT_BYTES + 1)
+        except (OSError, ValueError) as exc:  # ValueError: a log path outside the workspace
+            raise Refused(
+                "not_found", f"experiment #{experiment.id}'s {req.name} cannot be read: {exc}"
+            ) from exc
+        if not data:
+            raise Refused("not_found", f"experiment #{experiment.id} has no {req.name}")
+        if len(data) > p.MAX_ARTIFACT_BYTES:
+            raise Refused(
+                "bad_request",
+                f"experiment #{experiment.id}'s {req.name} is over {p.MAX_ARTIFACT_BYTES} bytes",
+            )
+        return p.ArtifactReply(name=req.name, data=base64.b64encode(data).decode())
 
     async def _on_get_series(self, req: p.GetSeries, who: Principal) -> p.Reply:
         points = await self.store.metric_series(req.goal_id, req.name, req.experiment_id)

@@ -222,6 +222,20 @@ class GetSeries(Request):
     experiment_id: RowId | None = None
 
 
+#: The files of an experiment's directory GetArtifact may read (what evaluations write for people).
+Artifact = Literal["hard_cases.png", "errors.json"]
+#: Bigger artifacts are refused: base64 of this many bytes still fits in one line (MAX_LINE).
+MAX_ARTIFACT_BYTES = (MAX_LINE - 4096) * 3 // 4
+
+
+class GetArtifact(Request):
+    """One file an experiment's evaluation wrote (e.g. the star-count gallery of hard cases)."""
+
+    type: Literal["get_artifact"] = "get_artifact"
+    experiment_id: RowId
+    name: Artifact
+
+
 class DiskUsage(Request):
     """What each goal's workspace holds on the big disk (one goal, or every goal)."""
 
@@ -333,6 +347,7 @@ AnyRequest = Annotated[
     | Ack
     | GetLog
     | GetSeries
+    | GetArtifact
     | ReportMilestone
     | LogMetrics
     | RunExperiment
@@ -429,6 +444,12 @@ class LogReply(Reply):
     eof: bool
 
 
+class ArtifactReply(Reply):
+    type: Literal["artifact"] = "artifact"
+    name: str
+    data: str  # base64 of the file's bytes
+
+
 class GoalDisk(Message):
     goal_id: int
     state: str
@@ -494,6 +515,7 @@ AnyReply = Annotated[
     | LogReply
     | DiskUsageReply
     | SeriesReply
+    | ArtifactReply
     | Subscribed
     | EventMessage
     | Error,

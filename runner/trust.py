@@ -116,7 +116,7 @@ AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
     }
 )
 GOAL_READS: frozenset[type[p.Request]] = frozenset(
-    {p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog, p.DiskUsage}
+    {p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog, p.GetArtifact, p.DiskUsage}
 )
 CONNECTION_REQUESTS: frozenset[type[p.Request]] = frozenset({p.Hello, p.Ack})
 
@@ -158,7 +158,7 @@ async def goal_named(request: p.Request, store: RunnerStore) -> int | None:
     if isinstance(request, p.Decide):
         approval = await store.get_approval(request.approval_id)
         return approval.goal_id if approval else None
-    if isinstance(request, p.GetLog):
+    if isinstance(request, p.GetLog | p.GetArtifact):
         experiment = await store.get_experiment(request.experiment_id)
         return experiment.goal_id if experiment else None  # no such run: the handler says so
     goal_id = getattr(request, "goal_id", None)

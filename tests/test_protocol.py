@@ -40,6 +40,7 @@ REQUESTS = [
     p.GetLog(id=13, experiment_id=1, offset=10),
     p.DiskUsage(id=31, goal_id=1),
     p.GetSeries(id=14, goal_id=1, name="loss"),
+    p.GetArtifact(id=32, experiment_id=1, name="hard_cases.png"),
     p.ReportMilestone(id=15, goal_id=1, title="baseline done", text="25%"),
     p.LogMetrics(id=16, goal_id=1, points=[MetricPoint(name="loss", value=0.5, step=3)]),
     p.RunExperiment(id=17, goal_id=1, command=["python", "t.py"], description="d", params={"lr": 0.1}),
@@ -77,6 +78,7 @@ def test_reply_round_trip():
         p.Subscribed(id=3, head=7),
         p.Error(id=4, code="conflict", message="already decided"),
         p.LogReply(id=5, text="abc", offset=0, next_offset=3, eof=True),
+        p.ArtifactReply(id=6, name="errors.json", data="e30="),
     ]:
         assert p.parse_reply(p.encode(reply)) == reply
 
