@@ -280,6 +280,8 @@ class RunExperiment(Request):
     # Where it runs and with how many GPUs; default: its goal's, else the box's.
     executor: Literal["local", "ray", "slurm"] | None = None
     gpus: int | None = Field(default=None, ge=0, le=1024)
+    # Run it (and its eval) this many times, GOALTENDER_SEED=0, 1, …: the row holds their mean ± sd.
+    repeat: int = Field(default=1, ge=1, le=20)
 
 
 class Ask(Request):
@@ -294,8 +296,6 @@ class Ask(Request):
 
 
 class ReadInbox(Request):
-    # Run it (and its eval) this many times, GOALTENDER_SEED=0, 1, …: the row holds their mean ± sd.
-    repeat: int = Field(default=1, ge=1, le=20)
     type: Literal["read_inbox"] = "read_inbox"
     goal_id: RowId
     all: bool = False
