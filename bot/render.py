@@ -252,7 +252,11 @@ def status_card(
     bars = [
         _bar(bar)
         for bar in budget_bars(
-            goal, attempted=status.attempted, compute_hours_used=status.compute_hours_used, now=now
+            goal,
+            attempted=status.attempted,
+            compute_hours_used=status.compute_hours_used,
+            now=now,
+            tokens_used=status.tokens_used,
         )
     ]
     best = status.best

@@ -153,6 +153,8 @@ def budget_summary(budget: Budget) -> str:
         parts.append(f"{format_hours(budget.compute_hours)} compute-h")
     if budget.experiment_timeout_s is not None:
         parts.append(f"{format_duration(budget.experiment_timeout_s)} per experiment")
+    if budget.max_tokens is not None:
+        parts.append(f"≤{format_tokens(budget.max_tokens)} agent tokens")
     if budget.ask_to_continue:
         parts.append("asks before going past baseline + 3")
     return " · ".join(parts) if parts else "no limits"
@@ -202,20 +204,35 @@ def _bar(
     return BudgetBar(label, fmt(used), fmt(total), used / total, sep)
 
 
-def budget_bars(goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime) -> list[BudgetBar]:
-    """The card's three budgets: time, experiments attempted, compute-hours."""
+def budget_bars(
+    goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime, tokens_used: int = 0
+) -> list[BudgetBar]:
+    """The card's budgets: time, experiments attempted, compute-hours, and the agent's tokens
+    when it has a token budget or has spent any."""
     used_s, total_s = time_used(goal, now)
     b = goal.budget
-    return [
+    bars = [
         _bar("time", used_s, total_s, format_duration),
         _bar("experiments", float(attempted), b.max_experiments, lambda v: str(int(v)), sep="/"),
         _bar("compute-h", compute_hours_used, b.compute_hours, format_hours),
     ]
+    if b.max_tokens is not None or tokens_used:
+        bars.append(_bar("tokens", float(tokens_used), b.max_tokens, format_tokens, sep="/"))
+    return bars
+
+
+def format_tokens(count: float) -> str:
+    """`812`, `45.2k`, `1.25M`."""
+    if count < 1000:
+        return f"{count:.0f}"
+    if count < 1_000_000:
+        return f"{count / 1000:.1f}k"
+    return f"{count / 1_000_000:.2f}M"
 
 
 def budget_line(goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime) -> str:
     """`time 1h02m/5h00m · 4/20 experiments · 0.52/8 compute-h`, for one-line summaries."""
-    time_bar, experiments, compute = budget_bars(
+    time_bar, experiments, compute, *_ = budget_bars(
         goal, attempted=attempted, compute_hours_used=compute_hours_used, now=now
     )
 

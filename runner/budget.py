@@ -23,6 +23,7 @@ MIN_DURATION_S = 1.0
 MAX_DURATION_S = 365 * 86400.0
 MAX_COMPUTE_HOURS = 100_000.0
 MAX_EXPERIMENTS = 10_000
+MAX_TOKENS = 10**11
 MAX_TARGET = 1e12  # `target 25` is any metric's value (BLEU, say); only `to 90%` is a share
 
 
@@ -60,6 +61,7 @@ class GoalSpec(BaseModel):
     target: float | None = None
     runner: str | None = None
     agent: str | None = None
+    max_tokens: int | None = None  # "max 2M tokens", "token budget 500k"
     executor: str | None = None  # "via slurm", "via ray", "via local"
     gpus_per_experiment: int | None = None  # "2 GPUs each", "1 GPU per experiment"
 
@@ -141,6 +143,11 @@ _PATTERNS = {
         r"\b(?:max(?:imum)?|up\s++to|at\s++most)\s++(\d++)\s++(?:experiments?|runs?)\b", re.I
     ),
     "timeout": re.compile(rf"\btimeout\s++({_RUN})", re.I),
+    "tokens": re.compile(
+        rf"\b(?:(?:max(?:imum)?|up\s++to|at\s++most)\s++({_NUM})\s*+([km]?)\s*+tokens?"
+        rf"|tokens?\s++budget\s++(?:of\s++)?({_NUM})\s*+([km]?))\b",
+        re.I,
+    ),
     # "10m each": found as duration runs, each run once, then what follows it is looked at.
     "run": re.compile(rf"(?<![\w.]){_RUN}", re.I),
     "each": re.compile(r"\s*+(?:each|per\s++(?:experiments?|runs?))\b", re.I),
@@ -186,6 +193,12 @@ def _read_limits(text: str) -> GoalSpec:
         spec.max_experiments = _check_experiments(
             _count(m.group(1)), m.group(0), "an experiment count", "`max 8 experiments`"
         )
+    if m := _PATTERNS["tokens"].search(text):
+        number, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        tokens = float(number) * {"": 1, "k": 1e3, "m": 1e6}[unit.lower()]
+        if not 1 <= tokens <= MAX_TOKENS:
+            _refuse(m.group(0), f"a token budget must be from 1 to {MAX_TOKENS:,} (e.g. `max 2M tokens`)")
+        spec.max_tokens = int(tokens)
     if timeout := _timeout_phrase(text):
         phrase, seconds = timeout
         spec.experiment_timeout_s = check_duration(
@@ -235,6 +248,7 @@ def explicit_budget(spec: GoalSpec, now: datetime, default_timeout_s: float | No
         deadline=now + timedelta(seconds=spec.wall_seconds) if spec.wall_seconds else None,
         compute_hours=spec.compute_hours,
         max_experiments=spec.max_experiments,
+        max_tokens=spec.max_tokens,
         experiment_timeout_s=spec.experiment_timeout_s or default_timeout_s,
     )
     if not spec.has_stop_rule:
@@ -298,6 +312,9 @@ def _set_limits(budget: Budget, spec: GoalSpec, now: datetime) -> tuple[Budget, 
     if spec.experiment_timeout_s is not None:
         new.experiment_timeout_s = spec.experiment_timeout_s
         changes.append(f"per-experiment timeout {_fmt_seconds(spec.experiment_timeout_s)}")
+    if spec.max_tokens is not None:
+        new.max_tokens = spec.max_tokens
+        changes.append(f"max tokens {spec.max_tokens:,}")
     return (new, ", ".join(changes)) if changes else None
 
 

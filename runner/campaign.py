@@ -884,6 +884,10 @@ class Campaigns:
 
     # ---- the end ----
 
+    def end_soon(self, goal_id: int, state: GoalState, reason: str) -> None:
+        """End the goal from a request its own agent is waiting on (end_goal stops that agent)."""
+        self._spawn(self.end_goal(goal_id, state, reason))
+
     async def end_goal(self, goal_id: int, state: GoalState, reason: str) -> None:
         """Stop the agent and the goal's experiments (process groups), settle approvals, enter a
         terminal state and write the final report. Idempotent."""

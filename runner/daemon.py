@@ -38,7 +38,7 @@ from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.supervisor import read_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
-from goaltender.storage.records import Goal, HubFetched, MilestoneReported, utcnow
+from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
 from goaltender.storage.runner_store import Ledger, RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
@@ -369,6 +369,12 @@ class Runner:
     async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         await self.store.add_metrics(goal.id, req.experiment_id, req.points)
+        limit = goal.budget.max_tokens
+        if limit is not None and any(point.name in TOKEN_METRICS for point in req.points):
+            used = (await self.store.tokens_used([goal.id])).get(goal.id, 0)
+            if used >= limit:
+                # After this reply: ending the goal stops the agent, which waits for it.
+                self.campaigns.end_soon(goal.id, "finished", f"token budget used: {used:,}/{limit:,} tokens")
         return p.Done(message=f"{len(req.points)} metric point(s) logged")
 
     async def _on_read_inbox(self, req: p.ReadInbox, who: Principal) -> p.Reply:
@@ -421,6 +427,7 @@ class Runner:
             goal=goal,
             attempted=attempted,
             compute_hours_used=compute_used,
+            tokens_used=(await self.store.tokens_used([goal_id])).get(goal_id, 0),
             best=best_experiment(experiments, goal.direction),
             running=running,
             pending_approvals=await self.store.pending_approvals(goal_id),
@@ -433,6 +440,7 @@ def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:
         goal=goal,
         attempted=ledger.attempted,
         compute_hours_used=ledger.compute_hours_used,
+        tokens_used=ledger.tokens_used,
         best=ledger.best,
         running=ledger.running,
         pending_approvals=ledger.pending_approvals,

@@ -386,6 +386,7 @@ class GoalStatus(Message):
     goal: Goal
     attempted: int
     compute_hours_used: float
+    tokens_used: int = 0  # the LLM agent's, as it meters them (Budget.max_tokens)
     best: Experiment | None = None
     running: Experiment | None = None
     pending_approvals: list[Approval] = Field(default_factory=list)

@@ -30,9 +30,26 @@ class Budget(Record):
     wall_seconds: float | None = None  # what was asked, kept for display
     compute_hours: float | None = None  # GPU-hours on a GPU box, CPU-hours elsewhere
     max_experiments: int | None = None  # attempted, not successful
+    max_tokens: int | None = None  # the LLM agent's input + output tokens, as it meters them
     experiment_timeout_s: float | None = None
     # The default stop rule (none given): baseline + 3 experiments, then ask before going on.
     ask_to_continue: bool = False
+
+
+TOKEN_METRICS = ("agent/input_tokens", "agent/output_tokens")  # what the built-in agents meter
+
+
+def tokens_used(series: dict[str, list[float]]) -> int:
+    """What an agent has spent (Budget.max_tokens), from its cumulative token counters
+    (TOKEN_METRICS) point by point: an agent started again (a resume) counts from zero, so a
+    drop starts a new tally."""
+    total = 0.0
+    for values in series.values():
+        last = 0.0
+        for value in values:
+            total += value - last if value >= last else value
+            last = value
+    return int(total)
 
 
 class Goal(Record):

@@ -26,6 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from goaltender.storage.db import Database, Tx
 from goaltender.storage.records import (
     TERMINAL_STATES,
+    TOKEN_METRICS,
     Approval,
     ApprovalDecided,
     ApprovalRequested,
@@ -51,6 +52,7 @@ from goaltender.storage.records import (
     MetricsLogged,
     SteerReceived,
     UnreadableEvent,
+    tokens_used,
     utcnow,
 )
 from goaltender.storage.runner_schema import MIGRATIONS
@@ -558,7 +560,20 @@ class RunnerStore:
             ledgers[row["goal_id"]].running = _experiment(row)
         for row in await self.db.fetchall(_PENDING_APPROVALS_OF, (ids,)):
             ledgers[row["goal_id"]].pending_approvals.append(_approval(row))
+        for goal_id, used in (await self.tokens_used(goal_ids)).items():
+            ledgers[goal_id].tokens_used = used
         return ledgers
+
+    async def tokens_used(self, goal_ids: list[int]) -> dict[int, int]:
+        """Each goal's agent tokens so far, from its metered counters (on the metrics index)."""
+        series: dict[int, dict[str, list[float]]] = {}
+        rows = await self.db.fetchall(
+            f"SELECT goal_id, name, value FROM metrics WHERE {_OF_GOALS} AND name IN (?, ?) ORDER BY id",
+            (json.dumps(goal_ids), *TOKEN_METRICS),
+        )
+        for goal_id, name, value in rows:
+            series.setdefault(goal_id, {}).setdefault(name, []).append(value)
+        return {goal_id: tokens_used(counters) for goal_id, counters in series.items()}
 
     # ---- metrics ----
 
@@ -750,6 +765,7 @@ class Ledger:
     best: Experiment | None = None  # runner/report.py's best_experiment, chosen in SQL
     running: Experiment | None = None  # the newest running one, else the first queued
     pending_approvals: list[Approval] = field(default_factory=list)
+    tokens_used: int = 0  # the agent's tokens (runner/budget.py tokens_used)
 
 
 # Named states (not NOT IN the terminal ones), so that the goals_by_state index answers it.
