@@ -245,8 +245,8 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
     await make_bot(runner.settings.socket_path)
     general = fake.general
     await fake.slash_command("/goal", "find a good lr, max 3 experiments", general, ALICE)
-    card = await fake.wait_for_message(general, text="Goal #1")
-    await fake.wait_for_message(general, thread_ts=card.ts, text="ran", timeout=20)
+    card = await fake.wait_for_message(general, text="Goal #1", timeout=15)
+    await fake.wait_for_message(general, thread_ts=card.ts, text="ran", timeout=60)
 
     # Anyone may ask; the gallery of the best experiment is uploaded in the thread with the analysis.
     await fake.user_replies(general, card.ts, "show examples", user=BOB)
@@ -254,7 +254,7 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
     def uploaded(root: str) -> list:  # (the milestone's campaign plot is a file too)
         return [m for m in fake.messages(general, root) if m.files and "Hard cases" in m.text]
 
-    [posted] = await fake.wait_for(lambda: uploaded(card.ts), 15)
+    [posted] = await fake.wait_for(lambda: uploaded(card.ts), 30)
     assert fake.files[posted.files[0]["id"]].content == png
     assert "Hard cases of goal #1's best experiment, #1" in posted.text
     assert "*off by one*" in posted.text and "&lt;on dense canvases&gt;" in posted.text
@@ -262,8 +262,8 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
 
     # Goal 2's gallery is a link out of its workspace: the runner will not read through it.
     await fake.slash_command("/goal", "find a good lr too, max 3 experiments", general, ALICE)
-    second = await fake.wait_for_message(general, text="Goal #2")
-    await fake.wait_for_message(general, thread_ts=second.ts, text="ran", timeout=20)
+    second = await fake.wait_for_message(general, text="Goal #2", timeout=15)
+    await fake.wait_for_message(general, thread_ts=second.ts, text="ran", timeout=60)
     [experiment] = await runner.store.experiments(2)
     assert (Path(experiment.log_path).parent / "hard_cases.png").is_symlink()
     client = await connect(runner)
@@ -271,7 +271,7 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
         await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png")
     assert refused.value.error.code == "not_found"
     await fake.user_replies(general, second.ts, "examples", user=BOB)
-    [told] = await fake.wait_for(lambda: [e for e in fake.ephemerals(BOB) if e.thread_ts == second.ts], 15)
+    [told] = await fake.wait_for(lambda: [e for e in fake.ephemerals(BOB) if e.thread_ts == second.ts], 30)
     assert "No experiment of goal #2 has a gallery" in told.text
     assert not uploaded(second.ts)
 
