@@ -446,6 +446,41 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     cmd.add_argument("--kind", default="generic", help="cost | command | generic")
     goal_arg(cmd)
 
+    cmd = command(
+        "stage-done",
+        cmd_stage_done,
+        "end the goal's stage: the humans approve before the next one starts",
+        """\
+        A staged goal (`stages: plan, implement, campaign` in its words) passes a gate
+        between stages: this posts the stage's summary (and --attach DOC, e.g. the plan)
+        in the thread and waits for a person to decide. Exit code 0: approved, the next
+        stage has started (it is printed); 1: rejected (the comment says why); 3: expired.
+        Experiments start in the stage named `campaign`.""",
+    )
+    cmd.add_argument("summary", nargs="?", help="what the stage did and found (or --file)")
+    cmd.add_argument("--file", type=Path, help="the summary, from a file")
+    cmd.add_argument("--attach", type=Path, help="a document for the humans to review, e.g. plan.md")
+    goal_arg(cmd)
+
+    cmd = command(
+        "cross-check",
+        cmd_cross_check,
+        "compare two independent implementations before any campaign",
+        """\
+        Runs A, then B, in the goal's sandbox, on the same toy input; each prints
+        `name: value` lines (the numbers a paper's equations give on a toy batch, say).
+        Every number either printed must agree within --rtol/--atol. A disagreement is
+        posted as an approval prompt with the table, and the goal's experiments wait until
+        a person decides: exit code 0 when they agree or a person lets it pass, 1 when the
+        disagreement stands (fix the implementations and cross-check again).""",
+    )
+    cmd.add_argument("-d", "--description", required=True, help="what is compared, on what input")
+    cmd.add_argument("--a", required=True, dest="a", help="implementation A's command (one string)")
+    cmd.add_argument("--b", required=True, dest="b", help="implementation B's command (one string)")
+    cmd.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance (default 1e-5)")
+    cmd.add_argument("--atol", type=float, default=1e-8, help="absolute tolerance (default 1e-8)")
+    goal_arg(cmd)
+
     cmd = command("inbox", cmd_inbox, "read steering messages from people (unread ones, then marked read)")
     cmd.add_argument("--all", action="store_true", help="include messages already read")
     goal_arg(cmd)
@@ -1101,13 +1136,13 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _split(command: str) -> list[str]:
+def _split(command: str, flag: str = "--eval") -> list[str]:
     import shlex
 
     try:
         return shlex.split(command)
     except ValueError as exc:  # an unclosed quote
-        raise UsageError(f"--eval: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def cmd_ask(args):
@@ -1124,6 +1159,58 @@ def cmd_ask(args):
         a = (await runner.call(p.Ask, p.DecisionReply, **fields)).approval
         print(f"{a.state} by {a.decided_by}" + (f": {a.comment}" if a.comment else ""))
         return {"approved": EXIT_OK, "rejected": EXIT_NO}.get(a.state, EXIT_EXPIRED)
+
+    return _run(args, body)
+
+
+def cmd_stage_done(args):
+    summary = _read_text(args.file.read_bytes, str(args.file)) if args.file else args.summary
+    if not summary:
+        raise UsageError("give the stage's summary, or --file summary.md")
+    document = _read_text(args.attach.read_bytes, str(args.attach)) if args.attach else None
+    fields = _checked(
+        p.StageDone,
+        goal_id=_goal_id(args),
+        summary=summary,
+        document=document,
+        document_name=args.attach.name if args.attach else None,
+    )
+
+    async def body(runner: RunnerClient):
+        reply = await runner.call(p.StageDone, p.StageReply, **fields)
+        a = reply.approval
+        print(f"{a.state} by {a.decided_by}" + (f": {a.comment}" if a.comment else ""))
+        if a.state == "approved":
+            print(f"stage {reply.goal.stage + 1}/{len(reply.goal.stages)}: {reply.goal.stage_name}")
+        return {"approved": EXIT_OK, "rejected": EXIT_NO}.get(a.state, EXIT_EXPIRED)
+
+    return _run(args, body)
+
+
+def cmd_cross_check(args):
+    fields = _checked(
+        p.CrossCheck,
+        goal_id=_goal_id(args),
+        description=args.description,
+        a=_split(args.a, "--a"),
+        b=_split(args.b, "--b"),
+        rtol=args.rtol,
+        atol=args.atol,
+        cwd=_working_directory(),
+        env=_environment(),
+    )
+
+    async def body(runner: RunnerClient):
+        reply = await runner.call(p.CrossCheck, p.CrossCheckReply, **fields)
+        if reply.differing == 0:
+            print(f"agreed: {reply.compared} numbers")
+        else:
+            print(f"{reply.differing} of {reply.compared} numbers differ:\n{reply.table}")
+            if reply.approval is not None:
+                a = reply.approval
+                print(f"{a.state} by {a.decided_by}" + (f": {a.comment}" if a.comment else ""))
+        print("logs: " + ", ".join(reply.logs))
+        return EXIT_OK if reply.agreed else EXIT_NO
 
     return _run(args, body)
 

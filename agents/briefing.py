@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from goaltender.runner.protocol import SummaryReply
+from goaltender.storage.records import Goal
 
 SKILLS_DIR = Path(__file__).resolve().parent.parent / "skills"
 
@@ -58,6 +59,21 @@ def metric_lines(metric: str | None, direction: str) -> list[str]:
     ]
 
 
+def stage_lines(goal: Goal) -> list[str]:
+    """A staged goal: where it is, and how a stage ends (at a gate the humans approve)."""
+    if not goal.stages:
+        return []
+    path = " → ".join(f"**{name}**" if i == goal.stage else name for i, name in enumerate(goal.stages))
+    return [
+        f"Stages: {path} (now: {goal.stage_name}, {goal.stage + 1}/{len(goal.stages)}).",
+        'End a stage with `goaltender stage-done "<summary>" [--attach plan.md]`: the humans approve',
+        "before the next one starts. Experiments start in the `campaign` stage. Before any campaign",
+        'on a paper\'s method, `goaltender cross-check -d "..." --a "<cmd>" --b "<cmd>"` compares two',
+        "independent implementations on a toy batch.",
+        "",
+    ]
+
+
 def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
     """The goal, its stop rule and budgets, how to report, the skills, and the latest handoff."""
     goal, budget = summary.status.goal, summary.status.goal.budget
@@ -73,6 +89,8 @@ def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
     ]
     if budget.ask_to_continue:
         limits.append("no stop rule was given: baseline plus three experiments, then the runner asks")
+    if budget.max_tokens is not None:
+        limits.append(f"at most {budget.max_tokens:,} model tokens for you, the agent")
     skills = "\n".join(f"- `{name}`: {text}" for name, text in list_skills().items())
     lines = [
         f"# Goal #{goal.id}",
@@ -95,6 +113,7 @@ def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
         "",
         *metric_lines(goal.metric, goal.direction),
         "",
+        *stage_lines(goal),
         *TRAINING_LINES,
         "",
         "## Skills",

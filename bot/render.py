@@ -43,6 +43,7 @@ from goaltender.storage.records import (
     HubFetched,
     InboxMessage,
     MilestoneReported,
+    StageChanged,
     utcnow,
 )
 
@@ -292,6 +293,10 @@ def status_card(
             )
         )
     facts = [f"runner *{escape(runner)}*", f"agent *{escape(goal.agent)}*"]
+    if goal.stages:
+        facts.append(f"stage {goal.stage + 1}/{len(goal.stages)} *{escape(goal.stage_name or '')}*")
+    if goal.blocked:
+        facts.append(f":no_entry: {escape(goal.blocked[:200])}")
     if goal.end_reason:
         facts.append(f"ended: {people(goal.end_reason.splitlines()[0][:300])}")
     elif status.stop_status:
@@ -351,6 +356,14 @@ def digest(title: str, active: list[str], approvals: list[str], finished: list[s
 
 
 # ---- thread messages ----
+
+
+def stage_changed(data: StageChanged) -> Payload:
+    """A staged goal passed its gate: the next stage starts."""
+    text = f"{EMOJI['goal_state']} *Stage {data.stage + 1}/{data.of}: {escape(data.name)}*"
+    if data.reason:
+        text += f" ({people(data.reason)})"
+    return payload(f"Stage {data.stage + 1}/{data.of}: {data.name}", sections(text))
 
 
 def milestone(data: MilestoneReported) -> Payload:

@@ -36,6 +36,7 @@ from goaltender.storage.records import (
     GoalStateChanged,
     HubFetched,
     MilestoneReported,
+    StageChanged,
     SteerReceived,
 )
 
@@ -48,6 +49,7 @@ CARD_EVENTS = (
     ApprovalRequested,
     ApprovalDecided,
     BudgetChanged,
+    StageChanged,
     FinalReport,
 )
 PLOTTED = (MilestoneReported, FinalReport)
@@ -97,6 +99,7 @@ WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
         event.approval(data.approval.id), render.approval_decided(data.approval)
     ),
     SteerReceived: lambda event, data: event.post(render.steer_ack(data.message)),
+    StageChanged: lambda event, data: event.post(render.stage_changed(data)),
     BudgetChanged: lambda event, data: event.post(render.budget_changed(data)),
     GoalStateChanged: lambda event, data: event.post(render.state_changed(event.goal_id, data)),
     FinalReport: lambda event, data: event.post(render.final_report(data, event.goal_id)),

@@ -36,6 +36,7 @@ from goaltender.runner.report import best_experiment, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
+from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
 from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
@@ -73,6 +74,8 @@ class Runner:
             p.ReadDiary: self._on_read_diary,
             p.SubmitReport: self._on_submit_report,
             p.Ask: self._on_ask,
+            p.StageDone: self._on_stage_done,
+            p.CrossCheck: self._on_cross_check,
             p.RunExperiment: self._on_run_experiment,
             p.RecordFetch: self._on_record_fetch,
         }
@@ -198,6 +201,7 @@ class Runner:
             workspace_root=self.settings.workspaces,
             executor=spec.executor,
             gpus_per_experiment=spec.gpus_per_experiment,
+            stages=parse_stages(req.text),
         )
         await self.campaigns.start_agent(goal, resumed=False)
         return p.GoalReply(status=await self._status(goal.id))
@@ -404,6 +408,13 @@ class Runner:
         goal = await self.campaigns.active_goal(req.goal_id)
         approval = await self.campaigns.ask(goal, req.kind, req.question, req.detail, req.timeout_s)
         return p.DecisionReply(approval=approval)
+
+    async def _on_stage_done(self, req: p.StageDone, who: Principal) -> p.Reply:
+        approval, goal = await self.campaigns.end_stage(req)
+        return p.StageReply(approval=approval, goal=goal)
+
+    async def _on_cross_check(self, req: p.CrossCheck, who: Principal) -> p.Reply:
+        return await self.campaigns.cross_check(req)
 
     async def _on_run_experiment(self, req: p.RunExperiment, who: Principal) -> p.Reply:
         finished, new_best = await self.campaigns.run_experiment(req)

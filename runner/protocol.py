@@ -295,6 +295,30 @@ class Ask(Request):
     timeout_s: Seconds | None = None
 
 
+class StageDone(Request):
+    """The agent ends its goal's stage: the humans are asked; the reply comes with their decision."""
+
+    type: Literal["stage_done"] = "stage_done"
+    goal_id: RowId
+    summary: str = Field(min_length=1, max_length=20_000)
+    document: str | None = Field(default=None, max_length=200_000)  # the plan, say
+    document_name: str | None = Field(default=None, max_length=200)
+
+
+class CrossCheck(Request):
+    """Run two implementations on the same toy input and compare every number both print."""
+
+    type: Literal["cross_check"] = "cross_check"
+    goal_id: RowId
+    description: str = Field(min_length=1, max_length=2000)
+    a: list[OsText] = Field(min_length=1)
+    b: list[OsText] = Field(min_length=1)
+    rtol: float = Field(default=1e-5, ge=0, le=1)
+    atol: float = Field(default=1e-8, ge=0)
+    cwd: OsText | None = None
+    env: dict[Annotated[str, AfterValidator(_env_name)], OsText] = Field(default_factory=dict)
+
+
 class ReadInbox(Request):
     type: Literal["read_inbox"] = "read_inbox"
     goal_id: RowId
@@ -352,6 +376,8 @@ AnyRequest = Annotated[
     | LogMetrics
     | RunExperiment
     | Ask
+    | StageDone
+    | CrossCheck
     | ReadInbox
     | WriteDiary
     | ReadDiary
@@ -420,6 +446,22 @@ class ExperimentReply(Reply):
 class DecisionReply(Reply):
     type: Literal["decision"] = "decision"
     approval: Approval
+
+
+class StageReply(Reply):
+    type: Literal["stage"] = "stage"
+    approval: Approval
+    goal: Goal  # in its next stage when approved
+
+
+class CrossCheckReply(Reply):
+    type: Literal["cross_check"] = "cross_check"
+    agreed: bool  # every number agreed, or a person let the disagreement pass
+    compared: int
+    differing: int
+    table: str  # the disagreements (markdown)
+    logs: list[str]  # A's and B's logs
+    approval: Approval | None = None  # the decision on a disagreement
 
 
 class InboxReply(Reply):
@@ -510,6 +552,8 @@ AnyReply = Annotated[
     | SummaryReply
     | ExperimentReply
     | DecisionReply
+    | StageReply
+    | CrossCheckReply
     | InboxReply
     | DiaryReply
     | AuditReply

@@ -108,6 +108,8 @@ AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
         p.LogMetrics,
         p.RunExperiment,
         p.Ask,
+        p.StageDone,
+        p.CrossCheck,
         p.ReadInbox,
         p.WriteDiary,
         p.ReadDiary,

@@ -71,6 +71,16 @@ class Goal(Record):
     # Its experiments' defaults ("via slurm", "2 GPUs each" in its text); else the box's.
     executor: Literal["local", "ray", "slurm"] | None = None
     gpus_per_experiment: int | None = None
+    # Staged goals ("stages: plan, implement, campaign"): each stage ends at a gate the humans
+    # approve (runner/stages.py); experiments wait for the stage named "campaign", if there is one.
+    stages: list[str] = Field(default_factory=list)
+    stage: int = 0  # index into stages
+    # Why no experiment may start (a cross-check disagreement not yet decided, or rejected).
+    blocked: str | None = None
+
+    @property
+    def stage_name(self) -> str | None:
+        return self.stages[self.stage] if self.stage < len(self.stages) else None
 
     @property
     def active(self) -> bool:
@@ -241,6 +251,16 @@ class GoalStateChanged(Record):
     reason: str = ""
 
 
+class StageChanged(Record):
+    """A staged goal passed a gate: the humans approved its stage, the next one starts."""
+
+    kind: Literal["stage_changed"] = "stage_changed"
+    stage: int
+    name: str
+    of: int
+    reason: str = ""
+
+
 class MilestoneReported(Record):
     kind: Literal["milestone"] = "milestone"
     title: str
@@ -319,6 +339,7 @@ class UnreadableEvent(Record):
 EventData = Annotated[
     GoalAccepted
     | GoalStateChanged
+    | StageChanged
     | MilestoneReported
     | MetricsLogged
     | ExperimentQueued

@@ -153,4 +153,10 @@ MIGRATIONS = [
     ALTER TABLE experiments ADD COLUMN within_noise INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE experiments ADD COLUMN repeats INTEGER NOT NULL DEFAULT 1;
     """,
+    # 8: staged goals (their stages and where they are) and what blocks a goal's experiments
+    """
+    ALTER TABLE goals ADD COLUMN stages TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE goals ADD COLUMN stage INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE goals ADD COLUMN blocked TEXT;
+    """,
 ]

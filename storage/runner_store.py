@@ -50,6 +50,7 @@ from goaltender.storage.records import (
     InboxMessage,
     MetricPoint,
     MetricsLogged,
+    StageChanged,
     SteerReceived,
     UnreadableEvent,
     tokens_used,
@@ -181,6 +182,7 @@ class RunnerStore:
         workspace_root: Path,
         executor: str | None = None,
         gpus_per_experiment: int | None = None,
+        stages: list[str] | None = None,
     ) -> Goal:
         """Insert an accepted goal (its stop rule and budgets already explicit) and announce it."""
         pending: list[Event] = []
@@ -188,8 +190,8 @@ class RunnerStore:
         async with self.db.write() as tx:
             goal_id = await tx.insert(
                 "INSERT INTO goals (text, owner, agent, state, budget, metric, direction, target, "
-                "workspace, created_at, accepted_at, executor, gpus_per_experiment) "
-                "VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?)",
+                "workspace, created_at, accepted_at, executor, gpus_per_experiment, stages) "
+                "VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?, ?)",
                 (
                     text,
                     owner,
@@ -202,6 +204,7 @@ class RunnerStore:
                     now.isoformat(),
                     executor,
                     gpus_per_experiment,
+                    json.dumps(stages or []),
                 ),
             )
             workspace = str(workspace_root / f"goal-{goal_id}")
@@ -337,6 +340,27 @@ class RunnerStore:
         return row[0] if row else None
 
     @_waits_for_space
+    @_waits_for_space
+    async def advance_stage(self, goal_id: int, reason: str) -> Goal:
+        """The humans approved the goal's stage: the next one starts (said in its thread)."""
+        pending: list[Event] = []
+        async with self.db.write() as tx:
+            await tx.run("UPDATE goals SET stage = stage + 1 WHERE id = ?", (goal_id,))
+            goal = _goal(await tx.one("SELECT * FROM goals WHERE id = ?", (goal_id,)))
+            name = goal.stage_name or ""
+            await self._append(
+                tx,
+                goal_id,
+                StageChanged(stage=goal.stage, name=name, of=len(goal.stages), reason=reason),
+                pending,
+            )
+        self._announce(pending)
+        return goal
+
+    async def block_experiments(self, goal_id: int, why: str | None) -> None:
+        """Hold (or, with None, release) every new experiment of the goal, saying why."""
+        await self.db.execute("UPDATE goals SET blocked = ? WHERE id = ?", (why, goal_id))
+
     async def set_goal_metric(self, goal_id: int, metric: str, direction: str) -> None:
         await self.db.execute(
             "UPDATE goals SET metric = ?, direction = ? WHERE id = ? AND metric IS NULL",
@@ -813,6 +837,7 @@ def _goal(row: sqlite3.Row) -> Goal:
     data.pop("agent_report")
     data.pop("paused_for_disk")
     data["budget"] = Budget.model_validate_json(data["budget"])
+    data["stages"] = json.loads(data["stages"])
     return Goal(**data)
 
 

@@ -85,6 +85,8 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("audit", ["audit", "--limit", "0"], "limit: Input should be greater than 0"),
     ("du", ["du", "0"], "0 is out of range"),
     ("du", ["du", "abc"], "not a whole number"),
+    ("stage-done", ["stage-done"], "give the stage's summary"),
+    ("cross-check", ["cross-check", "-d", "x", "--a", "'open", "--b", "true"], "--a: No closing quotation"),
     ("experiment", ["experiment", "-d", "x", "--gpus", "-1", "--", "true"], "--gpus"),
     ("experiment", ["experiment", "-d", "x", "--executor", "k8s", "--", "true"], "invalid choice: 'k8s'"),
     ("events", ["events", "--since", "-1"], "is out of range"),

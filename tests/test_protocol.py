@@ -39,6 +39,8 @@ REQUESTS = [
     p.Ack(id=12, seq=42),
     p.GetLog(id=13, experiment_id=1, offset=10),
     p.DiskUsage(id=31, goal_id=1),
+    p.StageDone(id=40, goal_id=1, summary="planned", document="# Plan", document_name="plan.md"),
+    p.CrossCheck(id=41, goal_id=1, description="toy batch", a=["python", "a.py"], b=["python", "b.py"]),
     p.GetSeries(id=14, goal_id=1, name="loss"),
     p.GetArtifact(id=32, experiment_id=1, name="hard_cases.png"),
     p.ReportMilestone(id=15, goal_id=1, title="baseline done", text="25%"),
