@@ -36,6 +36,19 @@ def best_checkpoint(experiment: Experiment) -> str | None:
     return f"{name} of experiment #{experiment.index}{where}"
 
 
+def error_classes(experiment: Experiment) -> str:
+    """ "off_by_one 2 (dominant), off_by_more 0, format 0": the error classes its evaluation
+    reported as `errors/<class>` lines (star count's does), largest first; "" when none."""
+    counts = {k.removeprefix("errors/"): v for k, v in experiment.metrics.items() if k.startswith("errors/")}
+    if not counts:
+        return ""
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    parts = [f"{name} {value:g}" for name, value in ranked]
+    if ranked[0][1] > 0:
+        parts[0] += " (dominant)"
+    return ", ".join(parts)
+
+
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
     """`train_size=2048 hidden=64 lr=0.001`; with max_len, whole params only, then " …"."""
     tokens = [f"{k}={_format_value(v)}" for k, v in params.items()]
@@ -129,6 +142,8 @@ def summary_text(
             lines.append(f"**Best config:** `{format_params(best.params)}`")
         if (checkpoint := best_checkpoint(best)) is not None:
             lines.append(f"**Best checkpoint:** {checkpoint}")
+        if errors := error_classes(best):
+            lines.append(f"**Errors of the best:** {errors}")
     else:
         lines.append("**Best:** no successful experiment yet.")
     if goal.target is not None:

@@ -284,3 +284,22 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
     # An agent may read its own goal's artifacts only (GOAL_READS + the experiment's goal).
     request = p.GetArtifact(id=1, experiment_id=experiment.id, name="errors.json")
     assert await goal_named(request, runner.store) == 2
+
+
+def test_the_report_names_the_dominant_error_class():
+    # The evaluation's `errors/<class>` lines, as the runner keeps them in the row's metrics.
+    from goaltender.runner.report import error_classes, summary_text
+    from goaltender.storage.records import Experiment, Goal, utcnow
+
+    a = analyse(
+        [ex(1, 64, 3, 3, 3), ex(4, 128, 2, 2, 2), ex(2, 128, 2, 1, 0)],
+        [boxed(2, 3, 3), boxed(3, 2, 1), boxed(2, 3, 0)],
+    )
+    metrics = {name: float(value) for name, value in (line.split(": ") for line in a.summary_lines())}
+    best = Experiment(
+        id=1, goal_id=1, index=1, description="d", command=["x"], status="keep",
+        metric_name="exact_accuracy", metric_value=0.0, metrics=metrics, verified=True,
+    )  # fmt: skip
+    assert error_classes(best) == "off_by_one 2 (dominant), off_by_more 1, format 0"
+    report = summary_text(Goal(id=1, text="count stars"), [best], 0.0, utcnow())
+    assert "**Errors of the best:** off_by_one 2 (dominant)" in report
