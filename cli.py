@@ -534,6 +534,43 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         help="only the files these globs match, e.g. '*.json' '*.safetensors' (default: every file)",
     )
     goal_arg(cmd)
+
+    cmd = command(
+        "skill-edit",
+        cmd_skill_edit,
+        "propose an edit to one of the box's skills; a person approves the diff",
+        """\
+        Propose new content for a skill file in the box's skill folder: what you learned, for
+        the next goals' agents. The runner shows the humans the diff and waits for a decision.
+
+          goaltender skill-edit --skill autoresearch --file new-SKILL.md --why "…"
+          goaltender skill-edit --skill nemo-rl --path references/oom.md --file oom.md
+
+        --file is the whole new text (- for stdin) of SKILL.md, or of --path references/NAME;
+        a new skill (a new name of lower-case letters, digits and -) starts with its SKILL.md.
+        Exit code 0: approved and applied (the commit is printed); 1: rejected, or approved but
+        no longer applicable; 3: expired. Nothing is written without a person's approval.""",
+    )
+    cmd.add_argument("--skill", required=True, help="the skill's name, e.g. autoresearch")
+    cmd.add_argument("--path", default="SKILL.md", help="SKILL.md (default) or references/NAME")
+    cmd.add_argument("--file", required=True, help="the file's proposed new content (- for stdin)")
+    cmd.add_argument("--why", default="", help="what you learned that makes this edit worth it")
+    cmd.add_argument("--timeout", help="how long to wait for a decision, e.g. 30m (default: the runner's)")
+    goal_arg(cmd)
+
+    cmd = command(
+        "skills",
+        cmd_skills,
+        "the box's skill folder: its history, and reverting an applied edit",
+        """\
+        goaltender skills log [--limit N]   the skill folder's commits, newest first
+        goaltender skills revert COMMIT     undo one commit with a new one (audited)""",
+    )
+    actions = cmd.add_subparsers(dest="action", metavar="log|revert", required=True)
+    log = actions.add_parser("log", help="the skill folder's commits, newest first")
+    log.add_argument("--limit", type=COUNT, default=20, help="how many commits (default 20)")
+    revert = actions.add_parser("revert", help="undo one commit of the skill folder")
+    revert.add_argument("commit", help="the commit's hash (from `goaltender skills log`)")
     return parser, built
 
 
@@ -1327,6 +1364,49 @@ def _print_fetch(fetch: HubFetch, recorded: str = "") -> None:
 
     print(fetch.path)
     print(fetch_summary(fetch) + (f"; {recorded}" if recorded else ""))
+
+
+def cmd_skill_edit(args):
+    if args.file == "-":
+        content = _read_text(sys.stdin.buffer.read, "stdin")
+    else:
+        content = _read_text(Path(args.file).read_bytes, args.file)
+    fields = _checked(
+        p.SkillEdit,
+        goal_id=_goal_id(args),
+        skill=args.skill,
+        path=args.path,
+        content=content,
+        why=args.why,
+        timeout_s=_duration(args.timeout),
+    )
+
+    async def body(runner: RunnerClient):
+        reply = await runner.call(p.SkillEdit, p.SkillEditReply, **fields)
+        a = reply.approval
+        print(f"{a.state} by {a.decided_by}" + (f": {a.comment}" if a.comment else ""))
+        print(reply.message)
+        if a.state == "approved":
+            return EXIT_OK if reply.commit else EXIT_NO
+        return EXIT_NO if a.state == "rejected" else EXIT_EXPIRED
+
+    return _run(args, body)
+
+
+def cmd_skills(args):
+    if args.action == "log":
+        fields = _checked(p.SkillLog, limit=args.limit)
+    else:
+        fields = _checked(p.RevertSkill, commit=args.commit)
+
+    async def body(runner: RunnerClient):
+        if args.action == "revert":
+            print((await runner.call(p.RevertSkill, p.Done, **fields)).message)
+            return
+        for c in (await runner.call(p.SkillLog, p.SkillLogReply, **fields)).commits:
+            print(f"{c.commit}  {c.at:%Y-%m-%d %H:%M}  {c.subject}")
+
+    return _run(args, body)
 
 
 if __name__ == "__main__":

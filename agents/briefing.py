@@ -3,6 +3,7 @@ prompt, re-injected after compaction or a restart) and the skills it may load.""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -10,13 +11,22 @@ from pathlib import Path
 from goaltender.runner.protocol import SummaryReply
 from goaltender.storage.records import Goal
 
-SKILLS_DIR = Path(__file__).resolve().parent.parent / "skills"
+SKILLS_DIR = Path(__file__).resolve().parent.parent / "skills"  # the skills goaltender ships
+
+
+def skills_dir() -> Path:
+    """Where the skills are: the box's skill folder ($GOALTENDER_HOME/skills, runner/skill_folder.py:
+    the shipped skills with the edits people approved) when the runner has made it, else the
+    shipped ones."""
+    home = os.environ.get("GOALTENDER_HOME")
+    box = Path(home) / "skills" if home else Path.home() / ".goaltender" / "skills"
+    return box if (box / ".git").exists() else SKILLS_DIR
 
 
 def list_skills() -> dict[str, str]:
     """Skill name -> its description, from each SKILL.md's front matter."""
     skills = {}
-    for path in sorted(SKILLS_DIR.glob("*/SKILL.md")):
+    for path in sorted(skills_dir().glob("*/SKILL.md")):
         front = path.read_text().split("---")[1] if path.read_text().startswith("---") else ""
         name = re.search(r"^name:\s*(.+)$", front, re.M)
         description = re.search(r"^description:\s*(.+)$", front, re.M)
@@ -29,7 +39,7 @@ def load_skill(name: str) -> str:
     """A skill's SKILL.md (`autoresearch`), or one of its files (`autoresearch/references/x.md`);
     KeyError names the skills that exist."""
     skill, _, rest = name.partition("/")
-    path = SKILLS_DIR / skill / (rest or "SKILL.md")
+    path = skills_dir() / skill / (rest or "SKILL.md")
     if not re.fullmatch(r"[a-z0-9-]+(/[A-Za-z0-9_.-]+)*", name) or ".." in name or not path.is_file():
         raise KeyError(f"no skill file {name!r}; skills: {', '.join(list_skills())}")
     return path.read_text()
@@ -140,5 +150,5 @@ def prepare_workspace(workspace: Path, brief: str) -> None:
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "AGENTS.md").write_text(brief)
     target = workspace / ".agents" / "skills"
-    if SKILLS_DIR.is_dir():
-        shutil.copytree(SKILLS_DIR, target, dirs_exist_ok=True)
+    if (source := skills_dir()).is_dir():
+        shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))

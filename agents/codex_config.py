@@ -25,7 +25,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Verbs Codex may run without asking: they only report to the runner. `goaltender experiment`
 # (which runs arbitrary commands outside the sandbox) still asks.
-ALLOWED_VERBS = ("milestone", "metrics", "inbox", "diary", "report", "ask", "status", "summary", "log")
+ALLOWED_VERBS = (
+    "milestone",
+    "metrics",
+    "inbox",
+    "diary",
+    "report",
+    "ask",
+    "skill-edit",  # proposes only: nothing is written before a person approves the diff
+    "status",
+    "summary",
+    "log",
+)
 
 
 def find_codex() -> str:

@@ -330,7 +330,18 @@ SYSTEM_TOOLS = {
     "insmod", "rmmod", "sysctl", "swapoff", "swapon", "nvidia-smi-reset",
 }  # fmt: skip
 MACHINE_DOWN = {"shutdown", "reboot", "halt", "poweroff", "init", "telinit"}
-CONTROL_VERBS = {"approve", "reject", "steer", "budget", "stop", "pause", "resume", "submit", "audit"}
+CONTROL_VERBS = {
+    "approve",
+    "reject",
+    "steer",
+    "budget",
+    "stop",
+    "pause",
+    "resume",
+    "submit",
+    "audit",
+    "skills",
+}
 DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "mkswap"}
 DELETES = {"rm", "rmdir", "unlink", "shred", "srm"}
 WRITES_EVERY_ARG = {"touch", "mkdir", "tee", "truncate", "mv"}

@@ -1,8 +1,8 @@
 """The audit trail: every control action with its authenticated actor, time and outcome, and every
 refused attempt (an agent's forbidden request, a foreign uid's hello), in runner.db.
 
-Control actions are submit, approve, reject, steer, budget, stop, pause and resume; reads and the
-agent verbs are not recorded unless refused for who asked.
+Control actions are submit, approve, reject, steer, budget, stop, pause, resume and skill revert;
+reads and the agent verbs are not recorded unless refused for who asked.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ CONTROL_ACTIONS: dict[type[p.Request], str] = {
     p.Stop: "stop",
     p.Pause: "pause",
     p.Resume: "resume",
+    p.RevertSkill: "skill revert",
 }
 DETAIL_CHARS = 500
 

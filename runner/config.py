@@ -151,6 +151,11 @@ class RunnerSettings(GoaltenderSettings):
     def cache_dir(self) -> Path:
         return self.home / "cache"
 
+    @property
+    def skill_folder(self) -> Path:
+        """The box's skills (runner/skill_folder.py); agents/briefing.py finds it the same way."""
+        return self.home / "skills"
+
     def agent_socket(self, goal_id: int) -> Path:
         """The goal's capability: its agent's (and experiments') socket, listened on while it runs."""
         return self.home / "agents" / f"goal-{goal_id}.sock"

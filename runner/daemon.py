@@ -36,6 +36,7 @@ from goaltender.runner.report import best_experiment, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
+from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
@@ -66,6 +67,8 @@ class Runner:
             p.GetArtifact: self._on_get_artifact,
             p.DiskUsage: self._on_disk_usage,
             p.Audit: self._on_audit,
+            p.SkillLog: self._on_skill_log,
+            p.RevertSkill: self._on_revert_skill,
             # from the agents
             p.ReportMilestone: self._on_milestone,
             p.LogMetrics: self._on_log_metrics,
@@ -78,6 +81,7 @@ class Runner:
             p.CrossCheck: self._on_cross_check,
             p.RunExperiment: self._on_run_experiment,
             p.RecordFetch: self._on_record_fetch,
+            p.SkillEdit: self._on_skill_edit,
         }
         self.server = SocketServer(
             settings.socket_path,
@@ -89,6 +93,8 @@ class Runner:
         )
         self.campaigns = Campaigns(settings, store, self.server)
         self.mirror = MlflowMirror.from_settings(settings, store, self.server.redactor)  # None: off
+        self.skills = SkillFolder(settings.skill_folder)
+        self._skills_lock = asyncio.Lock()  # one change of the skill folder at a time
         self._listening = False
 
     # ---- life cycle ----
@@ -123,6 +129,7 @@ class Runner:
         elif not self.campaigns.sandbox.enabled:
             log.warning(UNSAFE_WARNING)
         await self._listen()
+        await self._seed_skills()  # before any agent starts: they read the box's skills
         await self.campaigns.recover()
         self.campaigns.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
         if self.mirror:
@@ -145,6 +152,12 @@ class Runner:
         except RuntimeError as exc:  # another runner answers on the socket: it is not ours to remove
             raise AlreadyServing(str(exc)) from exc
         self._listening = True
+
+    async def _seed_skills(self) -> None:
+        try:
+            await asyncio.to_thread(self.skills.ensure)
+        except (OSError, SkillEditError) as exc:  # agents read the shipped skills; edits are refused
+            log.error("the box's skill folder %s cannot be made: %s", self.skills.root, exc)
 
     async def _abandon(self) -> None:
         """Undo a start that failed half-way: agents recovery started, the socket, the database
@@ -361,6 +374,21 @@ class Runner:
     async def _on_audit(self, req: p.Audit, who: Principal) -> p.Reply:
         return p.AuditReply(entries=await self.store.audit_entries(req.goal_id, req.limit))
 
+    async def _on_skill_log(self, req: p.SkillLog, who: Principal) -> p.Reply:
+        try:
+            commits = await asyncio.to_thread(self.skills.log, req.limit)
+        except SkillEditError as exc:
+            raise Refused("not_found", str(exc)) from None
+        return p.SkillLogReply(commits=[p.SkillCommit(**vars(c)) for c in commits])
+
+    async def _on_revert_skill(self, req: p.RevertSkill, who: Principal) -> p.Reply:
+        async with self._skills_lock:
+            try:
+                commit, subject = await asyncio.to_thread(self.skills.revert, req.commit, who.actor(req.by))
+            except SkillEditError as exc:
+                raise Refused("bad_request", str(exc)) from None
+        return p.Done(message=f"reverted {req.commit} ({subject}) as commit {commit}")
+
     # ---- agent verbs ----
 
     async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
@@ -415,6 +443,39 @@ class Runner:
 
     async def _on_cross_check(self, req: p.CrossCheck, who: Principal) -> p.Reply:
         return await self.campaigns.cross_check(req)
+
+    async def _on_skill_edit(self, req: p.SkillEdit, who: Principal) -> p.Reply:
+        """Show the humans the diff, and on their approval apply and commit it."""
+        goal = await self.campaigns.active_goal(req.goal_id)
+        try:
+            edit = await asyncio.to_thread(self.skills.propose, req.skill, req.path, req.content)
+        except SkillEditError as exc:
+            raise Refused("bad_request", str(exc)) from None
+        question = f"Goal #{goal.id}'s agent proposes a skill edit to `{edit.where}`. Apply it?"
+        detail = (f"Why: {req.why}\n\n" if req.why else "") + diff_for_people(edit.diff)
+        approval = await self.campaigns.ask(goal, "skill_edit", question, detail, req.timeout_s)
+        if approval.state != "approved":
+            said = f"skill edit {approval.state}: nothing written"
+            return p.SkillEditReply(approval=approval, message=said)
+        message = f"{edit.where}: edit from goal #{goal.id}, approved by {approval.decided_by}"
+        message += f"\n\n{req.why}" if req.why else ""
+        try:
+            commit = await self._apply_skill_edit(edit, message)
+        except SkillEditError as exc:
+            return p.SkillEditReply(approval=approval, message=f"approved, but not applied: {exc}")
+        await self.store.append_event(
+            goal.id,
+            MilestoneReported(
+                title=f"Skill edit applied: {edit.skill} (commit {commit})",
+                text=f"`{edit.where}`, approved by {approval.decided_by}; "
+                f"revert with `goaltender skills revert {commit}`",
+            ),
+        )
+        return p.SkillEditReply(approval=approval, commit=commit, message=f"applied as commit {commit}")
+
+    async def _apply_skill_edit(self, edit: ProposedEdit, message: str) -> str:
+        async with self._skills_lock:
+            return await asyncio.to_thread(self.skills.apply, edit, message)
 
     async def _on_run_experiment(self, req: p.RunExperiment, who: Principal) -> p.Reply:
         finished, new_best = await self.campaigns.run_experiment(req)

@@ -355,6 +355,39 @@ class RecordFetch(Request):
     fetch: HubFetch
 
 
+# ---- the box's skill folder (runner/skill_folder.py) ----
+MAX_SKILL_EDIT_CHARS = 256_000  # the runner refuses a skill file over 64 KB itself, saying so
+
+
+class SkillEdit(Request):
+    """An agent proposes new content for one file of a skill (SKILL.md or references/<name>) in the
+    box's skill folder. The humans see the diff; the reply comes with their decision, and an
+    approved edit is applied and committed by then (`commit`)."""
+
+    type: Literal["skill_edit"] = "skill_edit"
+    goal_id: RowId
+    skill: str = Field(min_length=1, max_length=64)
+    path: OsText = Field(default="SKILL.md", min_length=1, max_length=300)
+    content: str = Field(max_length=MAX_SKILL_EDIT_CHARS)
+    why: str = Field(default="", max_length=2000)
+    timeout_s: Seconds | None = None
+
+
+class SkillLog(Request):
+    """The skill folder's history, newest first. Operators only."""
+
+    type: Literal["skill_log"] = "skill_log"
+    limit: int = Field(default=20, gt=0, le=1000)
+
+
+class RevertSkill(Request):
+    """Undo one commit of the skill folder with a new commit. Operators only; audited."""
+
+    type: Literal["revert_skill"] = "revert_skill"
+    commit: str = Field(pattern=r"^[0-9a-f]{4,40}$")
+    by: str | None = None
+
+
 AnyRequest = Annotated[
     Hello
     | SubmitGoal
@@ -365,6 +398,9 @@ AnyRequest = Annotated[
     | Resume
     | Decide
     | Audit
+    | SkillLog
+    | RevertSkill
+    | SkillEdit
     | Status
     | Summary
     | Subscribe
@@ -493,6 +529,24 @@ class ArtifactReply(Reply):
     data: str  # base64 of the file's bytes
 
 
+class SkillEditReply(Reply):
+    type: Literal["skill_edit_result"] = "skill_edit_result"
+    approval: Approval
+    commit: str | None = None  # applied as this commit of the skill folder
+    message: str
+
+
+class SkillCommit(Message):
+    commit: str  # short hash
+    at: datetime
+    subject: str
+
+
+class SkillLogReply(Reply):
+    type: Literal["skill_log"] = "skill_log"
+    commits: list[SkillCommit]
+
+
 class GoalDisk(Message):
     goal_id: int
     state: str
@@ -561,6 +615,8 @@ AnyReply = Annotated[
     | DiskUsageReply
     | SeriesReply
     | ArtifactReply
+    | SkillEditReply
+    | SkillLogReply
     | Subscribed
     | EventMessage
     | Error,

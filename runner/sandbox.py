@@ -8,8 +8,9 @@ docker or session sockets; the resolver's directory is put back), and so is ~/.s
 localhost goaltender approve`). Put back: the goal's workspace and the caches (read-write), its
 socket at SANDBOX_SOCKET, the goal's own /tmp (a directory on the big disk, shared by the goal's
 agent and experiments), the GPUs, and read-only: the runner's own code and Python, the configured
-agent command's files, the command policy and the NeMo RL checkout ($NEMO_RL_DIR). The network
-stays. The sandbox has its own pid namespace, drops every capability and dies with the runner.
+agent command's files, the command policy, the box's skill folder and the NeMo RL checkout
+($NEMO_RL_DIR). The network stays. The sandbox has its own pid namespace, drops every capability
+and dies with the runner.
 
 Process supervision sees through it. `env --ignore-signal=TERM bwrap … sh -c 'env
 --default-signal "$@" & wait $!'`: bwrap leads the process group as before, and ignores the
@@ -149,6 +150,7 @@ class Sandbox:
         for path in dict.fromkeys(writable):
             args += ["--bind", str(path), str(path)]
         readable = [settings.home / "command-policy.toml", settings.home / "command-policy.json"]
+        readable.append(settings.skill_folder)  # the box's skills: agents read them, only the runner writes
         readable += [Path(sys.prefix), Path(goaltender.__file__).parent]
         readable += [Path(word) for word in agent_command if word.startswith("/")]
         readable += nemo_rl_checkout(home)

@@ -115,6 +115,7 @@ AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
         p.ReadDiary,
         p.SubmitReport,
         p.RecordFetch,
+        p.SkillEdit,  # proposes only: a person's approval applies it
     }
 )
 GOAL_READS: frozenset[type[p.Request]] = frozenset(
@@ -134,6 +135,8 @@ PEOPLE_ONLY: dict[type[p.Request], str] = {
     p.Pause: "pause goals: people do, in the goal's thread or with `goaltender pause` as an operator",
     p.Resume: "resume goals: people do, in the goal's thread or with `goaltender resume` as an operator",
     p.Audit: "read the audit trail: operators do, with `goaltender audit`",
+    p.SkillLog: "read the skill folder's history: operators do, with `goaltender skills log`",
+    p.RevertSkill: "revert skill edits: operators do, with `goaltender skills revert COMMIT`",
 }
 
 

@@ -57,6 +57,9 @@ REQUESTS = [
         goal_id=1,
         fetch=HubFetch(repo="org/tiny", repo_type="dataset", commit="a" * 40, path="/c/s", files=2, bytes=10),
     ),
+    p.SkillEdit(id=33, goal_id=1, skill="autoresearch", content="---\nname: autoresearch\n---\n", why="x"),
+    p.SkillLog(id=34, limit=5),
+    p.RevertSkill(id=35, commit="abc1234", by="ana"),
 ]
 
 

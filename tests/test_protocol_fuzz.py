@@ -134,6 +134,18 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
             "goal_id": goal,
             "fetch": {"repo": "org/tiny", "commit": "a" * 40, "path": "/c/s", "files": 2, "bytes": 10},
         },
+        {
+            "type": "skill_edit",
+            "id": 42,
+            "goal_id": goal,
+            "skill": "autoresearch",
+            "path": "references/x.md",
+            "content": "what I learned",
+            "why": "so",
+            "timeout_s": 30,
+        },
+        {"type": "skill_log", "id": 43, "limit": 5},
+        {"type": "revert_skill", "id": 44, "commit": "abc1234", "by": "ana"},
     ]
 
 
@@ -438,6 +450,7 @@ HARMLESS = (
     p.Audit,
     p.ReadDiary,
     p.DiskUsage,
+    p.SkillLog,
 )  # reads only
 NAMED_IDS = ("goal_id", "approval_id", "experiment_id")
 
