@@ -691,8 +691,18 @@ class Campaigns:
                 self.slots.release(grant)
 
     async def _wait_for_slot(self, experiment: Experiment, wanted: int) -> Grant:
+        """Its turn in the box's queue; a goal paused meanwhile gives the slot back and waits to
+        be resumed (then queues again), as pause holds every next run."""
+        unpaused = self._unpaused_event(experiment.goal_id)
         try:
-            return await self.slots.acquire(experiment.goal_id, experiment.id, wanted)
+            while True:
+                grant = await self.slots.acquire(experiment.goal_id, experiment.id, wanted)
+                if unpaused.is_set():
+                    return grant
+                self.slots.release(grant)
+                self._told_waiting.pop(experiment.id, None)  # its place is written anew when it queues again
+                await self.store.experiment_waiting(experiment.id, "waiting for its goal to be resumed")
+                await unpaused.wait()
         except asyncio.CancelledError:
             # Stopped while queued: it never ran, so it is no fault of its and does not count.
             _, why = self._cancel_reasons.pop(experiment.id, ("interrupted", "cancelled"))

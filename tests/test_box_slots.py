@@ -194,3 +194,26 @@ async def _any_running(client, goal_ids) -> bool:
         if status.running is not None and status.running.status == "running":
             return True
     return False
+
+
+async def test_a_paused_goal_gives_its_turn_back(start_runner, connect, tmp_path):
+    hog = write_agent(tmp_path, "hog.sh", RUN.format(d="hog", flags="", sleep=600))
+    quick = write_agent(tmp_path, "quick.sh", RUN.format(d="quick", flags="", sleep=0))
+    runner = await start_runner(agents={"hog": hog, "quick": quick}, compute_unit="cpu", slots=1)
+    client = await connect(runner)
+
+    async def status(goal_id):
+        return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+
+    holder = await submit(client, "holds the slot", agent="hog")
+    await eventually(lambda: _running_state(status(holder), "running"), timeout=30)
+    paused = await submit(client, "queued, then paused, max 1 experiments", agent="quick")
+    await eventually(lambda: _running_state(status(paused), "queued"), timeout=30)
+    await client.call(p.Pause, p.Done, goal_id=paused)
+    await client.call(p.Stop, p.Done, goal_id=holder)  # the slot is free: its turn comes, and passes
+    await eventually(lambda: _note_is(status(paused), "waiting for its goal to be resumed"), timeout=30)
+    assert (await status(paused)).running.status == "queued"
+    await client.call(p.Resume, p.Done, goal_id=paused)
+    await events_until_report(client, paused, timeout=60)
+    [row] = await ledger(client, paused)
+    assert row.status == "keep" and row.queued_seconds > 0
