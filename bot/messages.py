@@ -1,6 +1,7 @@
 """People's messages: a new goal (a message that @mentions the bot, or any new top-level message
 in a goal channel), or a reply in a goal's thread — `stop`, `pause`, `resume`, `status`,
 `summary` (or "what happened so far?"), `audit`, `show examples` (bot/gallery.py), `budget +2h`,
+`revert skill abc1234` (undo an applied skill edit on the goal's runner: runner/skill_folder.py),
 or anything else, which goes to the agent as steering.
 
 Anyone in the channel may ask for `status`, `summary`, `audit` and `show examples` (the bot answers
@@ -39,11 +40,22 @@ DOING = {
     "resume": "resume",
     "budget": "change the budget of",
     "steer": "steer",
+    "revert skill": "revert skill edits from",
 }
 _BUDGET = re.compile(
     r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
 )
+_SKILL_REVERT = re.compile(r"^\s*revert\s+skill\s+([0-9a-f]{4,40})\s*[.!]?\s*$", re.I)
 _HANDLED_SUBTYPES = (None, "thread_broadcast", "file_share")  # others are edits, joins, bots...
+
+
+def _doing(command: str, text: str, *, reverts_skill: bool) -> str:
+    """What a reply that is no question asks for (DOING's keys)."""
+    if command in CONTROL:
+        return command
+    if reverts_skill:
+        return "revert skill"
+    return "budget" if _BUDGET.match(text) else "steer"
 
 
 def _words(doing: str, text: str) -> str:
@@ -130,7 +142,8 @@ class Messages:
         if asks_for_examples(text):
             await self._examples(thread, user, key)
             return
-        doing = command if command in CONTROL else "budget" if _BUDGET.match(text) else "steer"
+        revert = _SKILL_REVERT.match(text)
+        doing = _doing(command, text, reverts_skill=revert is not None)
         if not await self.roles.may_control(thread, user):
             who = await self.roles.who_controls(thread)
             words = "" if command in CONTROL else f"{_words(doing, text)!r}: "
@@ -150,6 +163,9 @@ class Messages:
             if command in CONTROL:
                 await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=actor(user))
                 await self._react(thread, ts, "ok_hand", key)
+            elif revert:  # the skills a goal's agent taught this runner: its controllers may undo them
+                done = await link.call(p.RevertSkill, p.Done, commit=revert.group(1).lower(), by=actor(user))
+                await self._say(thread, f"Skill edit {render.escape(done.message)}", key)
             elif (held := await self.budget.review(thread, user, _words(doing, text))) is not None:
                 if held:
                     await self._say(thread, held, key)

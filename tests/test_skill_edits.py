@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import BIN, eventually, submit, write_agent
+from conftest import BIN, blocks_text, eventually, submit, write_agent
+from fake_slack import ALICE, BOB
 
 from goaltender.runner import protocol as p
 from goaltender.runner.skill_folder import SkillFolder
@@ -202,6 +204,45 @@ async def test_new_skills_bad_paths_stale_edits_and_the_folder_kept_at_the_next_
     log = git(folder, "log", "--format=%h %s").splitlines()
     assert log[1] == f"{commit} warmup: a new skill" and log[-1].endswith("shipped skills 0.1.0")
     assert git(folder, "rev-list", "--max-parents=0", "HEAD") == first
+
+
+async def test_in_slack_a_reaction_applies_the_diff_and_a_reply_reverts_it(
+    fake, make_bot, start_runner, tmp_path
+):
+    agent = write_agent(
+        tmp_path, "proposer.sh", PROPOSER.format(line=LEARNED, why="it diverged", attempts="")
+    )
+    runner = await start_runner(agents={"proposer": agent}, default_agent="proposer")
+    skill = runner.settings.home / "skills" / "session-memory" / "SKILL.md"
+    shipped = skill.read_text()
+    await make_bot(runner.settings.socket_path)
+    general = fake.general
+    await fake.slash_command("/goal", "learn something, max 3 experiments", general, ALICE)
+    card = await fake.wait_for_message(general, text="Goal #1", timeout=15)
+
+    prompt = await fake.wait_for_message(general, thread_ts=card.ts, text="proposes a skill edit", timeout=30)
+    assert LEARNED in blocks_text(prompt) and "it diverged" in blocks_text(prompt)
+    assert prompt.action_ids() == ["approve", "reject"]
+    await fake.user_reacts(general, prompt.ts, "white_check_mark", user=ALICE)
+    applied = await fake.wait_for_message(general, thread_ts=card.ts, text="Skill edit applied", timeout=30)
+    found = re.search(r"commit ([0-9a-f]{7,})", blocks_text(applied))
+    assert found, blocks_text(applied)
+    commit = found.group(1)
+    assert LEARNED in skill.read_text()
+
+    # Bob controls no goal here: told so, privately; nothing changes.
+    await fake.user_replies(general, card.ts, f"revert skill {commit}", user=BOB)
+    refusals = await fake.wait_for(lambda: fake.ephemerals(BOB), 10)
+    assert "Only <@U0ALICE>" in refusals[-1].text and "revert skill edits" in refusals[-1].text
+    assert LEARNED in skill.read_text()
+
+    # The owner's reply reverts it on the runner, and the thread says so.
+    reply = await fake.user_replies(general, card.ts, f"revert skill {commit}", user=ALICE)
+    await fake.wait_for_message(
+        general, thread_ts=card.ts, text=f"reverted {commit}", after=reply.ts, timeout=15
+    )
+    assert skill.read_text() == shipped
+    assert f"slack:{ALICE}" in git(skill.parent.parent, "log", "-n", "1", "--format=%B")
 
 
 # ---- helpers ----
