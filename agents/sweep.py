@@ -31,6 +31,7 @@ from typing import Any
 
 from goaltender.agents.bootstrap import Goal, GoalAgent, Misconfigured, run_agent
 from goaltender.runner import protocol as p
+from goaltender.runner.noise import LOW_SIGNAL_ANSWER
 from goaltender.runner.report import format_params
 from goaltender.storage.records import Experiment
 
@@ -304,6 +305,7 @@ class Planner:
 # ---- the campaign ----
 
 COVER = 1.25  # an approved cost also covers later runs up to this multiple of it
+CONFIRM_SEEDS = 3  # seeds a within-noise best is run with when the humans ask for a change of course
 
 
 class SweepAgent(GoalAgent):
@@ -317,6 +319,7 @@ class SweepAgent(GoalAgent):
         self.ledger: list[Experiment] = []
         self.goal_target: float | None = None
         self.end_note = ""
+        self.confirm_best = False  # the humans answered a low-signal prompt with "change course"
 
     async def run(self) -> None:
         summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
@@ -334,6 +337,10 @@ class SweepAgent(GoalAgent):
             )
         while True:
             await self._read_inbox()
+            if self.confirm_best:
+                self.confirm_best = False
+                if await self._confirm():
+                    continue
             if self._target_reached():
                 self.end_note = f"target {self.goal_target:g} reached"
                 break
@@ -370,6 +377,38 @@ class SweepAgent(GoalAgent):
             self.ledger.append(reply.experiment)
             await self._after_run(reply)
         await self.finish()
+
+    async def _confirm(self) -> bool:
+        """The humans asked for a change of course on gains within noise: run the best config
+        again with CONFIRM_SEEDS seeds (the runner records their mean ± sd) before going on."""
+        best = self.planner.best(self.ledger)
+        if best is None:
+            return False
+        await self.milestone(
+            f"Confirming #{best.index} with {CONFIRM_SEEDS} seeds",
+            "Its gain lies within noise; its mean over seeds says whether it is real before the "
+            "search goes on.",
+        )
+        try:
+            reply = await self.runner.call(
+                p.RunExperiment,
+                p.ExperimentReply,
+                goal_id=self.goal_id,
+                command=self.task.command(best.params),
+                description=f"confirm #{best.index} with {CONFIRM_SEEDS} seeds: its gain lies within noise",
+                params=best.params,
+                metric=self.task.metric,
+                direction=self.task.direction,
+                eval_command=self.task.eval_command,
+                repeat=CONFIRM_SEEDS,
+            )
+        except p.ProtocolError as exc:
+            if exc.error.code in ("budget_exhausted", "conflict", "disk_full"):
+                return False
+            raise
+        self.ledger.append(reply.experiment)
+        await self._after_run(reply)
+        return True
 
     async def _approved(self, proposal: Proposal) -> bool:
         estimate = self._estimate(proposal.config)
@@ -429,6 +468,10 @@ class SweepAgent(GoalAgent):
     async def _read_inbox(self) -> None:
         inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)
         for message in inbox.messages:
+            if message.text.startswith(LOW_SIGNAL_ANSWER):
+                if "change course" in message.text:
+                    self.confirm_best = True
+                continue  # the runner's own prompt, answered: not a steer of the search space
             applied = self.planner.apply_steer(message.text)
             if applied:
                 text = "Applied: " + "; ".join(applied) + f".\nSearch space now: {self._space_text()}"

@@ -880,7 +880,7 @@ class Campaigns:
                 await self.store.add_inbox(
                     goal.id,
                     approval.decided_by or "people",
-                    f"On the low-signal prompt (#{approval.id}) the humans said: {verdict}{comment}. "
+                    f"{noise.LOW_SIGNAL_ANSWER} (#{approval.id}) the humans said: {verdict}{comment}. "
                     "Options were: repeat with other seeds (--repeat 3), a larger eval split, longer "
                     "runs, another direction.",
                 )

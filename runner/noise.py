@@ -12,6 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+LOW_SIGNAL_ANSWER = "On the low-signal prompt"  # how the humans' answer reaches the agent's inbox
 Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
 SAMPLE_SIZE_KEYS = ("n", "n_heldout", "n_eval", "n_examples")
 

@@ -33,3 +33,37 @@ async def test_steer_narrows_the_search(start_runner, connect, monkeypatch):
     assert {row.params["y"] for row in rows} == {1, 2, 3}
     report = events[-1].data
     assert "search space is exhausted" in report.text and "## From the agent" in report.text
+
+
+async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
+    start_runner, connect, monkeypatch
+):
+    from conftest import eventually
+    from noisy_task import AGENT as NOISY_AGENT
+
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runner = await start_runner(agents={"noisy": NOISY_AGENT}, noise_ask_after=2)
+    client = await connect(runner)
+    goal_id = await submit(client, "noisy sweep, max 5 experiments", agent="noisy")
+
+    async def prompt():
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        return next((a for a in status.pending_approvals if a.kind == "low_signal"), None)
+
+    asked = await eventually(prompt, timeout=60)
+    await client.call(
+        p.Decide, p.DecisionReply, approval_id=asked.id, approve=False, by="ana", comment="check the seeds"
+    )
+    events = await events_until_report(client, goal_id, timeout=60)
+    rows = [e.data.experiment for e in events if isinstance(e.data, ExperimentFinished)]
+    confirm = next(row for row in rows if row.description.startswith("confirm #"))
+    assert confirm.repeats == 3 and confirm.interval_how == "mean ± sd of 3 seeds"
+    assert [confirm.metrics[f"accuracy/seed_{i}"] for i in range(3)] == [confirm.metric_value] * 3
+    log = Path(confirm.log_path).parent
+    assert [
+        (log / name).read_text().split("seed: ")[1].strip() for name in ("run.log", "run-2.log", "run-3.log")
+    ] == [
+        "0",
+        "1",
+        "2",
+    ]

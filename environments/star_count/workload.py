@@ -354,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=BASELINE["iters"])
     parser.add_argument("--lr", type=float, default=BASELINE["lr"])
     parser.add_argument("--resolution", type=int, default=BASELINE["resolution"])
-    parser.add_argument("--seed", type=int, default=0)
+    # `goaltender experiment --repeat N` runs seeds 0..N-1 through GOALTENDER_SEED.
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("GOALTENDER_SEED", "0")))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the array cache")
     parser.add_argument(
