@@ -93,6 +93,7 @@ class Campaigns:
         self._writing_waits: asyncio.Task | None = None
         self._detached: set[int] = set()  # cluster runs left running at shutdown
         self._asking_low_signal: set[int] = set()  # goals with a low-signal prompt open
+        self._asked_flat: set[int] = set()  # goals asked about a training curve that did not move
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
         self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
         self._experiment_goal: dict[int, int] = {}
@@ -840,7 +841,30 @@ class Campaigns:
         await self._keep_checkpoints(goal)
         if noisy:
             await self._ask_when_low_signal(goal)
+        elif status != "crash":
+            await self._ask_when_flat(goal, finished)
         return finished, new_best
+
+    async def _ask_when_flat(self, goal: Goal, experiment: Experiment) -> None:
+        """A run whose training loss has not moved learned nothing to judge: the humans are asked
+        how to go on (once a goal, and only with GOALTENDER_NOISE_ASK_AFTER set)."""
+        if (
+            not self.settings.noise_ask_after
+            or goal.id in self._asked_flat
+            or goal.id in self._asking_low_signal
+        ):
+            return
+        found = noise.flat_curve(await self.store.loss_series(goal.id, experiment.id))
+        if found is None:
+            return
+        name, values = found
+        self._asked_flat.add(goal.id)
+        self._asking_low_signal.add(goal.id)
+        question = (
+            f"The training curve of #{experiment.index} has not moved ({name} {values[0]:.4g} → "
+            f"{values[-1]:.4g} over {len(values)} points). Go on as planned?"
+        )
+        self._spawn(self._low_signal_prompt(goal, [], question))
 
     async def _ask_when_low_signal(self, goal: Goal) -> None:
         """After GOALTENDER_NOISE_ASK_AFTER kept results in a row within noise, ask the humans how
@@ -859,16 +883,20 @@ class Campaigns:
         self._asking_low_signal.add(goal.id)
         self._spawn(self._low_signal_prompt(goal, streak))
 
-    async def _low_signal_prompt(self, goal: Goal, streak: list[Experiment]) -> None:
+    async def _low_signal_prompt(self, goal: Goal, streak: list[Experiment], question: str = "") -> None:
         rows = ", ".join(
             f"#{e.index} {e.metric_value:.4g} ({e.interval_how}: {e.interval_low:.3g}–{e.interval_high:.3g})"
             for e in streak
             if e.metric_value is not None and e.interval_low is not None and e.interval_high is not None
         )
-        question = f"The last {len(streak)} gains are within noise ({rows}). Go on as planned?"
-        detail = (
+        question = question or f"The last {len(streak)} gains are within noise ({rows}). Go on as planned?"
+        why = (
             "Each new best lies inside the noise of the one before it, so none is a finding yet. "
-            "Options: repeat the best configs with other seeds (`--repeat 3`); a larger eval split; "
+            if streak
+            else "A run whose loss did not move is too small to learn from. "
+        )
+        detail = (
+            why + "Options: repeat the best configs with other seeds (`--repeat 3`); a larger eval split; "
             "longer runs; or a change of direction. Approve to let the agent go on as planned, "
             "reject to have it change course; a comment reaches the agent either way."
         )

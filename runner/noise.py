@@ -65,3 +65,17 @@ def within_noise(found: Interval | None, previous_best: float | None, direction:
     if found is None or previous_best is None:
         return False
     return previous_best >= found.low if direction == "maximize" else previous_best <= found.high
+
+
+FLAT = 0.01  # a loss curve that moved less than this share of its start "has not moved"
+FLAT_MIN_POINTS = 5
+
+
+def flat_curve(curves: dict[str, list[float]]) -> tuple[str, list[float]] | None:
+    """The first loss curve that has not moved (at least FLAT_MIN_POINTS points), if any."""
+    for name, values in curves.items():
+        if len(values) >= FLAT_MIN_POINTS:
+            start, end = values[0], values[-1]
+            if abs(end - start) <= FLAT * max(abs(start), 1e-12):
+                return name, values
+    return None

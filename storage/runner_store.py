@@ -627,6 +627,18 @@ class RunnerStore:
         rows = await self.db.fetchall(sql + " ORDER BY id", params)
         return [(row[0], row[1]) for row in rows]
 
+    async def loss_series(self, goal_id: int, experiment_id: int) -> dict[str, list[float]]:
+        """A run's training-loss curves (series named *loss, e.g. train_loss, train/loss), in order."""
+        rows = await self.db.fetchall(
+            "SELECT name, value FROM metrics WHERE goal_id = ? AND experiment_id = ? AND name LIKE '%loss' "
+            "ORDER BY id",
+            (goal_id, experiment_id),
+        )
+        curves: dict[str, list[float]] = {}
+        for name, value in rows:
+            curves.setdefault(name, []).append(value)
+        return curves
+
     # ---- approvals ----
 
     @_waits_for_space

@@ -97,3 +97,25 @@ async def test_repeat_runs_seeds_and_records_mean_and_sd(start_runner, connect, 
     run_dir = runner.settings.workspaces / f"goal-{goal_id}" / "experiments" / "001"
     assert sorted(path.name for path in run_dir.glob("run*.log")) == ["run-2.log", "run-3.log", "run.log"]
     assert "loss: 2.2" in (run_dir / "run-3.log").read_text()
+
+
+async def test_a_training_curve_that_has_not_moved_asks_the_humans(start_runner, connect, tmp_path):
+    flat = (
+        'goaltender experiment -d flat --metric accuracy -- python -c "import json\n'
+        "for step in range(8): print(json.dumps({'step': step, 'train_loss': 0.6931}))\n"
+        "print('accuracy: 0.5')\"\nsleep 60\n"
+    )
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", flat)})
+    client = await connect(runner)
+    goal_id = await submit(client, "learn something, max 2 experiments", agent="a")
+
+    async def prompt():
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        return status.pending_approvals[0] if status.pending_approvals else None
+
+    asked = await eventually(prompt, timeout=60)
+    assert asked.kind == "low_signal"
+    assert asked.question == (
+        "The training curve of #1 has not moved (train_loss 0.6931 → 0.6931 over 8 points). Go on as planned?"
+    )
+    await client.call(p.Stop, p.Done, goal_id=goal_id)
