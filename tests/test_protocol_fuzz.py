@@ -127,7 +127,14 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
         {"type": "audit", "id": 23, "goal_id": goal, "limit": 5},
         {"type": "disk_usage", "id": 40, "goal_id": goal},
         {"type": "stage_done", "id": 50, "goal_id": goal, "summary": "planned", "document": "# Plan"},
-        {"type": "cross_check", "id": 51, "goal_id": goal, "description": "toy", "a": ["true"], "b": ["true"]},
+        {
+            "type": "cross_check",
+            "id": 51,
+            "goal_id": goal,
+            "description": "toy",
+            "a": ["true"],
+            "b": ["true"],
+        },
         {
             "type": "record_fetch",
             "id": 24,
