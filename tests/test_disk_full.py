@@ -10,6 +10,8 @@ in its own mount namespace keeps this simple.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -49,7 +51,9 @@ def start_runner_on_small_disk(tmp_path: Path, socket: Path, agent: list[str]) -
     small_home = ["bwrap", "--dev-bind", "/", "/", "--size", str(DISK_MB * MB), "--tmpfs", str(home), "--"]
     runner = [sys.executable, "-m", "goaltender.cli", "--socket", str(socket), "runner", "--home", str(home)]
     log = open(tmp_path / "runner.log", "ab")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen([*small_home, *runner], env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [*small_home, *runner], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def runner_view(bwrap: subprocess.Popen, path: Path) -> Path:
@@ -83,9 +87,15 @@ def goal_states(events) -> list[GoalStateChanged]:
 
 
 async def stop(bwrap: subprocess.Popen) -> None:
-    if bwrap.poll() is None:
-        bwrap.send_signal(signal.SIGTERM)
-        bwrap.wait(timeout=30)
+    """SIGTERM the runner's whole group (bwrap does not pass a signal on to the runner it wraps,
+    which would outlive the test), then reap bwrap."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(bwrap.pid, signal.SIGTERM)
+    try:
+        await asyncio.to_thread(bwrap.wait, 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(bwrap.pid, signal.SIGKILL)
+        bwrap.wait()
 
 
 async def test_a_run_that_ends_on_a_full_disk_is_closed_once_there_is_room(tmp_path, short_dir):
