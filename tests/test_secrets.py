@@ -382,3 +382,34 @@ def test_a_crashed_agents_log_tail_starts_at_a_line(tmp_path):
     tail = _tail_text(tmp_path, 1500)
     assert tail.startswith("line ") and tail.endswith("bye") and len(tail) <= 1500
     assert all(secret in line for line in tail.splitlines()[:-1])
+
+
+PIECES = [
+    "step 10 loss 0.52\n",
+    "task-",
+    "sk-",
+    "hf_",
+    "AKIA",
+    "xoxb-",
+    "ghp_",
+    "PRIVATE KEY-----",
+    "é",
+    "\x1b[31m",
+]
+SHAPES = ["sk-" + "a" * 24, "hf_" + "B" * 24, "xoxb-" + "1" * 12, "AKIA" + "Z" * 16, "ghp_" + "c" * 22]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES + SHAPES + ["supersecretvalue1"]) | st.text(max_size=12), max_size=30))
+def test_the_fast_path_never_skips_what_the_full_scan_finds(parts):
+    """redact's cheap needle check before the regex changes nothing: it matches the full scan."""
+    redactor = Redactor([("OPENAI_API_KEY", "supersecretvalue1")])
+    text = "".join(parts) + "." * 2048  # past NEEDLE_CHECK_FROM: the needle check runs
+    full = redactor._text.sub(redactor._replace, text)
+    if "PRIVATE KEY-----" in full:
+        from goaltender.runner.secrets import _HEADLESS_KEY
+
+        full = _HEADLESS_KEY.sub(redactor._shape_marker, full)
+    assert redactor.redact(text) == full
+    line = (json.dumps({"type": "log", "text": text}, ensure_ascii=False) + "\n").encode()
+    assert json.loads(redactor.redact_line(line))["text"] == redactor.redact(text)
