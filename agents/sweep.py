@@ -356,17 +356,7 @@ class SweepAgent(GoalAgent):
                 continue
             await self._prepare(proposal.config)
             try:
-                reply = await self.runner.call(
-                    p.RunExperiment,
-                    p.ExperimentReply,
-                    goal_id=self.goal_id,
-                    command=self.task.command(proposal.config),
-                    description=proposal.description,
-                    params=proposal.config,
-                    metric=self.task.metric,
-                    direction=self.task.direction,
-                    eval_command=self.task.eval_command,
-                )
+                await self._run(proposal.config, proposal.description)
             except p.ProtocolError as exc:
                 if exc.error.code in ("budget_exhausted", "conflict"):
                     self.end_note = exc.error.message
@@ -374,9 +364,24 @@ class SweepAgent(GoalAgent):
                 if exc.error.code == "disk_full":
                     continue  # the goal is paused until there is room: the next request waits for it
                 raise
-            self.ledger.append(reply.experiment)
-            await self._after_run(reply)
         await self.finish()
+
+    async def _run(self, config: dict[str, Any], description: str, repeat: int = 1) -> None:
+        """One experiment of `config` through the runner, entered in the ledger and reported."""
+        reply = await self.runner.call(
+            p.RunExperiment,
+            p.ExperimentReply,
+            goal_id=self.goal_id,
+            command=self.task.command(config),
+            description=description,
+            params=config,
+            metric=self.task.metric,
+            direction=self.task.direction,
+            eval_command=self.task.eval_command,
+            repeat=repeat,
+        )
+        self.ledger.append(reply.experiment)
+        await self._after_run(reply)
 
     async def _confirm(self) -> bool:
         """The humans asked for a change of course on gains within noise: run the best config
@@ -390,24 +395,15 @@ class SweepAgent(GoalAgent):
             "search goes on.",
         )
         try:
-            reply = await self.runner.call(
-                p.RunExperiment,
-                p.ExperimentReply,
-                goal_id=self.goal_id,
-                command=self.task.command(best.params),
-                description=f"confirm #{best.index} with {CONFIRM_SEEDS} seeds: its gain lies within noise",
-                params=best.params,
-                metric=self.task.metric,
-                direction=self.task.direction,
-                eval_command=self.task.eval_command,
+            await self._run(
+                best.params,
+                f"confirm #{best.index} with {CONFIRM_SEEDS} seeds: its gain lies within noise",
                 repeat=CONFIRM_SEEDS,
             )
         except p.ProtocolError as exc:
             if exc.error.code in ("budget_exhausted", "conflict", "disk_full"):
                 return False
             raise
-        self.ledger.append(reply.experiment)
-        await self._after_run(reply)
         return True
 
     async def _approved(self, proposal: Proposal) -> bool:

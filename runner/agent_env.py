@@ -1,12 +1,10 @@
 """What agents and experiments find in their environment: caches routed under the runner's home,
-the GOALTENDER_* variables that lead them back to the runner (to their goal's socket), and how many
-GPUs the box offers."""
+and the GOALTENDER_* variables that lead them back to the runner (to their goal's socket). Which GPUs
+an experiment gets is the box's fair queue's word (runner/slots.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -84,16 +82,3 @@ def experiment_environment(
             "GOALTENDER_EXPERIMENT_DIR": str(Path(experiment.log_path).parent),
         }
     )
-
-
-def count_gpus() -> int:
-    """GPUs this runner may use: CUDA_VISIBLE_DEVICES when set, else what `nvidia-smi -L` lists."""
-    if visible := os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))

@@ -19,7 +19,7 @@ import logging
 import os
 import statistics
 import subprocess
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +29,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import agent_environment, experiment_environment, goal_environment
 from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.executors import Executor, Job, LocalExecutor, Placement
+from goaltender.runner.executors import Executor, Job, LocalExecutor, OnStart, Placement
 from goaltender.runner.report import best_experiment, final_report
 from goaltender.runner.retention import prune_checkpoints
 from goaltender.runner.sandbox import Sandbox
@@ -63,7 +63,6 @@ from goaltender.storage.space import DiskFull, FreeSpace, free_space, is_disk_fu
 
 log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
-OnStart = Callable[[Placement], Awaitable[None]]
 
 
 class AgentSockets(Protocol):
@@ -177,17 +176,7 @@ class Campaigns:
         goal = await self.goal(experiment.goal_id)
         assert experiment.job_id is not None
         placement = Placement(experiment.executor, experiment.host or "", experiment.job_id)
-        job = Job(
-            goal=goal,
-            command=experiment.command,
-            cwd=Path(goal.workspace),
-            env={},
-            log_path=Path(experiment.log_path),
-            name=f"goaltender-g{goal.id}-e{experiment.id}",
-            gpus=experiment.gpus,
-            timeout_s=experiment_timeout(goal.budget, None, utcnow()),
-            grace_s=self.settings.stop_grace_s,
-        )
+        job = self._job(goal, experiment, experiment.command)
 
         async def on_points(points: list[MetricPoint]) -> None:
             await self.store.add_metrics(goal.id, experiment.id, points)
@@ -712,29 +701,46 @@ class Campaigns:
         finally:
             self._told_waiting.pop(experiment.id, None)
 
-    def _job(self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None) -> Job:
+    def _job(
+        self,
+        goal: Goal,
+        experiment: Experiment,
+        command: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Job:
+        """The experiment's run as its executor takes it (`timeout_s`: what it asked for, within
+        the goal's budget)."""
+        return Job(
+            goal=goal,
+            command=command,
+            cwd=Path(cwd or goal.workspace),
+            env=env or {},
+            log_path=Path(experiment.log_path),
+            name=f"goaltender-g{goal.id}-e{experiment.id}",
+            gpus=experiment.gpus,
+            timeout_s=experiment_timeout(goal.budget, timeout_s, utcnow()),
+            grace_s=self.settings.stop_grace_s,
+        )
+
+    def _environment(
+        self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None
+    ) -> dict[str, str]:
         env = experiment_environment(self.settings, goal, experiment, req.env)
         if grant is not None and self.slots.gpus:
             # Only its own GPUs (none for a CPU-only run), numbered as NVML numbers them.
             env |= {"CUDA_VISIBLE_DEVICES": grant.cuda_visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         elif experiment.executor != "local":
             env.pop("CUDA_VISIBLE_DEVICES", None)  # a cluster's engine assigns the GPUs
-        return Job(
-            goal=goal,
-            command=req.command,
-            cwd=Path(req.cwd or goal.workspace),
-            env=env,
-            log_path=Path(experiment.log_path),
-            name=f"goaltender-g{goal.id}-e{experiment.id}",
-            gpus=experiment.gpus,
-            timeout_s=experiment_timeout(goal.budget, req.timeout_s, utcnow()),
-            grace_s=self.settings.stop_grace_s,
-        )
+        return env
 
     async def _run(
         self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None
     ) -> tuple[Experiment, bool]:
-        job = self._job(goal, experiment, req, grant)
+        env = self._environment(goal, experiment, req, grant)
+        job = self._job(goal, experiment, req.command, cwd=req.cwd, env=env, timeout_s=req.timeout_s)
         executor = self.executor(experiment.executor)
         usage = gpus.Usage()
         watching = (

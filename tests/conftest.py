@@ -181,6 +181,13 @@ async def approval_prompts(client: RunnerClient, goal_id: int) -> AsyncIterator[
             yield event.data.approval
 
 
+async def pending_approval(client: RunnerClient, goal_id: int, kind: str | None = None) -> Approval | None:
+    """The goal's oldest pending approval (of `kind`), as its status shows it; None when there is
+    none (a predicate for `eventually`)."""
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    return next((a for a in status.pending_approvals if kind is None or a.kind == kind), None)
+
+
 async def submit(client: RunnerClient, text: str, **fields) -> int:
     reply = await client.call(p.SubmitGoal, p.GoalReply, text=text, **fields)
     return reply.status.goal.id

@@ -141,24 +141,21 @@ async def test_a_stop_while_queued_and_a_restart_leave_nothing_held(start_runner
     runner = await start_runner(agents={"hog": hog}, compute_unit="cpu", slots=1)
     client = await connect(runner)
 
-    async def status(goal_id):
-        return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-
     # One at a time, so that the queue's order is known.
     holder = await submit(client, "holds the slot", agent="hog")
-    await eventually(lambda: _running_state(status(holder), "running"), timeout=30)
+    await eventually(lambda: _running_state(client, holder, "running"), timeout=30)
     queued = await submit(client, "waits for it", agent="hog")
-    await eventually(lambda: _running_state(status(queued), "queued"), timeout=30)
+    await eventually(lambda: _running_state(client, queued, "queued"), timeout=30)
     later = await submit(client, "waits behind it", agent="hog")
-    waiting = await eventually(lambda: _running_state(status(later), "queued"), timeout=30)
+    waiting = await eventually(lambda: _running_state(client, later, "queued"), timeout=30)
     assert waiting.note == "waiting for a slot, 1 ahead"
     await client.call(p.Stop, p.Done, goal_id=queued, by="ana")
     [never] = await ledger(client, queued)
     assert never.status == "interrupted" and never.note.startswith(
         "never started (ended with the goal: stopped by"
     )
-    moved = await eventually(lambda: _running_state(status(later), "queued"), timeout=30)
-    await eventually(lambda: _note_is(status(later), "waiting for a slot, 0 ahead"), timeout=30)
+    moved = await eventually(lambda: _running_state(client, later, "queued"), timeout=30)
+    await eventually(lambda: _note_is(client, later, "waiting for a slot, 0 ahead"), timeout=30)
     assert moved.index == 1
 
     # A restart with one run in flight and one queued: both interrupted, the slot is free again.
@@ -178,13 +175,17 @@ async def test_a_stop_while_queued_and_a_restart_leave_nothing_held(start_runner
         await client.call(p.Stop, p.Done, goal_id=goal_id)
 
 
-async def _running_state(status_coro, state: str):
-    status = await status_coro
+async def goal_status(client, goal_id: int):
+    return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+
+
+async def _running_state(client, goal_id: int, state: str):
+    status = await goal_status(client, goal_id)
     return status.running if status.running is not None and status.running.status == state else None
 
 
-async def _note_is(status_coro, note: str) -> bool:
-    status = await status_coro
+async def _note_is(client, goal_id: int, note: str) -> bool:
+    status = await goal_status(client, goal_id)
     return status.running is not None and status.running.note == note
 
 
@@ -202,17 +203,14 @@ async def test_a_paused_goal_gives_its_turn_back(start_runner, connect, tmp_path
     runner = await start_runner(agents={"hog": hog, "quick": quick}, compute_unit="cpu", slots=1)
     client = await connect(runner)
 
-    async def status(goal_id):
-        return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-
     holder = await submit(client, "holds the slot", agent="hog")
-    await eventually(lambda: _running_state(status(holder), "running"), timeout=30)
+    await eventually(lambda: _running_state(client, holder, "running"), timeout=30)
     paused = await submit(client, "queued, then paused, max 1 experiments", agent="quick")
-    await eventually(lambda: _running_state(status(paused), "queued"), timeout=30)
+    await eventually(lambda: _running_state(client, paused, "queued"), timeout=30)
     await client.call(p.Pause, p.Done, goal_id=paused)
     await client.call(p.Stop, p.Done, goal_id=holder)  # the slot is free: its turn comes, and passes
-    await eventually(lambda: _note_is(status(paused), "waiting for its goal to be resumed"), timeout=30)
-    assert (await status(paused)).running.status == "queued"
+    await eventually(lambda: _note_is(client, paused, "waiting for its goal to be resumed"), timeout=30)
+    assert (await goal_status(client, paused)).running.status == "queued"
     await client.call(p.Resume, p.Done, goal_id=paused)
     await events_until_report(client, paused, timeout=60)
     [row] = await ledger(client, paused)

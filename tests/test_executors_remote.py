@@ -10,13 +10,7 @@ GOALTENDER_REQUIRE_ENGINES=1 (CI), where they fail. Answers Ray would give in tr
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
-import os
-import shutil
-import subprocess
 import sys
-import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +19,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from conftest import eventually
+from engine_probes import RAY, ray_job, require
 
 from goaltender.runner.executors import Job, Placement
 from goaltender.runner.ray_executor import RayError, RayExecutor
@@ -32,37 +27,7 @@ from goaltender.runner.slurm_executor import SlurmError, SlurmExecutor
 from goaltender.runner.supervisor import ProcessResult, RunCancelled
 from goaltender.storage.records import Goal, MetricPoint
 
-RAY = os.environ.get("GOALTENDER_TEST_RAY", "http://127.0.0.1:8265")
 ENGINES = ["ray", "slurm"]
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("GOALTENDER_REQUIRE_ENGINES") == "1":
-        pytest.fail(f"{reason} (GOALTENDER_REQUIRE_ENGINES=1; run tests/engines.sh start)")
-    pytest.skip(f"{reason}: run tests/engines.sh start")
-
-
-@functools.cache  # probed once a session: a down Slurm controller takes ~10 s to say so
-def _ray_down() -> str | None:
-    try:
-        with urllib.request.urlopen(f"{RAY}/api/version", timeout=3) as answer:
-            json.load(answer)
-    except (OSError, ValueError) as e:
-        return f"Ray is not reachable at {RAY} ({e})"
-    return None
-
-
-@functools.cache
-def _slurm_down() -> str | None:
-    if not shutil.which("sinfo"):
-        return "Slurm's client (sinfo) is not installed"
-    try:
-        done = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
-    except subprocess.TimeoutExpired:
-        return "Slurm's controller did not answer sinfo in 20 s"
-    if done.returncode != 0 or not {"idle", "mix", "alloc"} & set(done.stdout.split()):
-        return f"no usable Slurm node ({(done.stderr or done.stdout).strip()[:200]})"
-    return None
 
 
 @dataclass
@@ -82,8 +47,7 @@ class Engine:
 
 
 def _ray_status(job_id: str) -> str:
-    with urllib.request.urlopen(f"{RAY}/api/jobs/{job_id}", timeout=5) as answer:
-        return json.load(answer)["status"]
+    return ray_job(job_id)["status"]
 
 
 async def _slurm(*argv: str) -> str:
@@ -96,12 +60,9 @@ async def _slurm(*argv: str) -> str:
 
 @pytest.fixture(params=ENGINES)
 def engine(request) -> Engine:
+    require(request.param)
     if request.param == "ray":
-        if reason := _ray_down():
-            _unavailable(reason)
         return Engine("ray", lambda: RayExecutor(RAY))
-    if reason := _slurm_down():
-        _unavailable(reason)
     return Engine("slurm", lambda: SlurmExecutor())
 
 
@@ -263,8 +224,7 @@ async def test_missing_sbatch_is_a_one_line_os_error(tmp_path, monkeypatch):
 
 
 async def test_slurm_refusing_a_job_is_an_os_error(tmp_path):
-    if reason := _slurm_down():
-        _unavailable(reason)
+    require("slurm")
     job = make_job(tmp_path, TALKER)
     with pytest.raises(SlurmError, match="sbatch refused"):
         await SlurmExecutor(partition="no-such-partition").run(

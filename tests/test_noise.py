@@ -6,7 +6,7 @@ and `--repeat 3` runs seeds and records mean ± sd."""
 from __future__ import annotations
 
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
+from conftest import events_until_report, eventually, pending_approval, submit, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,11 +50,7 @@ async def test_gains_within_noise_are_flagged_and_the_humans_asked(start_runner,
     client = await connect(runner)
     goal_id = await submit(client, "reach 90% accuracy, max 4 experiments", agent="a")
 
-    async def prompt():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-        return status.pending_approvals[0] if status.pending_approvals else None
-
-    asked = await eventually(prompt, timeout=60)
+    asked = await eventually(lambda: pending_approval(client, goal_id), timeout=60)
     assert asked.kind == "low_signal"
     assert asked.question.startswith("The last 2 gains are within noise (#2 0.27 (Wilson 95%, n=64:")
     assert "--repeat 3" in asked.detail
@@ -109,11 +105,7 @@ async def test_a_training_curve_that_has_not_moved_asks_the_humans(start_runner,
     client = await connect(runner)
     goal_id = await submit(client, "learn something, max 2 experiments", agent="a")
 
-    async def prompt():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-        return status.pending_approvals[0] if status.pending_approvals else None
-
-    asked = await eventually(prompt, timeout=60)
+    asked = await eventually(lambda: pending_approval(client, goal_id), timeout=60)
     assert asked.kind == "low_signal"
     assert asked.question == (
         "The training curve of #1 has not moved (train_loss 0.6931 → 0.6931 over 8 points). Go on as planned?"

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import BIN, blocks_text, eventually, submit, write_agent
+from conftest import BIN, blocks_text, eventually, pending_approval, submit, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.runner import protocol as p
@@ -85,7 +85,7 @@ async def test_an_approved_skill_edit_is_committed_read_by_the_next_goal_and_rev
     operator = await connect(runner, "operator")
 
     goal = await submit(operator, "learn something, max 3 experiments", agent="proposer")
-    approval = await pending_approval(operator, goal)
+    approval = await approval_awaited(operator, goal)
     assert approval.kind == "skill_edit" and "`session-memory/SKILL.md`" in approval.question
     assert "Why: three runs diverged without it" in approval.detail
     assert "```diff\n--- a/session-memory/SKILL.md\n+++ b/session-memory/SKILL.md" in approval.detail
@@ -156,7 +156,7 @@ async def test_a_rejected_skill_edit_changes_nothing(start_runner, connect, tmp_
     operator = await connect(runner, "operator")
 
     goal = await submit(operator, "learn something, max 3 experiments", agent="proposer")
-    approval = await pending_approval(operator, goal)
+    approval = await approval_awaited(operator, goal)
     await operator.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, comment="no")
     workspace = Path((await runner.store.get_goal(goal)).workspace)
     await eventually(lambda: (workspace / "done").exists())
@@ -248,12 +248,8 @@ async def test_in_slack_a_reaction_applies_the_diff_and_a_reply_reverts_it(
 # ---- helpers ----
 
 
-async def pending_approval(operator, goal: int):
-    async def waiting():
-        status = (await operator.call(p.Status, p.StatusReply, goal_id=goal)).goals[0]
-        return status.pending_approvals and status.pending_approvals[0]
-
-    return await eventually(waiting, timeout=60)
+async def approval_awaited(operator, goal: int):
+    return await eventually(lambda: pending_approval(operator, goal), timeout=60)
 
 
 def read_results(workspace: Path) -> dict[str, tuple[int, str]]:

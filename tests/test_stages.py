@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import eventually, submit, write_agent
+from conftest import eventually, pending_approval, submit, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -64,11 +64,6 @@ def test_what_disagrees():
     assert "| loss | 0.6931 | 0.6941 | 0.001 |" in found.table()
 
 
-async def gate(client, goal_id: int):
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-    return status.pending_approvals[0] if status.pending_approvals else None
-
-
 def said(runner, goal_id: int) -> str:
     path = runner.settings.workspaces / f"goal-{goal_id}" / "said.txt"
     return path.read_text() if path.exists() else ""
@@ -86,7 +81,7 @@ async def test_a_staged_goal_waits_at_each_gate(start_runner, connect, tmp_path)
     goal_id = await submit(client, "stages: plan, implement, campaign; max 3 experiments", agent="a")
     workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
 
-    plan = await eventually(lambda: gate(client, goal_id))
+    plan = await eventually(lambda: pending_approval(client, goal_id))
     # No experiment before the campaign stage.
     assert said(runner, goal_id) == "early rc=4\n"
     assert "experiments start in stage 'campaign'" in (workspace / "early.err").read_text()
@@ -94,10 +89,10 @@ async def test_a_staged_goal_waits_at_each_gate(start_runner, connect, tmp_path)
     assert "planned two runs" in plan.detail and "**plan.md**" in plan.detail and "Try lr 1e-3" in plan.detail
     await decide(client, plan.id, True)
 
-    implement = await eventually(lambda: gate(client, goal_id))
+    implement = await eventually(lambda: pending_approval(client, goal_id))
     assert implement.question == "Stage 2/3 'implement' is done. Start 'campaign'?"
     await decide(client, implement.id, False, "add tests first")
-    again = await eventually(lambda: _newer(gate(client, goal_id), implement.id))
+    again = await eventually(lambda: _newer(pending_approval(client, goal_id), implement.id))
     await decide(client, again.id, True)
 
     await eventually(lambda: "campaign rc=" in said(runner, goal_id), timeout=30)
@@ -124,7 +119,7 @@ async def test_a_disagreeing_cross_check_blocks_the_campaign(start_runner, conne
     client = await connect(runner)
     goal_id = await submit(client, "port the loss, max 3 experiments", agent="a")
 
-    prompt = await eventually(lambda: gate(client, goal_id), timeout=30)
+    prompt = await eventually(lambda: pending_approval(client, goal_id), timeout=30)
     assert prompt.kind == "cross_check"
     assert (
         prompt.question == "The two implementations disagree on 1 of 2 numbers. Go on to experiments anyway?"

@@ -38,7 +38,7 @@ async def test_steer_narrows_the_search(start_runner, connect, monkeypatch):
 async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
     start_runner, connect, monkeypatch
 ):
-    from conftest import eventually
+    from conftest import eventually, pending_approval
     from noisy_task import AGENT as NOISY_AGENT
 
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -46,11 +46,7 @@ async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
     client = await connect(runner)
     goal_id = await submit(client, "noisy sweep, max 5 experiments", agent="noisy")
 
-    async def prompt():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-        return next((a for a in status.pending_approvals if a.kind == "low_signal"), None)
-
-    asked = await eventually(prompt, timeout=60)
+    asked = await eventually(lambda: pending_approval(client, goal_id, "low_signal"), timeout=60)
     await client.call(
         p.Decide, p.DecisionReply, approval_id=asked.id, approve=False, by="ana", comment="check the seeds"
     )
