@@ -89,3 +89,39 @@ async def _engine_says(engine: str, job_id: str, state: str) -> bool:
     out, _ = await proc.communicate()
     queued = out.decode().strip()
     return queued == "RUNNING" if state == "running" else queued in ("", "CANCELLED", "COMPLETING")
+
+
+async def test_a_cluster_job_outlives_a_runner_restart(start_runner, connect, tmp_path, engine):
+    # The job waits for a file in its workspace: it runs on while no runner follows it.
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        f"goaltender experiment -d 'outlives' --metric score --executor {engine} -- python -c "
+        "\"import os, time\nwhile not os.path.exists('go'): time.sleep(0.1)\nprint('score: 0.5')\"\n"
+        "sleep 600\n",
+    )
+    options = {"agents": {"a": agent}, "compute_unit": "cpu", "ray_address": RAY}
+    runner = await start_runner(**options)
+    client = await connect(runner)
+    goal_id = await submit(client, "outlive a restart, max 2 experiments", agent="a")
+
+    async def placed():
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        return status.running if status.running and status.running.job_id else None
+
+    running = await eventually(placed, timeout=60)
+    await eventually(lambda: _engine_says(engine, running.job_id, "running"), timeout=60)
+    await runner.close()
+    assert await _engine_says(engine, running.job_id, "running")  # the shutdown left it be
+
+    runner = await start_runner(**options)
+    client = await connect(runner)
+    (runner.settings.workspaces / f"goal-{goal_id}" / "go").write_text("")
+
+    async def ended():
+        [row, *_] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        return row if row.finished else None
+
+    row = await eventually(ended, timeout=60)
+    assert row.status == "keep" and row.metric_value == 0.5 and row.job_id == running.job_id
+    await client.call(p.Stop, p.Done, goal_id=goal_id)
