@@ -3,23 +3,42 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import sys
-import textwrap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
-from goaltender.runner import protocol as p
+from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, encode, exchange, socket_from_env
+from goaltender.runner.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
+
+
+def _on_first_use(name: str) -> ModuleType:
+    """Module `name`, imported when one of its attributes is first read (importlib's LazyLoader)."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)  # as an import would
+    return module
+
 
 # Every agent verb is a process of its own, so this module imports only what each verb needs:
 # the rest (asyncio and the client, budget words, reports, preflight, training) is imported by the
-# commands that use it (tests/test_cli_input.py checks the heavy ones stay out).
+# commands that use it (tests/test_cli_speed.py checks the heavy ones stay out). Even the protocol's
+# models (pydantic) are: the hottest verbs talk through runner/quick_client.py with plain dicts.
 if TYPE_CHECKING:
+    from goaltender.runner import protocol as p
     from goaltender.runner.client import RunnerClient
     from goaltender.storage.records import HubFetch
+else:
+    p = sys.modules.get("goaltender.runner.protocol") or _on_first_use("goaltender.runner.protocol")
 
 EXIT_OK = 0
 EXIT_NO = 1  # rejected approval, crashed experiment, failed fetch
@@ -63,7 +82,8 @@ class UsageError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(only=_command_in(sys.argv[1:] if argv is None else argv))
+    command = _command_in(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=LISTING if command is None else command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -74,25 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"goaltender: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except p.ProtocolError as exc:
-        print(f"goaltender: the runner refused: {exc.error.message}", file=sys.stderr)
-        return EXIT_BUDGET if exc.error.code == "budget_exhausted" else EXIT_RUNNER
+    except RunnerRefused as exc:
+        print(f"goaltender: the runner refused: {exc.message}", file=sys.stderr)
+        return EXIT_BUDGET if exc.code == "budget_exhausted" else EXIT_RUNNER
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # e.g. `goaltender events | head`: the reader has gone, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except ConnectionError as exc:
-        if not _runner_unavailable(exc):
-            raise
+    except RunnerUnavailable as exc:
         print(f"goaltender: {exc}", file=sys.stderr)
         return EXIT_RUNNER
-
-
-def _runner_unavailable(exc: ConnectionError) -> bool:
-    from goaltender.runner.client import RunnerUnavailable  # already imported when it was raised
-
-    return isinstance(exc, RunnerUnavailable)
 
 
 def _whole_number(low: int) -> Callable[[str], int]:
@@ -162,12 +174,15 @@ class _Unused:
         return lambda *args, **kwargs: self
 
 
+LISTING = ""  # build_parser(LISTING): every command named (for --help), none of their arguments
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or, when `only` names one, of that one alone (a name that is
     no command gets the whole parser, whose error lists them)."""
     if only is not None:
         parser, built = _build_parser(only)
-        if built:
+        if built or only == LISTING:
             return parser
     return _build_parser(None)[0]
 
@@ -189,7 +204,11 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         name: str, func: Callable, help: str, description: str | None = None
     ) -> argparse.ArgumentParser:
         if only is not None and name != only:
+            if only == LISTING:
+                sub.add_parser(name, help=help)
             return cast(argparse.ArgumentParser, _Unused())
+        import textwrap  # only for a command being built
+
         built.append(name)
         cmd = sub.add_parser(
             name,
@@ -588,14 +607,45 @@ def _add_preflight_arguments(cmd: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace, body: Callable[[RunnerClient], Awaitable[int | None]]) -> int:
     import asyncio
 
-    from goaltender.runner.client import RunnerClient, socket_from_env
+    from goaltender.runner.client import RunnerClient
 
     async def go() -> int | None:
-        path = args.socket or socket_from_env()
-        async with await RunnerClient.connect_unix(path, client=f"cli:{args.func.__name__[4:]}") as runner:
+        async with await RunnerClient.connect_unix(_socket(args), client=_client(args)) as runner:
             return await body(runner)
 
     return asyncio.run(go()) or EXIT_OK
+
+
+def _send(args: argparse.Namespace, requests: list[str]) -> list[dict[str, Any]]:
+    """The `done` replies to `requests` (quick_client.encode() of what the protocol's models would
+    send, without id), sent at once by the blocking client: no pydantic, no asyncio (issue 13).
+
+    Input the runner could not take is only looked into when it refuses (or is not there): then the
+    models say why, as _checked does for the other verbs, so it is still a usage error (exit 2)."""
+    try:
+        return exchange(_socket(args), _client(args), requests)
+    except RunnerUnavailable:
+        _check_requests(requests)
+        raise
+    except RunnerRefused as refused:
+        if refused.code in ("bad_json", "bad_request", "line_too_long"):
+            _check_requests(requests)
+        raise
+
+
+def _check_requests(requests: list[str]) -> None:
+    for request in requests:
+        fields = json.loads(request)
+        _checked(p.REQUEST_MODELS[fields.pop("type")], **fields)
+
+
+def _socket(args: argparse.Namespace) -> Path:
+    return args.socket or socket_from_env()
+
+
+def _client(args: argparse.Namespace) -> str:
+    """How the runner's records name this client: cli:<the command>."""
+    return f"cli:{args.func.__name__[4:]}"
 
 
 def _check_text_arguments(args: argparse.Namespace) -> None:
@@ -630,8 +680,8 @@ def _checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
         raise UsageError(_problems(exc)) from None
     except PydanticSerializationError as exc:
         raise UsageError(f"cannot send this to the runner: {exc}") from None
-    if size > p.MAX_LINE:
-        raise UsageError(f"too much to send: {size:,} bytes, over the runner's limit of {p.MAX_LINE:,}")
+    if size > MAX_LINE:
+        raise UsageError(f"too much to send: {size:,} bytes, over the runner's limit of {MAX_LINE:,}")
     return fields
 
 
@@ -841,12 +891,13 @@ def cmd_summary(args):
     return _run(args, body)
 
 
-def _done(
-    kind: type[p.Request], check: Callable[[argparse.Namespace], None] | None = None, **fields_from_args: str
-):
+def _done(type: str, check: Callable[[argparse.Namespace], None] | None = None, **fields_from_args: str):
+    """The command for a request of `type` answered by `done` (its models are built when it runs)."""
+
     def cmd(args):
         if check is not None:
             check(args)
+        kind = p.REQUEST_MODELS[type]
         fields = _checked(kind, **{field: getattr(args, attr) for field, attr in fields_from_args.items()})
 
         async def body(runner: RunnerClient):
@@ -854,19 +905,19 @@ def _done(
 
         return _run(args, body)
 
-    cmd.__name__ = f"cmd_{kind.model_fields['type'].default}"
+    cmd.__name__ = f"cmd_{type}"
     return cmd
 
 
 cmd_steer = _done(
-    p.Steer, lambda args: _budget_words(args.text), goal_id="goal_id", text="text", author="author"
+    "steer", lambda args: _budget_words(args.text), goal_id="goal_id", text="text", author="author"
 )
 cmd_budget = _done(
-    p.ChangeBudget, lambda args: _budget_words(args.change), goal_id="goal_id", change="change"
+    "change_budget", lambda args: _budget_words(args.change), goal_id="goal_id", change="change"
 )
-cmd_pause = _done(p.Pause, goal_id="goal_id")
-cmd_resume = _done(p.Resume, goal_id="goal_id")
-cmd_stop = _done(p.Stop, goal_id="goal_id", reason="reason")
+cmd_pause = _done("pause", goal_id="goal_id")
+cmd_resume = _done("resume", goal_id="goal_id")
+cmd_stop = _done("stop", goal_id="goal_id", reason="reason")
 
 
 def _decide(approve: bool):
@@ -948,41 +999,26 @@ def cmd_log(args):
 
 
 def cmd_milestone(args):
-    fields = _checked(p.ReportMilestone, goal_id=_goal_id(args), title=args.title, text=args.text)
-
-    async def body(runner: RunnerClient):
-        print((await runner.call(p.ReportMilestone, p.Done, **fields)).message)
-
-    return _run(args, body)
+    milestone = {"type": "milestone", "goal_id": _goal_id(args), "title": args.title, "text": args.text}
+    print(_send(args, [encode(milestone | {"curves": None})])[0]["message"])
 
 
 def cmd_metrics(args):
-    from goaltender.storage.records import MetricPoint
-
     if bool(args.values) == bool(args.file):
         raise UsageError("give NAME=VALUE pairs or --file FILE (JSON lines), one or the other")
     if args.file:
         points = _points_from_lines(_read_points_file(args.file), step=args.step)
     else:
         points = [
-            MetricPoint(name=k, value=_metric_value(k, v), step=args.step)
+            encode({"name": k, "value": _metric_value(k, v), "step": args.step})
             for k, v in _key_values(args.values).items()
         ]
-    goal_id = _goal_id(args)
-    requests = [
-        _checked(p.LogMetrics, goal_id=goal_id, points=chunk, experiment_id=args.experiment_id)
-        for chunk in _chunks(points)
-    ]
-
-    async def body(runner: RunnerClient):
-        # Sent together, answered in order: one round trip, however many chunks.
-        replies = await runner.call_many(p.LogMetrics, p.Done, requests)
-        if len(replies) == 1:
-            print(replies[0].message)
-        else:
-            print(f"{len(points)} metric point(s) logged in {len(replies)} requests")
-
-    return _run(args, body)
+    # Sent together, answered in order: one round trip, however many requests.
+    replies = _send(args, _metric_requests(_goal_id(args), args.experiment_id, points))
+    if len(replies) == 1:
+        print(replies[0]["message"])
+    else:
+        print(f"{len(points)} metric point(s) logged in {len(replies)} requests")
 
 
 def _read_points_file(name: str) -> str:
@@ -991,48 +1027,93 @@ def _read_points_file(name: str) -> str:
     return _read_text(Path(name).read_bytes, name)
 
 
-def _points_from_lines(text: str, step: float | None) -> list[Any]:
-    """The points of JSON lines `{"name": …, "value": …, "step": …}`; blank lines are skipped.
-    `step` (--step) is the step of lines that give none."""
-    from pydantic import ValidationError
-
-    from goaltender.storage.records import MetricPoint
-
+def _points_from_lines(text: str, step: float | None) -> list[str]:
+    """The points of JSON lines `{"name": …, "value": …, "step": …}`, each as JSON text; blank lines
+    are skipped. `step` (--step) is the step of lines that give none."""
     points = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            fields = json.loads(line, parse_constant=_no_constant)
+            fields = _decode(line)
         except (ValueError, RecursionError) as exc:
             raise UsageError(f"line {number}: not a JSON object: {str(exc)[:80]}") from None
         if not isinstance(fields, dict):
             raise UsageError(f'line {number}: expected an object like {{"name": "loss", "value": 0.3}}')
-        fields.setdefault("step", step)
-        try:
-            points.append(MetricPoint.model_validate(fields))
-        except ValidationError as exc:
-            raise UsageError(f"line {number}: {_problems(exc)}") from None
+        if "step" in fields or step is None:
+            points.append(line if _is_plain_point(fields) else _validated_point(fields, number))
+        else:
+            fields["step"] = step
+            points.append(encode(fields) if _is_plain_point(fields) else _validated_point(fields, number))
     if not points:
         raise UsageError("no points: the file has no JSON lines")
     return points
 
 
-CHUNK_BYTES = p.MAX_LINE - 4096  # room for the request around the points
+_JSON = json.JSONDecoder(parse_constant=_no_constant)  # one for every line: json.loads makes one a call
 
 
-def _chunks(points: list[Any]) -> list[list[Any]]:
-    """`points` in requests the runner takes: at most MAX_POINTS each, each line within its limit."""
-    chunks: list[list[Any]] = [[]]
+def _decode(line: str) -> Any:
+    """`line` as json.loads reads it: most lines are one value with no blanks around, which
+    raw_decode reads alone (a quarter faster on 10,000 lines)."""
+    try:
+        value, end = _JSON.raw_decode(line)
+        if end == len(line):
+            return value
+    except ValueError:
+        pass
+    return _JSON.decode(line)  # blanks around the value, or the error saying what is wrong
+
+
+def _is_plain_point(fields: dict[str, Any]) -> bool:
+    """Whether `fields` are plainly a MetricPoint (a text name, finite numbers, nothing else). Such a
+    line is sent as it came, for the runner to read the same point from it: most lines are, and
+    neither pydantic nor encoding them again costs this process anything (issue 13)."""
+    step = fields.get("step")
+    return (
+        len(fields) == 2 + ("step" in fields)
+        and type(fields.get("name")) is str
+        and _plain_number(fields.get("value"))
+        and (step is None or _plain_number(step))
+    )
+
+
+def _plain_number(value: object) -> bool:
+    # A JSON number: a finite float, or an integer the wire takes (bool is no number).
+    return (type(value) is float and math.isfinite(value)) or (
+        type(value) is int and INT64_MIN <= value <= INT64_MAX
+    )
+
+
+def _validated_point(fields: dict[str, Any], number: int) -> str:
+    """A line that is no plain point, as MetricPoint makes it, or why it cannot."""
+    from pydantic import ValidationError
+
+    from goaltender.storage.records import MetricPoint
+
+    try:
+        return MetricPoint.model_validate(fields).model_dump_json()
+    except ValidationError as exc:
+        raise UsageError(f"line {number}: {_problems(exc)}") from None
+
+
+def _metric_requests(goal_id: int, experiment_id: int | None, points: list[str]) -> list[str]:
+    """log_metrics requests for `points` (JSON texts): at most MAX_POINTS each, each line within the
+    runner's limit."""
+    request = encode(
+        {"type": "log_metrics", "goal_id": goal_id, "points": [], "experiment_id": experiment_id}
+    )
+    room = MAX_LINE - len(request) - 64  # and the id, and the newline
+    chunks: list[list[str]] = [[]]
     size = 0
     for point in points:
-        point_size = len(point.model_dump_json()) + 1  # and a comma
-        if len(chunks[-1]) == p.MAX_POINTS or (chunks[-1] and size + point_size > CHUNK_BYTES):
+        point_size = (len(point) if point.isascii() else len(point.encode())) + 1  # and a comma
+        if len(chunks[-1]) == MAX_POINTS or (chunks[-1] and size + point_size > room):
             chunks.append([])
             size = 0
         chunks[-1].append(point)
         size += point_size
-    return chunks
+    return [request.replace('"points":[]', f'"points":[{",".join(chunk)}]', 1) for chunk in chunks]
 
 
 def _metric_value(name: str, text: str) -> float:

@@ -17,10 +17,9 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -29,14 +28,14 @@ from pydantic import ValidationError
 
 from goaltender.runner import protocol as p
 from goaltender.runner import wire
+from goaltender.runner.quick_client import RunnerUnavailable as RunnerUnavailable
+from goaltender.runner.quick_client import socket_from_env as socket_from_env
+from goaltender.runner.quick_client import unix_address as unix_address
+from goaltender.runner.quick_client import unreachable
 from goaltender.storage.records import Event, MetricPoint, UnreadableEvent, utcnow
 
 R = TypeVar("R", bound=p.Reply)
 log = logging.getLogger("goaltender.client")
-
-
-class RunnerUnavailable(ConnectionError):
-    """The runner cannot be reached, or the link dropped."""
 
 
 class LineWriter(Protocol):
@@ -114,16 +113,8 @@ class RunnerClient:
     async def connect_unix(cls, path: str | Path, client: str = "cli") -> RunnerClient:
         try:
             stream = await SocketStream.open_unix(path)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise RunnerUnavailable(
-                f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
-            ) from exc
-        except PermissionError as exc:
-            raise RunnerUnavailable(
-                f"not allowed to open the runner socket {path} ({exc.strerror}): only the runner's "
-                "operators may (GOALTENDER_OPERATORS on the runner; the socket and its directory are "
-                "its user's alone)"
-            ) from exc
+        except (FileNotFoundError, ConnectionRefusedError, PermissionError) as exc:
+            raise unreachable(path, exc) from exc
         runner = cls(stream)
         try:
             return await runner.hello(client)
@@ -335,26 +326,3 @@ def _unreadable_event(event: dict, reason: str) -> p.EventMessage | None:
             data=UnreadableEvent(stored_kind=str(kind), reason=reason),
         )
     )
-
-
-@contextlib.contextmanager
-def unix_address(path: Path) -> Iterator[str]:
-    """`path` as bind() and connect() take it: a path longer than a socket address may be (~107
-    bytes; a runner home on a deep directory) is reached through /proc/self/fd/<its directory>."""
-    if len(os.fsencode(str(path))) < 100:
-        yield str(path)
-        return
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{directory}/{path.name}"
-    finally:
-        os.close(directory)
-
-
-def socket_from_env() -> Path:
-    """The runner socket an agent should use: GOALTENDER_SOCKET, else <GOALTENDER_HOME>/runner.sock."""
-    if path := os.environ.get("GOALTENDER_SOCKET"):
-        return Path(path)
-    from goaltender.runner.config import RunnerSettings
-
-    return RunnerSettings().socket_path

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, 
 
 from goaltender.runner import wire
 from goaltender.runner.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
+from goaltender.runner.quick_client import RunnerRefused
 from goaltender.storage.records import (
     Approval,
     AuditEntry,
@@ -37,9 +38,9 @@ from goaltender.storage.records import (
     MetricPoint,
 )
 
-PROTOCOL_VERSION = 1
-MAX_LINE = 1024 * 1024  # bytes, newline included
-MAX_POINTS = 10_000  # metric points in one log_metrics request
+PROTOCOL_VERSION = wire.PROTOCOL_VERSION
+MAX_LINE = wire.MAX_LINE  # bytes, newline included
+MAX_POINTS = wire.MAX_POINTS  # metric points in one log_metrics request
 
 # ---- bounded values: every number a request carries fits SQLite and datetime arithmetic ----
 
@@ -637,11 +638,11 @@ def _replies() -> TypeAdapter[AnyReply]:
     return TypeAdapter(AnyReply)
 
 
-class ProtocolError(Exception):
+class ProtocolError(RunnerRefused):
     """Raised by the client when the runner answers a request with an `error` message."""
 
     def __init__(self, error: Error):
-        super().__init__(f"{error.code}: {error.message}")
+        super().__init__(error.code, error.message)
         self.error = error
 
 

@@ -18,6 +18,11 @@ import math
 import re
 from typing import Any
 
+# The protocol's own constants live here, free of pydantic, for runner/quick_client.py too.
+PROTOCOL_VERSION = 1
+MAX_LINE = 1024 * 1024  # bytes, newline included
+MAX_POINTS = 10_000  # metric points in one log_metrics request
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 MAX_DEPTH = 32  # a request is a few levels deep; experiment params get the rest

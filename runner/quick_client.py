@@ -1,0 +1,130 @@
+"""A blocking client for the runner's Unix socket, on the standard library alone, for the agent
+verbs that send a request or a few and exit (`goaltender milestone`, `metrics`, `diary`, ...).
+
+Every agent verb is a process of its own: importing pydantic and asyncio for RunnerClient cost
+several times a bare Python's start-up on every milestone and metric (issue 13). Here requests are
+plain dicts, shaped as runner/protocol.py's models encode them; the runner validates every one.
+
+    [reply] = exchange(socket_from_env(), "cli:milestone", [encode({"type": "milestone", ...})])
+
+Also here, for both clients: where the socket is, how a long path is reached, and the errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from goaltender.runner.wire import PROTOCOL_VERSION
+
+
+class RunnerUnavailable(ConnectionError):
+    """The runner cannot be reached, or the link dropped."""
+
+
+class RunnerRefused(Exception):
+    """The runner answered a request with an `error` reply: its `code` and `message`."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def socket_from_env() -> Path:
+    """The runner socket an agent should use: GOALTENDER_SOCKET, else <GOALTENDER_HOME>/runner.sock."""
+    if path := os.environ.get("GOALTENDER_SOCKET"):
+        return Path(path)
+    from goaltender.runner.config import RunnerSettings  # the home may come from GOALTENDER_CONFIG
+
+    return RunnerSettings().socket_path
+
+
+@contextlib.contextmanager
+def unix_address(path: Path) -> Iterator[str]:
+    """`path` as bind() and connect() take it: a path longer than a socket address may be (~107
+    bytes; a runner home on a deep directory) is reached through /proc/self/fd/<its directory>."""
+    if len(os.fsencode(str(path))) < 100:
+        yield str(path)
+        return
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
+
+
+def unreachable(path: str | Path, exc: OSError) -> RunnerUnavailable | None:
+    """What to say when connecting to `path` failed with `exc`; None for an error it does not explain."""
+    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+        return RunnerUnavailable(
+            f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
+        )
+    if isinstance(exc, PermissionError):
+        return RunnerUnavailable(
+            f"not allowed to open the runner socket {path} ({exc.strerror}): only the runner's "
+            "operators may (GOALTENDER_OPERATORS on the runner; the socket and its directory are "
+            "its user's alone)"
+        )
+    return None
+
+
+def encode(request: dict[str, Any]) -> str:
+    """`request` (its type first, no id) as one compact JSON object, as exchange() takes it."""
+    return json.dumps(request, separators=(",", ":"))
+
+
+def exchange(path: Path, client: str, requests: Sequence[str], expect: str = "done") -> list[dict[str, Any]]:
+    """Say hello as `client`, send `requests` (JSON objects from encode()) and return their `expect`
+    replies in order: everything in one write, one round trip. The hello's error, else the first
+    request's, raises RunnerRefused; a lost link raises RunnerUnavailable."""
+    hello = encode({"type": "hello", "version": PROTOCOL_VERSION, "client": client})
+    lines = [f'{{"id":{number},{request[1:]}' for number, request in enumerate([hello, *requests])]
+    with _connect(path) as sock:
+        with contextlib.suppress(OSError):  # the runner hung up (a refused hello): its reply says why
+            sock.sendall("\n".join(lines).encode() + b"\n")
+        replies = _replies(sock, len(lines))
+    for number in range(len(lines)):
+        if (reply := replies.get(number)) is None:
+            raise RunnerUnavailable("the runner closed the connection")
+        if reply.get("type") == "error":
+            raise RunnerRefused(str(reply.get("code")), str(reply.get("message")))
+        if reply.get("type") != (expect if number else "welcome"):
+            raise RunnerRefused("internal", f"expected {expect}, got {reply.get('type')}")
+    return [replies[number] for number in range(1, len(lines))]
+
+
+@contextlib.contextmanager
+def _connect(path: Path) -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with unix_address(path) as address:
+            sock.connect(address)
+    except OSError as exc:
+        sock.close()
+        raise unreachable(path, exc) or RunnerUnavailable(f"cannot reach the runner: {exc}") from exc
+    with sock:
+        yield sock
+
+
+def _replies(sock: socket.socket, count: int) -> dict[int, dict[str, Any]]:
+    """The replies to requests 0..count-1 by id, as many as came before the runner hung up (it
+    answers each as it finishes, in any order). An error that answers no id (a line it could not
+    read) stands for every reply missing."""
+    replies: dict[int, dict[str, Any]] = {}
+    try:
+        with sock.makefile("rb") as stream:
+            while len(replies) < count and (line := stream.readline()):
+                reply = json.loads(line)
+                if isinstance(reply, dict) and isinstance(number := reply.get("id"), int):
+                    replies[number] = reply
+                elif isinstance(reply, dict) and reply.get("type") == "error":
+                    replies = {n: replies.get(n, reply) for n in range(count)}
+    except (OSError, ValueError) as exc:
+        raise RunnerUnavailable(f"lost the runner: {exc}") from exc
+    return replies
