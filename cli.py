@@ -31,8 +31,8 @@ def _on_first_use(name: str) -> ModuleType:
 
 # Every agent verb is a process of its own, so this module imports only what each verb needs:
 # the rest (asyncio and the client, budget words, reports, preflight, training) is imported by the
-# commands that use it (tests/test_cli_speed.py checks the heavy ones stay out). Even the protocol's
-# models (pydantic) are: the hottest verbs talk through runner/quick_client.py with plain dicts.
+# commands that use it (tests/test_cli_speed.py checks the heavy ones stay out). So is the protocol
+# (pydantic): the hottest verbs talk through runner/quick_client.py with plain JSON (test_cli_quick.py).
 if TYPE_CHECKING:
     from goaltender.runner import protocol as p
     from goaltender.runner.client import RunnerClient
@@ -633,6 +633,12 @@ def _send(args: argparse.Namespace, requests: list[str]) -> list[dict[str, Any]]
         raise
 
 
+def _say_done(args: argparse.Namespace, request: dict[str, Any]) -> int:
+    """Send one request answered by `done` (through _send), and print what the runner says."""
+    print(_send(args, [encode(request)])[0]["message"])
+    return EXIT_OK
+
+
 def _check_requests(requests: list[str]) -> None:
     for request in requests:
         fields = json.loads(request)
@@ -891,13 +897,15 @@ def cmd_summary(args):
     return _run(args, body)
 
 
-def _done(type: str, check: Callable[[argparse.Namespace], None] | None = None, **fields_from_args: str):
-    """The command for a request of `type` answered by `done` (its models are built when it runs)."""
+def _done(
+    request_type: str, check: Callable[[argparse.Namespace], None] | None = None, **fields_from_args: str
+):
+    """The command for a request answered by `done` (its model is looked up when it runs)."""
 
     def cmd(args):
         if check is not None:
             check(args)
-        kind = p.REQUEST_MODELS[type]
+        kind = p.REQUEST_MODELS[request_type]
         fields = _checked(kind, **{field: getattr(args, attr) for field, attr in fields_from_args.items()})
 
         async def body(runner: RunnerClient):
@@ -905,7 +913,7 @@ def _done(type: str, check: Callable[[argparse.Namespace], None] | None = None, 
 
         return _run(args, body)
 
-    cmd.__name__ = f"cmd_{type}"
+    cmd.__name__ = f"cmd_{request_type}"
     return cmd
 
 
@@ -1000,7 +1008,7 @@ def cmd_log(args):
 
 def cmd_milestone(args):
     milestone = {"type": "milestone", "goal_id": _goal_id(args), "title": args.title, "text": args.text}
-    print(_send(args, [encode(milestone | {"curves": None})])[0]["message"])
+    return _say_done(args, milestone | {"curves": None})
 
 
 def cmd_metrics(args):
@@ -1099,20 +1107,22 @@ def _validated_point(fields: dict[str, Any], number: int) -> str:
 
 def _metric_requests(goal_id: int, experiment_id: int | None, points: list[str]) -> list[str]:
     """log_metrics requests for `points` (JSON texts): at most MAX_POINTS each, each line within the
-    runner's limit."""
+    runner's limit (a point too long alone still goes: the runner says why)."""
+    from bisect import bisect_right
+    from itertools import accumulate
+
     request = encode(
         {"type": "log_metrics", "goal_id": goal_id, "points": [], "experiment_id": experiment_id}
     )
-    room = MAX_LINE - len(request) - 64  # and the id, and the newline
-    chunks: list[list[str]] = [[]]
-    size = 0
-    for point in points:
-        point_size = (len(point) if point.isascii() else len(point.encode())) + 1  # and a comma
-        if len(chunks[-1]) == MAX_POINTS or (chunks[-1] and size + point_size > room):
-            chunks.append([])
-            size = 0
-        chunks[-1].append(point)
-        size += point_size
+    room = MAX_LINE - len(request) - 64 - MAX_POINTS  # and the id, the newline, a comma a point
+    ends = list(accumulate(map(len, map(str.encode, points))))  # bytes up to each point's end
+    chunks = []
+    start = 0
+    while start < len(points):
+        fits = bisect_right(ends, (ends[start - 1] if start else 0) + room)
+        stop = max(start + 1, min(fits, start + MAX_POINTS))
+        chunks.append(points[start:stop])
+        start = stop
     return [request.replace('"points":[]', f'"points":[{",".join(chunk)}]', 1) for chunk in chunks]
 
 
@@ -1350,14 +1360,12 @@ def cmd_diary(args):
     kind = "handoff" if args.handoff else None
     if args.action == "write":
         text = _read_text(sys.stdin.buffer.read, "stdin") if args.text in (None, "-") else args.text
-        fields = _checked(p.WriteDiary, goal_id=_goal_id(args), text=text, kind=kind or "note")
-    else:
-        fields = _checked(p.ReadDiary, goal_id=_goal_id(args), last=args.last, kind=kind)
+        return _say_done(
+            args, {"type": "write_diary", "goal_id": _goal_id(args), "text": text, "kind": kind or "note"}
+        )
+    fields = _checked(p.ReadDiary, goal_id=_goal_id(args), last=args.last, kind=kind)
 
     async def body(runner: RunnerClient):
-        if args.action == "write":
-            print((await runner.call(p.WriteDiary, p.Done, **fields)).message)
-            return
         diary = await runner.call(p.ReadDiary, p.DiaryReply, **fields)
         if not diary.entries:
             print("(the diary is empty)")
@@ -1371,12 +1379,7 @@ def cmd_report(args):
     text = _read_text(args.file.read_bytes, str(args.file)) if args.file else args.text
     if not text:
         raise UsageError("give the report text, or --file report.md")
-    fields = _checked(p.SubmitReport, goal_id=_goal_id(args), text=text)
-
-    async def body(runner: RunnerClient):
-        print((await runner.call(p.SubmitReport, p.Done, **fields)).message)
-
-    return _run(args, body)
+    return _say_done(args, {"type": "submit_report", "goal_id": _goal_id(args), "text": text})
 
 
 def cmd_fetch(args):

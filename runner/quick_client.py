@@ -59,8 +59,8 @@ def unix_address(path: Path) -> Iterator[str]:
         os.close(directory)
 
 
-def unreachable(path: str | Path, exc: OSError) -> RunnerUnavailable | None:
-    """What to say when connecting to `path` failed with `exc`; None for an error it does not explain."""
+def unreachable(path: str | Path, exc: OSError) -> RunnerUnavailable:
+    """What to say when connecting to `path` failed with `exc`."""
     if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
         return RunnerUnavailable(
             f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
@@ -71,7 +71,7 @@ def unreachable(path: str | Path, exc: OSError) -> RunnerUnavailable | None:
             "operators may (GOALTENDER_OPERATORS on the runner; the socket and its directory are "
             "its user's alone)"
         )
-    return None
+    return RunnerUnavailable(f"cannot reach the runner on {path}: {exc}")
 
 
 def encode(request: dict[str, Any]) -> str:
@@ -107,7 +107,7 @@ def _connect(path: Path) -> Iterator[socket.socket]:
             sock.connect(address)
     except OSError as exc:
         sock.close()
-        raise unreachable(path, exc) or RunnerUnavailable(f"cannot reach the runner: {exc}") from exc
+        raise unreachable(path, exc) from exc
     with sock:
         yield sock
 
