@@ -76,6 +76,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_history.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_slots.py
+	$(BIN)/python benchmarks/bench_search.py
+	$(BIN)/python benchmarks/bench_campaign.py
 
 clean:
 	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build .venv-gym  # the link; the Gym venv stays cached

@@ -97,6 +97,8 @@ class Demo:
         self.experiments: dict[int, Experiment] = {}
         self.curves: dict[int, list[tuple[float | None, float]]] = defaultdict(list)
         self.plot_paths: list[Path] = []
+        self.plotted: tuple[tuple[int, str, int], ...] = ()
+        self.plotting: asyncio.Future[None] | None = None
         self.interrupted = False
         self.events_seen = 0
         self.started = time.monotonic()
@@ -159,7 +161,10 @@ class Demo:
                 (pt.step, pt.value) for pt in data.points if pt.name == CURVE_METRIC
             ]
         elif isinstance(data, MilestoneReported):
-            self._plot()  # plots are coalesced per milestone, as the Slack thread does
+            # Coalesced per milestone, as the Slack thread does, and off the event path: an
+            # approval must not wait for a drawing.
+            if self.plotting is None or self.plotting.done():
+                self.plotting = asyncio.ensure_future(self._plot())
         elif isinstance(data, ApprovalRequested):
             await self._answer(client, data.approval.id)
 
@@ -183,43 +188,52 @@ class Demo:
         except p.ProtocolError as exc:  # e.g. it expired while we were typing
             print(f"  ({exc.error.message})")
 
-    def _plot(self) -> None:
+    async def _plot(self) -> None:
+        """Draw the campaign and curve plots when something new finished. Drawn in a thread from
+        copies: the runner shares this process, and matplotlib would hold up its campaign."""
         if self.goal is None:
             return
         finished = sorted(
             (e for e in self.experiments.values() if e.status != "running"), key=lambda e: e.index
         )
-        if not finished:
+        drawn = tuple((e.id, e.status, len(self.curves.get(e.id, ()))) for e in finished)
+        if not finished or drawn == self.plotted:
             return
+        self.plotted = drawn
+        by_label = {  # labelled by the hypothesis: "#3 train_size 2000 → 4000"
+            f"#{e.index} {e.description.split(':')[0]}": list(self.curves[e.id])
+            for e in finished
+            if self.curves.get(e.id)
+        }
+        self.plot_paths = await asyncio.to_thread(self._draw, self.goal, finished, by_label)
+
+    def _draw(self, goal: Goal, finished: list[Experiment], by_label: dict) -> list[Path]:
         metric = finished[0].metric_name or "metric"
         out = self.directory / "plots"
         paths = [
             plots.plot_campaign(
                 finished,
                 metric,
-                out / f"goal-{self.goal.id}-campaign.png",
-                target=self.goal.target,
-                title=f"Goal #{self.goal.id}: {metric} per experiment (held-out, n=64)",
+                out / f"goal-{goal.id}-campaign.png",
+                target=goal.target,
+                title=f"Goal #{goal.id}: {metric} per experiment (held-out, n=64)",
             )
         ]
-        by_label = {  # labelled by the hypothesis: "#3 train_size 2000 → 4000"
-            f"#{e.index} {e.description.split(':')[0]}": self.curves[e.id]
-            for e in finished
-            if self.curves.get(e.id)
-        }
         if by_label:
             paths.append(
                 plots.plot_curves(
                     by_label,
-                    out / f"goal-{self.goal.id}-{CURVE_METRIC}.png",
+                    out / f"goal-{goal.id}-{CURVE_METRIC}.png",
                     ylabel=CURVE_METRIC.replace("_", " "),
-                    title=f"Goal #{self.goal.id}: training curves",
+                    title=f"Goal #{goal.id}: training curves",
                 )
             )
-        self.plot_paths = paths
+        return paths
 
     async def _finale(self, client: RunnerClient, goal_id: int) -> None:
-        self._plot()
+        if self.plotting is not None:
+            await self.plotting
+        await self._plot()
         status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
         self.goal = status.goal
         card = self.console.render_card(

@@ -49,13 +49,16 @@ class SweepTask:
     reasons: dict[tuple[str, int], str] = field(default_factory=dict)  # (knob, ±1) -> why it may help
     aliases: dict[str, str] = field(default_factory=dict)  # words people use -> knob
     direction: str = "maximize"
+    # The direction each knob is believed to move the metric the right way (+1 up its values, -1
+    # down); knobs left out have no prior. It lets the planner open with one bold move of them all.
+    expect: dict[str, int] = field(default_factory=dict)
     eval_command: list[str] | None = None  # the runner scores each run itself with this
     # A first run that trains nothing (the SFT sweep: the base model as it is), measured before
     # `baseline`; the search then moves from the best trained config, whatever that scored.
     untrained: dict[str, Any] | None = None
     untrained_description: str = "baseline: the untrained model"
     baseline_description: str = "baseline: the starting config, unchanged"
-    plan_text: str = "Baseline first, then one knob at a time from the best config."
+    plan_text: str = ""  # how the plan reads in the goal's first milestone (default: from `expect`)
     # Makes what a config's run reads (its data) before it starts; returns a milestone (title, text)
     # when it made something. Runs in a thread: it may take a while.
     prepare: Callable[[dict[str, Any]], tuple[str, str] | None] | None = None
@@ -81,6 +84,7 @@ def star_count_task() -> SweepTask:
         estimate_cost=workload.estimate_cost,
         reasons=getattr(workload, "HYPOTHESES", {}),
         aliases=getattr(workload, "ALIASES", {}),
+        expect=workload.EXPECT,
         eval_command=[sys.executable, "-m", "goaltender.environments.star_count.evaluate"],
     )
 
@@ -191,11 +195,38 @@ class Planner:
         if self.key(base) not in tried:  # a pin changed the best config: measure that first
             pins = ", ".join(f"{k}={v}" for k, v in self.constraints.pinned.items())
             return Proposal(base, None, 0, f"steered: best config with {pins}")
+        stride = self.stride(base)
+        if stride is not None and self.key(stride) not in tried and self._striding(ledger):
+            return Proposal(stride, None, 1, self._describe_stride(base, stride))
         for knob, step in self._move_order(ledger, best):
             moved = self._move(base, knob, step)
             if moved is not None and self.key(moved) not in tried:
                 return Proposal(moved, knob, step, self._describe(base, moved, knob, step))
         return None
+
+    def stride(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """`config` with every knob that has a prior moved one step its believed way, together:
+        from a weak baseline most of the gain lies along the priors, and one run tests them all
+        (each is then checked alone, from the best, by the one-knob moves)."""
+        moved = dict(config)
+        for knob, step in self.task.expect.items():
+            if knob in self.task.space and knob not in self.constraints.frozen | set(self.constraints.pinned):
+                moved = self._move(moved, knob, step) or moved
+        return moved if sum(moved[k] != config.get(k) for k in moved) >= 2 else None
+
+    def _striding(self, ledger: list[Experiment]) -> bool:
+        """Stride while strides pay: from the baseline, and again after a stride whose gain was
+        beyond noise (the next one costs several times more, and may overshoot)."""
+        counted = [e for e in ledger if e.counted]
+        if len(counted) <= 1:
+            return True
+        last, before = counted[-1], counted[-2]
+        paid = last.status == "keep" and not last.within_noise
+        return paid and self.stride(before.params) == last.params
+
+    def _describe_stride(self, base: dict, config: dict) -> str:
+        moves = [f"{k} {base[k]} → {config[k]}" for k in self.task.space if base.get(k) != config.get(k)]
+        return "together, each a step its believed way: " + ", ".join(moves)
 
     def _failed(self, config: dict[str, Any], ledger: list[Experiment]) -> bool:
         """Was `config` run to its end without a headline value?"""
@@ -209,6 +240,15 @@ class Planner:
             if k not in self.constraints.frozen and k not in self.constraints.pinned
         ]
         order = [(k, +1) for k in knobs] + [(k, -1) for k in knobs]
+        if self.task.expect:  # moves believed to help first, the cheapest of them first
+            base = best.params
+
+            def rank(move: tuple[str, int]) -> tuple[bool, float]:
+                moved = self._move(base, *move)
+                cost = self.task.estimate_cost(moved) if moved is not None else float("inf")
+                return self.task.expect.get(move[0]) != move[1], cost
+
+            order.sort(key=rank)
         # Momentum: if the move that produced the best helped, try the same direction again first.
         if best.index > 1 and (move := self._move_between(ledger, best)) and move in order:
             order.remove(move)
@@ -330,7 +370,7 @@ class SweepAgent(GoalAgent):
         else:
             await self.milestone(
                 f"Plan: {self.task.name} sweep on {self.task.metric}",
-                f"{self.task.plan_text}\n"
+                f"{self.task.plan_text or self._plan_text()}\n"
                 f"Search space: {self._space_text()}\n"
                 f"Approval asked before any run estimated above {self.approve_above_s:.0f}s.\n"
                 f"{summary.status.stop_status}",
@@ -489,6 +529,16 @@ class SweepAgent(GoalAgent):
             return best[1] >= self.goal_target
         return best[1] <= self.goal_target
 
+    def _plan_text(self) -> str:
+        if not self.task.expect:
+            return "Baseline first, then one knob at a time from the best config."
+        believed = ", ".join(f"{k} {'up' if step > 0 else 'down'}" for k, step in self.task.expect.items())
+        return (
+            f"Baseline first; then one step of every knob with a prior at once ({believed}), again "
+            "while that pays beyond noise; then one knob at a time from the best config, the believed "
+            "moves first and the cheapest of them first."
+        )
+
     def _space_text(self) -> str:
         parts = []
         for knob, values in self.task.space.items():
@@ -568,7 +618,8 @@ class SweepAgent(GoalAgent):
             await self.milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
 
     def _effects(self) -> list[str]:
-        """The metric change of each one-knob move, measured from the kept config it started from."""
+        """The metric change of each one-knob move and stride, measured from the kept config it
+        started from."""
         effects = []
         kept = kept_scores(self.ledger)
         for e in self.ledger:
@@ -577,13 +628,18 @@ class SweepAgent(GoalAgent):
             parents = [
                 (k, value)
                 for k, value in kept
-                if k.index < e.index and sum(k.params.get(n) != e.params.get(n) for n in self.task.space) == 1
+                if k.index < e.index
+                and (
+                    sum(k.params.get(n) != e.params.get(n) for n in self.task.space) == 1
+                    or self.planner.stride(k.params) == e.params
+                )
             ]
             if parents:
                 parent, parent_value = parents[-1]
-                knob = next(n for n in self.task.space if parent.params.get(n) != e.params.get(n))
+                moved = [n for n in self.task.space if parent.params.get(n) != e.params.get(n)]
+                what = " + ".join(f"{n} {parent.params[n]}→{e.params[n]}" for n in moved)
                 delta = e.metric_value - parent_value
-                effects.append((abs(delta), f"{knob} {parent.params[knob]}→{e.params[knob]}: {delta:+.3g}"))
+                effects.append((abs(delta), f"{what}: {delta:+.3g}"))
         return [text for _, text in sorted(effects, reverse=True)[:4]]
 
 

@@ -168,7 +168,7 @@ def test_evaluate_prints_the_analysis_and_writes_errors_json_and_the_gallery(tmp
     run_dir = tmp_path / "run"
     train = [sys.executable, "-m", "goaltender.environments.star_count.workload"]
     train += ["--train-size", "120", "--hidden", "8", "--iters", "4", "--lr", "0.01", "--resolution", "8"]
-    train += ["--save-model", str(run_dir / "model.pkl")]
+    train += ["--save-model", str(run_dir / "model.npz")]
     trained = subprocess.run(train, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert trained.returncode == 0, trained.stderr
     evaluate = [sys.executable, "-m", "goaltender.environments.star_count.evaluate"]

@@ -10,7 +10,7 @@ import sys
 from conftest import events_until_report, submit
 from toy_task import TASK
 
-from goaltender.agents.sweep import Constraints, Planner
+from goaltender.agents.sweep import Constraints, Planner, SweepTask
 from goaltender.storage.records import Experiment
 
 SWEEP = [sys.executable, "-m", "goaltender.agents.sweep"]
@@ -101,3 +101,47 @@ async def test_a_task_that_cannot_load_fails_the_goal_clearly(start_runner, conn
     assert milestone.title == "The sweep agent is misconfigured"
     assert "--task no_such_module:TASK: ModuleNotFoundError" in milestone.text
     assert "the agent exited with code 2" in events[-1].data.end_reason
+
+
+# ---- priors: a bold opening stride, then believed moves cheapest first ----
+
+PRIORS = SweepTask(
+    name="priors",
+    metric="score",
+    space={"data": [1, 2, 4, 8], "epochs": [1, 2, 4], "lr": [0.1, 0.01, 0.001], "width": [1, 2]},
+    baseline={"data": 1, "epochs": 1, "lr": 0.1, "width": 1},
+    command=lambda config: ["true"],
+    estimate_cost=lambda c: 2 * c["data"] + c["epochs"] + c["width"],
+    expect={"data": 1, "epochs": 1, "lr": 1},  # lr's values run from large to small: +1 is smaller
+)
+
+
+def test_priors_open_with_a_stride_of_every_believed_knob_and_stride_while_it_pays():
+    planner = Planner(PRIORS)
+    ledger = [row(1, PRIORS.baseline, "keep", 0.1)]
+    stride = planner.propose(ledger)
+    assert stride.config == {"data": 2, "epochs": 2, "lr": 0.01, "width": 1}  # width has no prior
+    assert stride.description == (
+        "together, each a step its believed way: data 1 → 2, epochs 1 → 2, lr 0.1 → 0.01"
+    )
+    ledger.append(row(2, stride.config, "keep", 0.5))
+    assert planner.propose(ledger).config == {"data": 4, "epochs": 4, "lr": 0.001, "width": 1}
+    # A stride that did not pay ends the striding: one-knob moves from the best, the believed
+    # ones first and the cheapest of those first (lr costs nothing, then epochs before data), then
+    # the others, cheapest first.
+    ledger.append(row(3, {"data": 4, "epochs": 4, "lr": 0.001, "width": 1}, "discard", 0.4))
+    order = []
+    while (proposal := planner.propose(ledger)) is not None and len(order) < 4:
+        order.append((proposal.knob, proposal.step))
+        ledger.append(row(len(ledger) + 1, proposal.config, "discard", 0.0))
+    assert order == [("lr", 1), ("epochs", 1), ("data", 1), ("data", -1)]
+
+
+def test_a_stride_respects_frozen_pinned_and_limited_knobs():
+    planner = Planner(PRIORS)
+    planner.apply_steer("freeze epochs")
+    planner.apply_steer("data under 1.5")
+    ledger = [row(1, PRIORS.baseline, "keep", 0.1)]
+    # Only lr can move its believed way: one knob is not a stride, it is an ordinary move.
+    proposal = planner.propose(ledger)
+    assert proposal.knob == "lr" and proposal.config == {**PRIORS.baseline, "lr": 0.01}

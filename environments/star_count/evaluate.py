@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import sys
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
+from . import mlp
 from .errors import Analysis, Case, analyse
 from .generate import DEFAULT_CONFIG, HELDOUT_SIZE, Example, heldout_split, render
 from .verify import score
@@ -32,12 +33,15 @@ GALLERY_SIZE = 8
 
 
 def _answers(model_path: Path) -> list[str]:
-    with model_path.open("rb") as f:
-        saved = pickle.load(f)
-    if saved.get("config") != DEFAULT_CONFIG.fingerprint():
+    try:
+        model, meta = mlp.load(model_path)
+    except (OSError, ValueError, KeyError, IndexError) as exc:  # not an npz of this model's weights
+        raise SystemExit(f"{model_path} is not a saved star-count model ({exc})") from None
+    if meta.get("config") != DEFAULT_CONFIG.fingerprint():
         raise SystemExit(f"{model_path} was trained on another task config; refusing to score it")
-    X_held, _ = load_split("heldout", HELDOUT_SIZE, saved["resolution"], DEFAULT_CONFIG, True)
-    pred = np.nan_to_num(saved["model"].predict(_features(X_held)), nan=0.0, posinf=0.0, neginf=0.0)
+    X_held, _ = load_split("heldout", HELDOUT_SIZE, int(meta["resolution"]), DEFAULT_CONFIG, True)
+    with np.errstate(all="ignore"):
+        pred = np.nan_to_num(model.predict(_features(X_held)), nan=0.0, posinf=0.0, neginf=0.0)
     return predictions_to_answers(pred, DEFAULT_CONFIG)
 
 
@@ -56,38 +60,41 @@ def evaluate(model_path: Path) -> dict[str, float]:
 
 
 def _title(case: Case) -> str:
-    """Truth vs prediction per colour, e.g. "red 3→2 · green 1 · blue 0→?"."""
+    """Truth vs prediction per colour, e.g. "red 3->2 · green 1 · blue 0->?" (Pillow's default
+    font has no arrow)."""
     guess = case.predicted or {}
     parts = []
     for colour, n in case.truth.items():
         said = guess.get(colour)
-        parts.append(f"{colour} {n}" if said == n else f"{colour} {n}→{'?' if said is None else said}")
+        parts.append(f"{colour} {n}" if said == n else f"{colour} {n}->{'?' if said is None else said}")
     return f"#{case.index} ({case.resolution}px)\n" + " · ".join(parts)
 
 
-def save_gallery(cases: list[Case], examples: list[Example], path: Path) -> None:
-    """The rendered canvases of `cases`, each titled with truth vs prediction, as one PNG."""
-    # Imported here: only a run that writes a gallery pays for matplotlib.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+TILE = 160  # px a canvas is drawn at in the gallery, whatever its own size
+CAPTION = 34  # px of text under each canvas
 
+
+def save_gallery(cases: list[Case], examples: list[Example], path: Path) -> None:
+    """The rendered canvases of `cases`, each titled with truth vs prediction, as one PNG.
+
+    Drawn with Pillow (which renders the canvases anyway): matplotlib's import alone cost the
+    runner's evaluation more than the scoring did."""
     columns = min(4, max(1, len(cases)))
     rows = max(1, -(-len(cases) // columns))
-    fig = Figure(figsize=(2.4 * columns, 2.9 * rows), dpi=80)
-    FigureCanvasAgg(fig)  # an explicit Agg canvas: no dependence on the configured backend
-    if not cases:
-        fig.text(0.5, 0.5, "no wrong answers", ha="center", va="center")
+    header = 24
+    sheet = Image.new("RGB", (columns * (TILE + 8) + 8, header + rows * (TILE + CAPTION + 8)), "white")
+    draw = ImageDraw.Draw(sheet)
+    font = ImageFont.load_default()
+    title = "Hardest held-out cases (truth->prediction)" if cases else "no wrong answers"
+    draw.text((8, 6), title, fill="black", font=font)
     for i, case in enumerate(cases):
-        ax = fig.add_subplot(rows, columns, i + 1)
-        ax.imshow(render(examples[case.index]), interpolation="nearest")
-        ax.set_title(_title(case), fontsize=8)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    fig.suptitle("Hardest held-out cases (truth→prediction)", fontsize=10)
-    # Fixed margins, not tight_layout: that one measures every text and doubles the drawing time.
-    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.02, top=1 - 0.8 / (2.9 * rows), hspace=0.3)
+        x = 8 + (i % columns) * (TILE + 8)
+        y = header + (i // columns) * (TILE + CAPTION + 8)
+        canvas = render(examples[case.index]).resize((TILE, TILE), Image.Resampling.NEAREST)
+        sheet.paste(canvas, (x, y))
+        draw.multiline_text((x, y + TILE + 2), _title(case), fill="black", font=font, spacing=2)
     tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
+    sheet.save(tmp, format="PNG")
     os.replace(tmp, path)
 
 
@@ -104,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     experiment_dir = os.environ.get("GOALTENDER_EXPERIMENT_DIR")
     default = Path(experiment_dir or ".") / MODEL_FILE
-    parser.add_argument("--model", type=Path, default=default, help=f"pickled model (default: {default})")
+    parser.add_argument(
+        "--model", type=Path, default=default, help=f"saved model weights (default: {default})"
+    )
     args = parser.parse_args(argv)
     if not args.model.is_file():
         parser.error(f"no model at {args.model}; run the workload with --save-model first")
