@@ -11,10 +11,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
 
 from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, encode, exchange, socket_from_env
 from goaltender.runner.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
+
+TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 
 
 def _on_first_use(name: str) -> ModuleType:
@@ -34,6 +35,8 @@ def _on_first_use(name: str) -> ModuleType:
 # commands that use it (tests/test_cli_speed.py checks the heavy ones stay out). So is the protocol
 # (pydantic): the hottest verbs talk through runner/quick_client.py with plain JSON (test_cli_quick.py).
 if TYPE_CHECKING:
+    from typing import Any
+
     from goaltender.runner import protocol as p
     from goaltender.runner.client import RunnerClient
     from goaltender.storage.records import HubFetch
@@ -206,7 +209,8 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         if only is not None and name != only:
             if only == LISTING:
                 sub.add_parser(name, help=help)
-            return cast(argparse.ArgumentParser, _Unused())
+            unused: Any = _Unused()
+            return unused
         import textwrap  # only for a command being built
 
         built.append(name)

@@ -2,8 +2,8 @@
 verbs that send a request or a few and exit (`goaltender milestone`, `metrics`, `diary`, ...).
 
 Every agent verb is a process of its own: importing pydantic and asyncio for RunnerClient cost
-several times a bare Python's start-up on every milestone and metric (issue 13). Here requests are
-plain dicts, shaped as runner/protocol.py's models encode them; the runner validates every one.
+several times a bare Python's start-up on every milestone and metric (issue 13). Here a request is
+the JSON of a plain dict shaped as runner/protocol.py's model encodes it; the runner validates it.
 
     [reply] = exchange(socket_from_env(), "cli:milestone", [encode({"type": "milestone", ...})])
 
@@ -18,9 +18,12 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 from goaltender.runner.wire import PROTOCOL_VERSION
+
+TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class RunnerUnavailable(ConnectionError):

@@ -16,7 +16,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+
+TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 # The protocol's own constants live here, free of pydantic, for runner/quick_client.py too.
 PROTOCOL_VERSION = 1
