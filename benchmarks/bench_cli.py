@@ -74,6 +74,9 @@ async def main(runs: int) -> None:
             "GOALTENDER_SOCKET": str(settings.socket_path),
             "GOALTENDER_GOAL_ID": str(goal.id),
         }
+        # The warm-up run writes the .pyc files an installed package has; without them every run
+        # would compile the modules edited since the last write.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         points = "".join(
             json.dumps({"name": "loss", "value": 1 / (i + 1), "step": i}) + "\n" for i in range(POINTS)
         )
