@@ -999,13 +999,8 @@ def cmd_log(args):
     _checked(p.GetLog, experiment_id=args.experiment_id, offset=args.offset)
 
     async def body(runner: RunnerClient):
-        offset = args.offset
-        while True:
-            reply = await runner.call(p.GetLog, p.LogReply, experiment_id=args.experiment_id, offset=offset)
+        async for reply in runner.fetch_log(args.experiment_id, args.offset):  # requests pipelined
             sys.stdout.write(reply.text)
-            offset = reply.next_offset
-            if reply.eof:
-                return
 
     return _run(args, body)
 

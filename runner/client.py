@@ -13,6 +13,7 @@ remote runner (goaltender.bot.transports).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -103,7 +104,10 @@ class RunnerClient:
         self._stream = stream
         self._ids = itertools.count(1)
         self._pending: dict[p.RequestId, asyncio.Future[p.AnyReply]] = {}
-        self._events: asyncio.Queue[p.EventMessage | Exception] = asyncio.Queue()
+        # An `events` line waits here as it came, and is read into models as events() reaches it.
+        self._events: asyncio.Queue[p.EventMessage | p.EventBatch | bytes | Exception] = asyncio.Queue()
+        self._batch: collections.deque[Event] = collections.deque()  # the rest of the batch being read
+        self._batches: bool | None = None  # does the runner send batches? None: not asked yet
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._reader_task = asyncio.ensure_future(self._read_loop())
@@ -177,20 +181,74 @@ class RunnerClient:
                 self._pending.pop(request.id, None)
         return [_expected(reply, expect) for reply in replies]
 
-    async def subscribe(self, since: int = 0, goal_id: int | None = None) -> int:
+    async def subscribe(self, since: int = 0, goal_id: int | None = None, *, batch: bool = True) -> int:
         """Ask for events with seq > since (of one goal, or all); returns the newest seq right now.
-        Then iterate `events()`: the backlog first, oldest first, then live events."""
+        Then iterate `events()`: the backlog first, oldest first, then live events. With `batch`
+        the runner sends many events a line (a runner too old for that sends them one a line)."""
+        if batch and self._batches is not False:
+            try:
+                reply = await self.call(p.Subscribe, p.Subscribed, since=since, goal_id=goal_id, batch=True)
+            except p.ProtocolError as exc:  # an older runner: `batch` is a field it does not know
+                if exc.error.code != "bad_request" or "batch" not in exc.error.message:
+                    raise
+                self._batches = False
+            else:
+                self._batches = True
+                return reply.head
         reply = await self.call(p.Subscribe, p.Subscribed, since=since, goal_id=goal_id)
         return reply.head
 
     async def events(self) -> AsyncIterator[Event]:
-        """Subscribed events, until the link drops (then RunnerUnavailable)."""
+        """Subscribed events, one at a time, until the link drops (then RunnerUnavailable). An event
+        is taken as it is yielded: leaving the loop and calling events() again goes on from the next."""
         while True:
+            while self._batch:
+                yield self._batch.popleft()
             message = await self._events.get()
             if isinstance(message, Exception):
                 self._events.put_nowait(message)  # stay closed for any later reader
                 raise message
-            yield message.event
+            if isinstance(message, bytes):
+                self._batch.extend(p.batch_events(message))
+            elif isinstance(message, p.EventBatch):
+                self._batch.extend(message.events)
+            else:
+                yield message.event
+
+    async def fetch_log(
+        self, experiment_id: int, offset: int = 0, *, chunk: int = p.MAX_LOG_CHUNK, depth: int = 4
+    ) -> AsyncIterator[p.LogReply]:
+        """An experiment's log from `offset`, chunk by chunk, in order, to its end: `depth` requests
+        in flight at once (the runner tiles the file into chunks that start and end on a character,
+        whatever offsets are asked for, so the next chunk is asked for before this one arrives)."""
+        loop = asyncio.get_running_loop()
+        inflight: collections.deque[tuple[p.RequestId, asyncio.Future[p.AnyReply]]] = collections.deque()
+        ask = offset
+        try:
+            while True:
+                requests: list[p.GetLog] = []
+                while len(inflight) + len(requests) < depth:
+                    requests.append(
+                        p.GetLog(id=next(self._ids), experiment_id=experiment_id, offset=ask, limit=chunk)
+                    )
+                    ask += chunk
+                for request in requests:
+                    inflight.append((request.id, future := loop.create_future()))
+                    self._pending[request.id] = future
+                if requests:
+                    await self._send_lines(b"".join(p.encode(request) for request in requests))
+                request_id, future = inflight.popleft()
+                try:
+                    reply = _expected(await future, p.LogReply)
+                finally:
+                    self._pending.pop(request_id, None)
+                yield reply
+                if reply.eof:
+                    return
+        finally:
+            for request_id, future in inflight:  # asked for past the end: their replies are dropped
+                self._pending.pop(request_id, None)
+                future.cancel()
 
     async def _send(self, message: p.Message) -> None:
         await self._send_lines(p.encode(message))
@@ -209,6 +267,9 @@ class RunnerClient:
         error: Exception = RunnerUnavailable("the runner closed the connection")
         try:
             while line := await self._stream.readline():
+                if line.startswith(p.EVENT_BATCH_PREFIX):  # read when events() comes to it
+                    self._events.put_nowait(line)
+                    continue
                 try:
                     reply = p.parse_reply(line)
                 except ValidationError as exc:
@@ -216,7 +277,7 @@ class RunnerClient:
                         log.warning("ignored a line from the runner this client cannot read: %s", exc)
                         continue
                     reply = salvaged
-                if isinstance(reply, p.EventMessage):
+                if isinstance(reply, p.EventMessage | p.EventBatch):
                     self._events.put_nowait(reply)
                     continue
                 # An error about a line that was no request (bad JSON, say) answers no id.

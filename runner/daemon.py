@@ -317,13 +317,24 @@ class Runner:
         if experiment is None:
             raise Refused("not_found", f"no experiment #{req.experiment_id}")
         goal = await self.campaigns.goal(experiment.goal_id)
+        # Up to 3 bytes more at the end (to finish a character) and 1 more (to tell the end of the file).
+        size = req.limit + _UTF8_TAIL + 1
         try:  # the log is in the agent's workspace: never read through a link it left there
-            data = read_beneath(Path(goal.workspace), Path(experiment.log_path), req.offset, req.limit + 1)
+            data = read_beneath(Path(goal.workspace), Path(experiment.log_path), req.offset, size)
         except OSError as exc:
             raise Refused("not_found", f"experiment #{experiment.id}'s log cannot be read: {exc}") from exc
-        data, eof = data[: req.limit], len(data) <= req.limit
+        # A chunk starts and ends on a character: at the first byte at or after its offset (and its
+        # end) that does not continue a UTF-8 character. Chunks asked for at any offsets thus tile
+        # the file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log).
+        start = _char_start(data, 0) if req.offset else 0
+        end = _char_start(data, req.limit)
+        eof = len(data) <= end
+        data = data[start:end]
         return p.LogReply(
-            text=data.decode(errors="replace"), offset=req.offset, next_offset=req.offset + len(data), eof=eof
+            text=data.decode(errors="replace"),
+            offset=req.offset + start,
+            next_offset=req.offset + start + len(data),
+            eof=eof,
         )
 
     async def _on_get_artifact(self, req: p.GetArtifact, who: Principal) -> p.Reply:
@@ -579,3 +590,15 @@ def main(settings: RunnerSettings | None = None) -> None:
     except StartupFailed as failed:
         print(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", file=sys.stderr)
         sys.exit(EXIT_STARTUP_FAILED)
+
+
+_UTF8_TAIL = 3  # continuation bytes a UTF-8 character may have
+
+
+def _char_start(data: bytes, at: int) -> int:
+    """The first index at or after `at` that is not a UTF-8 continuation byte (at most 3 on: bytes
+    that are no UTF-8 stay bytes); len(data) when the data ends first."""
+    for index in range(at, min(at + _UTF8_TAIL, len(data))):
+        if data[index] & 0xC0 != 0x80:
+            return index
+    return min(at + _UTF8_TAIL, len(data))

@@ -15,6 +15,8 @@ each field are below. `internal` is only ever a bug in the runner, never the cli
 from __future__ import annotations
 
 import functools
+import gc
+import json
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, cast
@@ -31,11 +33,15 @@ from goaltender.storage.records import (
     Curves,
     DiaryEntry,
     Event,
+    EventData,
     Experiment,
     Goal,
     HubFetch,
     InboxMessage,
     MetricPoint,
+    UnreadableEvent,
+    first_problem,
+    stored_time,
 )
 
 PROTOCOL_VERSION = wire.PROTOCOL_VERSION
@@ -200,6 +206,10 @@ class Subscribe(Request):
     type: Literal["subscribe"] = "subscribe"
     since: Seq = 0
     goal_id: RowId | None = None
+    # Many events a line (`events` messages) rather than one `event` each. A runner older than
+    # this field refuses the request (bad_request), and the client asks again without it; a client
+    # that never sets it gets `event` messages as before.
+    batch: bool = False
 
 
 class Ack(Request):
@@ -209,11 +219,17 @@ class Ack(Request):
     seq: Seq
 
 
+MAX_LOG_CHUNK = 512 * 1024  # bytes of a log in one get_log reply
+
+
 class GetLog(Request):
+    """A chunk of an experiment's log: the bytes from `offset` (moved on to the first that starts a
+    character, up to 3) to `offset + limit` (moved on likewise); the reply says where it began."""
+
     type: Literal["get_log"] = "get_log"
     experiment_id: RowId
     offset: Annotated[int, Field(ge=0, le=wire.INT64_MAX)] = 0
-    limit: int = Field(default=64 * 1024, gt=0, le=512 * 1024)
+    limit: int = Field(default=64 * 1024, gt=0, le=MAX_LOG_CHUNK)
 
 
 class GetSeries(Request):
@@ -577,6 +593,22 @@ class EventMessage(Reply):
     event: Event
 
 
+#: Bytes of events in one `events` line before redaction: a secret's marker may be longer than the
+#: secret, so half of MAX_LINE leaves room (a line still over MAX_LINE is split, runner/server.py).
+EVENT_BATCH_BYTES = MAX_LINE // 2
+#: How the runner starts every `events` line (and redaction, re-encoding one, keeps it).
+EVENT_BATCH_PREFIX = b'{"id":null,"type":"events","events":['
+
+
+class EventBatch(Reply):
+    """Several events, oldest first, in one line: what a `subscribe` with `batch` streams. The runner
+    writes it from the events' stored JSON (checked when they were logged), through the Redactor;
+    an event that no longer reads back arrives as an UnreadableEvent (batch_events)."""
+
+    type: Literal["events"] = "events"
+    events: list[Event]
+
+
 ErrorCode = Literal[
     "bad_json",
     "bad_request",
@@ -620,6 +652,7 @@ AnyReply = Annotated[
     | SkillLogReply
     | Subscribed
     | EventMessage
+    | EventBatch
     | Error,
     Field(discriminator="type"),
 ]
@@ -647,7 +680,9 @@ class ProtocolError(RunnerRefused):
 
 
 def encode(message: Message) -> bytes:
-    return message.model_dump_json(exclude_none=False).encode() + b"\n"
+    # A subscribe without batches is the very line an older runner knows (it refuses the field).
+    exclude = {"batch"} if isinstance(message, Subscribe) and not message.batch else None
+    return message.model_dump_json(exclude_none=False, exclude=exclude).encode() + b"\n"
 
 
 def parse_request(line: bytes) -> AnyRequest | Error:
@@ -707,3 +742,50 @@ def parse_reply(line: bytes) -> AnyReply:
         except ValidationError:
             pass
     return _replies().validate_json(line)
+
+
+def batch_events(line: bytes) -> list[Event]:
+    """The events of one `events` line. Every event in it was valid JSON when the runner sent it;
+    one that does not read back into its model (a row an older runner wrote, a kind this client
+    does not know) becomes an UnreadableEvent with its seq, as the runner itself makes them for a
+    single `event` (storage/runner_store.py), so a subscriber acks past it and never stalls."""
+    # Thousands of models at once: the cyclic GC would walk the heap several times over meanwhile
+    # (a third of a replay's time), and a batch makes no cycles.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return EventBatch.model_validate_json(line).events
+    except ValidationError:
+        pass
+    finally:
+        if collecting:
+            gc.enable()
+    raw = json.loads(line)  # the whole line failing too (not JSON at all) drops the link: ValueError
+    items = raw.get("events") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        raise ValueError("an `events` line without a list of events")
+    return [_event_or_unreadable(item) for item in items]
+
+
+@functools.cache
+def _event_data() -> TypeAdapter[EventData]:
+    return TypeAdapter(EventData)
+
+
+def _event_or_unreadable(item: Any) -> Event:
+    if not isinstance(item, dict) or not isinstance(seq := item.get("seq"), int) or isinstance(seq, bool):
+        raise ValueError(f"an event without a seq in an `events` line: {str(item)[:100]}")
+    goal_id = item.get("goal_id")
+    goal_id = goal_id if isinstance(goal_id, int) and not isinstance(goal_id, bool) else None
+    data = item.get("data")
+    try:
+        return Event(seq=seq, goal_id=goal_id, ts=item.get("ts"), data=_event_data().validate_python(data))
+    except ValidationError as exc:
+        kind = data.get("kind") if isinstance(data, dict) else None
+        ts = item.get("ts")
+        return Event(
+            seq=seq,
+            goal_id=goal_id,
+            ts=stored_time(ts.encode() if isinstance(ts, str) else b""),
+            data=UnreadableEvent(stored_kind=str(kind), reason=first_problem(exc)),
+        )

@@ -36,7 +36,7 @@ from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
 from goaltender.storage.records import Event
-from goaltender.storage.runner_store import RunnerStore
+from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
 log = logging.getLogger("goaltender.runner")
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
@@ -235,11 +235,19 @@ class SocketServer:
         last = request.since
         while True:
             wake = self._new_events
-            events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
-            if events:  # a batch goes in one write: a replay is not a drain per event
-                await conn.send_all([p.EventMessage(event=event) for event in events])
-                last = events[-1].seq
-            if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
+            if request.batch:  # many events a line, from their stored JSON
+                rows = await self.store.stored_events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
+                if rows:
+                    await conn.send_events(stored_events_json(rows))
+                    last = rows[-1]["seq"]
+                read = len(rows)
+            else:  # a client that did not ask for batches: one `event` line each
+                events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
+                if events:  # a batch goes in one write: a replay is not a drain per event
+                    await conn.send_all([p.EventMessage(event=event) for event in events])
+                    last = events[-1].seq
+                read = len(events)
+            if read < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
                 await wake.wait()
 
 
@@ -275,6 +283,8 @@ class _Connection:
     def _line(self, message: p.Message) -> bytes:
         if isinstance(message, p.LogReply):  # a chunk of a log may start or end inside a secret
             message = message.model_copy(update={"text": self.redactor.redact_edges(message.text)})
+            if not isinstance(message.id, str):  # its one string is redacted: not scanned twice
+                return p.encode(message)
         return self.redactor.redact_line(p.encode(message))
 
     async def send(self, message: p.Message) -> None:
@@ -290,6 +300,29 @@ class _Connection:
         async with self._write_lock:
             self.writer.write(lines)
             await self.writer.drain()
+
+    async def send_events(self, events: list[bytes]) -> None:
+        """Write events (each its Event's JSON) as `events` lines of up to EVENT_BATCH_BYTES each,
+        every line redacted, with one drain."""
+        lines: list[bytes] = []
+        start, size = 0, 0
+        if sum(map(len, events)) + len(events) > p.EVENT_BATCH_BYTES:  # else all go in one line
+            for end, event in enumerate(events):
+                if size and size + len(event) > p.EVENT_BATCH_BYTES:
+                    lines.extend(self._event_lines(events[start:end]))
+                    start, size = end, 0
+                size += len(event) + 1
+        lines.extend(self._event_lines(events[start:]))
+        async with self._write_lock:
+            self.writer.writelines(lines)
+            await self.writer.drain()
+
+    def _event_lines(self, events: list[bytes]) -> list[bytes]:
+        line = self.redactor.redact_line(p.EVENT_BATCH_PREFIX + b",".join(events) + b"]}\n")
+        if len(line) > p.MAX_LINE and len(events) > 1:  # markers longer than what they replaced
+            half = len(events) // 2
+            return self._event_lines(events[:half]) + self._event_lines(events[half:])
+        return [line]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError
 
 
 def utcnow() -> datetime:
@@ -361,3 +361,21 @@ class Event(Record):
     goal_id: int | None
     ts: datetime
     data: EventData
+
+
+def stored_time(ts: bytes) -> datetime:
+    """A logged event's time as stored; when none can be read, now (when it was found unreadable)."""
+    try:
+        return datetime.fromisoformat(ts.decode())
+    except ValueError:  # (UnicodeDecodeError is one)
+        return utcnow()
+
+
+def first_problem(exc: ValidationError | UnicodeDecodeError) -> str:
+    """Why a logged event does not read back, for its UnreadableEvent."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8: {exc}"
+    err = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in err["loc"]) or "data"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {err['msg']}{more}"

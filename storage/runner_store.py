@@ -53,6 +53,8 @@ from goaltender.storage.records import (
     StageChanged,
     SteerReceived,
     UnreadableEvent,
+    first_problem,
+    stored_time,
     tokens_used,
     utcnow,
 )
@@ -139,6 +141,20 @@ class RunnerStore:
                 (seq, goal_id, limit),
             )
         return [_event(row) for row in rows]
+
+    async def stored_events_since(
+        self, seq: int, limit: int = 500, goal_id: int | None = None
+    ) -> list[sqlite3.Row]:
+        """The events after `seq` as stored, for a subscriber to be sent without reading each one
+        into its model: `stored_event_json(row)` makes each row the JSON of its Event."""
+        where = "seq > ?" if goal_id is None else "seq > ? AND goal_id = ?"
+        params = (seq, limit) if goal_id is None else (seq, goal_id, limit)
+        # `plain`: data that is JSON, and a time that needs no escaping in a JSON string.
+        return await self.db.fetchall(
+            f"SELECT {_EVENT_COLUMNS}, json_valid(data) AND json_quote(ts) = '\"' || ts || '\"' AS plain "
+            f"FROM events WHERE {where} ORDER BY seq LIMIT ?",
+            params,
+        )
 
     async def head_seq(self, goal_id: int | None = None) -> int:
         if goal_id is None:
@@ -881,6 +897,32 @@ _EVENT_COLUMNS = (
 )
 
 
+def stored_events_json(rows: list[sqlite3.Row]) -> list[bytes]:
+    """Rows of stored_events_since as their Events' JSON. The stored data is spliced in as it is
+    (it was an EventData's JSON when logged); a row whose data is not JSON (json_valid), not UTF-8,
+    or whose time needs escaping, is read into its model instead, and so becomes an UnreadableEvent
+    with its reason. Data that is JSON but no longer reads into its model is left for the client to
+    find (goaltender.runner.protocol.batch_events), which makes the same UnreadableEvent of it."""
+    return [
+        b'{"seq":%d,"goal_id":%s,"ts":"%s","data":%s}'
+        % (seq, b"null" if goal_id is None else b"%d" % goal_id, ts, data)
+        if plain and (goal_id is None or type(goal_id) is int) and ts.isascii() and _utf8(data)
+        else _event(row).model_dump_json().encode()
+        for row in rows
+        for seq, goal_id, ts, _kind, data, plain in (row,)
+    ]
+
+
+def _utf8(data: bytes) -> bool:
+    if data.isascii():
+        return True
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _event(row: sqlite3.Row) -> Event:
     """The logged event; one that no longer reads back becomes an UnreadableEvent with its seq:
     a row every subscriber would fail on must not stall them all, nor leave a gap in seq order."""
@@ -888,28 +930,12 @@ def _event(row: sqlite3.Row) -> Event:
         data = _event_data.validate_json(row["data"])
         return Event(seq=row["seq"], goal_id=row["goal_id"], ts=row["ts"].decode(), data=data)
     except (ValidationError, UnicodeDecodeError) as exc:
-        reason = _first_problem(exc)
+        reason = first_problem(exc)
         kind = row["kind"].decode(errors="replace")
         log.warning("event %s (%s) cannot be read, delivered as unreadable: %s", row["seq"], kind, reason)
         return Event(
             seq=row["seq"],
             goal_id=row["goal_id"] if isinstance(row["goal_id"], int) else None,
-            ts=_stored_time(row["ts"]),
+            ts=stored_time(row["ts"]),
             data=UnreadableEvent(stored_kind=kind, reason=reason),
         )
-
-
-def _stored_time(ts: bytes) -> datetime:
-    try:
-        return datetime.fromisoformat(ts.decode())
-    except ValueError:  # (UnicodeDecodeError is one) no time kept: when it was found unreadable
-        return utcnow()
-
-
-def _first_problem(exc: ValidationError | UnicodeDecodeError) -> str:
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8: {exc}"
-    err = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in err["loc"]) or "data"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {err['msg']}{more}"
