@@ -413,3 +413,24 @@ def test_the_fast_path_never_skips_what_the_full_scan_finds(parts):
     assert redactor.redact(text) == full
     line = (json.dumps({"type": "log", "text": text}, ensure_ascii=False) + "\n").encode()
     assert json.loads(redactor.redact_line(line))["text"] == redactor.redact(text)
+
+
+def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():
+    """The needle check looks for a group's shared piece first: each needle must hold it."""
+    from goaltender.runner.secrets import _SHAPE_NEEDLE_TREE, _SHAPE_NEEDLES
+
+    def leaves(nodes):
+        for node in nodes:
+            if isinstance(node, str):
+                yield node
+            else:
+                piece, members = node
+                inside = list(leaves(members))
+                assert all(piece in needle for needle in inside), node
+                yield from inside
+
+    assert sorted(leaves(_SHAPE_NEEDLE_TREE)) == sorted(_SHAPE_NEEDLES)
+    redactor = Redactor()
+    for needle in _SHAPE_NEEDLES:
+        text = "." * 3000 + needle + "." * 3000
+        assert redactor._needles.in_(text) and redactor._line_needles.in_(text.encode())
