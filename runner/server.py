@@ -232,23 +232,44 @@ class SocketServer:
 
     async def _stream_events(self, conn: _Connection, request: p.Subscribe) -> None:
         await conn.send(p.Subscribed(id=request.id, head=await self.store.head_seq(request.goal_id)))
+        if request.batch:  # many events a line, from their stored JSON
+            await self._stream_batches(conn, request)
+            return
         last = request.since
-        while True:
+        while True:  # a client that did not ask for batches: one `event` line each
             wake = self._new_events
-            if request.batch:  # many events a line, from their stored JSON
-                rows = await self.store.stored_events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
+            events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
+            if events:  # a batch goes in one write: a replay is not a drain per event
+                await conn.send_all([p.EventMessage(event=event) for event in events])
+                last = events[-1].seq
+            if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
+                await wake.wait()
+
+    async def _stream_batches(self, conn: _Connection, request: p.Subscribe) -> None:
+        async def read(after: int) -> tuple[asyncio.Event, list]:
+            wake = self._new_events  # taken before the query: an event it misses sets `wake`
+            return wake, await self.store.stored_events_since(
+                after, limit=STREAM_BATCH, goal_id=request.goal_id
+            )
+
+        last = request.since
+        wake, rows = await read(last)
+        while True:
+            # A full read has more behind it: the next is read (in SQLite's thread) while this is sent.
+            ahead = asyncio.ensure_future(read(rows[-1]["seq"])) if len(rows) == STREAM_BATCH else None
+            try:
                 if rows:
                     await conn.send_events(stored_events_json(rows))
                     last = rows[-1]["seq"]
-                read = len(rows)
-            else:  # a client that did not ask for batches: one `event` line each
-                events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
-                if events:  # a batch goes in one write: a replay is not a drain per event
-                    await conn.send_all([p.EventMessage(event=event) for event in events])
-                    last = events[-1].seq
-                read = len(events)
-            if read < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
+            except BaseException:
+                if ahead is not None:
+                    ahead.cancel()
+                raise
+            if ahead is not None:
+                wake, rows = await ahead
+            else:  # caught up
                 await wake.wait()
+                wake, rows = await read(last)
 
 
 _TOO_LONG = b"\x00too-long"
