@@ -220,14 +220,15 @@ class RunnerClient:
     ) -> AsyncIterator[p.LogReply]:
         """An experiment's log from `offset`, chunk by chunk, in order, to its end: `depth` requests
         in flight at once (the runner tiles the file into chunks that start and end on a character,
-        whatever offsets are asked for, so the next chunk is asked for before this one arrives)."""
+        whatever offsets are asked for, so the next chunk is asked for before this one arrives). The
+        first chunk is asked for alone: a refusal (not_found, forbidden) is then one request, not `depth`."""
         loop = asyncio.get_running_loop()
         inflight: collections.deque[tuple[p.RequestId, asyncio.Future[p.AnyReply]]] = collections.deque()
-        ask = offset
+        ask, answered = offset, False
         try:
             while True:
                 requests: list[p.GetLog] = []
-                while len(inflight) + len(requests) < depth:
+                while len(inflight) + len(requests) < (depth if answered else 1):
                     requests.append(
                         p.GetLog(id=next(self._ids), experiment_id=experiment_id, offset=ask, limit=chunk)
                     )
@@ -242,6 +243,7 @@ class RunnerClient:
                     reply = _expected(await future, p.LogReply)
                 finally:
                     self._pending.pop(request_id, None)
+                answered = True
                 yield reply
                 if reply.eof:
                     return
