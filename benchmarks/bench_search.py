@@ -15,6 +15,7 @@ config and seed under the cache directory so a rerun costs only what changed.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import hashlib
 import inspect
@@ -22,6 +23,7 @@ import json
 import random
 import statistics
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,8 +79,9 @@ class Memo:
     """Results by config and seed, in a JSON file named after the workload's sources."""
 
     def __init__(self, name: str, workload: Workload):
-        code = "".join(inspect.getsource(source) for source in workload.sources)
-        digest = hashlib.sha256(code.encode()).hexdigest()[:12]
+        # The code's syntax tree, not its text: reformatting or a comment does not rerun anything.
+        trees = (ast.dump(ast.parse(textwrap.dedent(inspect.getsource(s)))) for s in workload.sources)
+        digest = hashlib.sha256("".join(trees).encode()).hexdigest()[:12]
         self.path = star_workload.cache_dir() / "bench_search" / f"{name}-{digest}.json"
         self.results: dict[str, float] = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.workload = workload

@@ -104,9 +104,9 @@ ALIASES: dict[str, str] = {
 }
 
 # estimate_cost() calibration: measured on a 2-core Xeon @ 2.6 GHz (see the README table).
-_COST_FIXED = 1.4  # interpreter start, imports, held-out split, scoring
+_COST_FIXED = 0.8  # two start-ups (the run and the runner's evaluation), held-out split, scoring
 _COST_PER_RENDER = 3.6e-4  # render + downsample + cache one image (cold cache only)
-_COST_PER_MAC = 5.0e-11  # one multiply-accumulate of training (forward + backward)
+_COST_PER_MAC = 3.0e-11  # one multiply-accumulate of training (forward + backward)
 _COST_PER_BATCH = 3.0e-4  # Python/Adam overhead per minibatch
 _BATCH_SIZE = 200
 
