@@ -65,14 +65,20 @@ class SweepTask:
     approve_above_s: float = 60.0  # the default for --approve-above
 
 
-def star_count_task() -> SweepTask:
-    from goaltender.environments.star_count import workload
+def module_command(module: str) -> Callable[[dict[str, Any]], list[str]]:
+    """A SweepTask's command for a workload run as `python -m module --knob-name value …`."""
 
     def command(config: dict[str, Any]) -> list[str]:
-        args = [sys.executable, "-m", "goaltender.environments.star_count.workload"]
+        args = [sys.executable, "-m", module]
         for knob, value in config.items():
             args += [f"--{knob.replace('_', '-')}", str(value)]
         return args
+
+    return command
+
+
+def star_count_task() -> SweepTask:
+    from goaltender.environments.star_count import workload
 
     return SweepTask(
         name="star_count",
@@ -80,7 +86,7 @@ def star_count_task() -> SweepTask:
         # The planner steps through values in order; the workload lists its baseline value first.
         space={knob: sorted(values) for knob, values in workload.SEARCH_SPACE.items()},
         baseline=workload.BASELINE,
-        command=command,
+        command=module_command("goaltender.environments.star_count.workload"),
         estimate_cost=workload.estimate_cost,
         reasons=getattr(workload, "HYPOTHESES", {}),
         aliases=getattr(workload, "ALIASES", {}),

@@ -185,20 +185,14 @@ def run(config: dict[str, Any], emit: Any = print) -> dict[str, Any]:
 
 def task() -> SweepTask:
     """The sweep agent's view of this workload (`--task goaltender.environments.text_sentiment:task`)."""
-    from goaltender.agents.sweep import SweepTask
-
-    def command(config: dict[str, Any]) -> list[str]:
-        args = [sys.executable, "-m", "goaltender.environments.text_sentiment"]
-        for knob, value in config.items():
-            args += [f"--{knob.replace('_', '-')}", str(value)]
-        return args
+    from goaltender.agents.sweep import SweepTask, module_command
 
     return SweepTask(
         name="text_sentiment",
         metric="accuracy",
         space=SEARCH_SPACE,
         baseline=BASELINE,
-        command=command,
+        command=module_command(__name__),
         estimate_cost=estimate_cost,
         reasons=HYPOTHESES,
         aliases=ALIASES,
