@@ -145,7 +145,7 @@ class Sandbox:
         args += ["--tmpfs", str(home)]
         writable = [Path(goal.workspace).resolve(), settings.cache_dir.resolve()]
         for var in CACHE_DIRS:  # caches the box keeps elsewhere (not containing the home)
-            if (value := env.get(var)) and Path(value).is_dir() and not _under(home, [Path(value).resolve()]):
+            if (value := env.get(var)) and not _under(home, [Path(value).resolve()]) and _made(Path(value)):
                 writable.append(Path(value).resolve())
         for path in dict.fromkeys(writable):
             args += ["--bind", str(path), str(path)]
@@ -170,6 +170,16 @@ def nemo_rl_checkout(home: Path) -> list[Path]:
     value = os.environ.get("NEMO_RL_DIR", "")
     checkout = Path(value).resolve() if value.startswith("/") else None
     return [checkout] if checkout is not None and not _under(home, [checkout]) else []
+
+
+def _made(directory: Path) -> bool:
+    """Is `directory` there, made now if need be? A cache the box configured but nobody has made
+    yet must still be shared: unbound, its path would land in the goal's private /tmp or fail."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return directory.is_dir()
 
 
 def _under(path: Path, roots: list[Path]) -> bool:

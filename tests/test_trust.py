@@ -492,3 +492,22 @@ async def _decided(runner, approval_id: int):
 async def _other_than(pending, approval_id: int):
     rest = [a for a in await pending() if a.id != approval_id]
     return rest or None
+
+
+async def test_a_cache_the_box_configured_but_never_made_is_made_and_shared(
+    start_runner, connect, tmp_path, monkeypatch
+):
+    """GOALTENDER_CACHE_DIR under /tmp, not there yet: the sandbox makes and binds it, so what a run
+    caches lands in the box's directory, not in the goal's private /tmp (and is there for the next)."""
+    cache = Path(tempfile.mkdtemp(dir="/tmp")) / "not" / "yet"
+    monkeypatch.setenv("GOALTENDER_CACHE_DIR", str(cache))
+    run = "cat > c.sh <<'EOF'\necho kept > \"$GOALTENDER_CACHE_DIR/made\"\necho 'acc: 1'\nEOF\n"
+    agent = write_agent(tmp_path, "a.sh", run + "goaltender experiment -d c --metric acc -- sh c.sh\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal = await submit(client, "cache, max 1 experiments", agent="a")
+    await eventually(lambda: _state(runner, goal, lambda g: g.state == "finished"))
+    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+    assert row.status == "keep", row.note
+    assert (cache / "made").read_text() == "kept\n"
+    shutil.rmtree(cache.parent.parent)
