@@ -326,28 +326,34 @@ class Outbox:
         return earlier.result["ts"]
 
     async def _already_posted(self, item: OutboxItem) -> dict[str, Any] | None:
-        """Find a message carrying this item's key (posted before a crash) among recent ones."""
+        """Find a message carrying this item's key (posted before a crash): in its thread, every
+        page of replies (the soak's 500-post thread once lost a post past the first 200 and posted
+        it twice); in a channel, the recent ones."""
         thread_ts = None
         if thread_of := item.payload.get("thread_of"):
             with contextlib.suppress(_Unresolved):
                 thread_ts = await self._ts_of(thread_of)
-        if thread_ts:
-            response = await self.client.conversations_replies(
-                channel=item.channel, ts=thread_ts, include_all_metadata=True, limit=200
-            )
-        else:
-            response = await self.client.conversations_history(
-                channel=item.channel, include_all_metadata=True, limit=200
-            )
-        messages: list[dict[str, Any]] = response.get("messages", [])
-        for message in messages:
-            metadata = message.get("metadata") or {}
-            if (
-                metadata.get("event_type") == METADATA_EVENT
-                and (metadata.get("event_payload") or {}).get("key") == item.dedupe_key
-            ):
-                return {"ts": message["ts"]}
-        return None
+        cursor = None
+        while True:
+            if thread_ts:  # oldest first: a long thread's latest replies are pages in
+                response = await self.client.conversations_replies(
+                    channel=item.channel, ts=thread_ts, include_all_metadata=True, limit=200, cursor=cursor
+                )
+            else:  # newest first: the recent messages are the first page
+                response = await self.client.conversations_history(
+                    channel=item.channel, include_all_metadata=True, limit=200
+                )
+            messages: list[dict[str, Any]] = response.get("messages", [])
+            for message in messages:
+                metadata = message.get("metadata") or {}
+                if (
+                    metadata.get("event_type") == METADATA_EVENT
+                    and (metadata.get("event_payload") or {}).get("key") == item.dedupe_key
+                ):
+                    return {"ts": message["ts"]}
+            cursor = (response.get("response_metadata") or {}).get("next_cursor")
+            if not (thread_ts and cursor):
+                return None
 
 
 def _failure(exc: Exception) -> Failure:
