@@ -36,14 +36,20 @@ import json
 import logging
 import os
 import re
+import threading
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pydantic_core
 
 from goaltender.runner.config import RunnerSettings
+
+try:
+    import hyperscan
+except ImportError:  # no wheel for this machine (pyproject.toml): the needles are looked for one by one
+    hyperscan = None
 
 log = logging.getLogger("goaltender.runner")
 
@@ -226,7 +232,12 @@ class Redactor:
 
 class _Needles:
     """The needles of a Redactor (its secrets' values, or their encoded forms, and the shapes'
-    literals, _SHAPE_NEEDLE_TREE); `in_(haystack)` says whether any is in it."""
+    literals, _SHAPE_NEEDLE_TREE); `in_(haystack)` says whether any is in it.
+
+    With Hyperscan installed, every needle is looked for in one pass over the haystack's UTF-8
+    (several GB/s: a log chunk checks at memory speed, whatever letters it holds); without it, `in`
+    looks for each needle in turn, shared pieces first. UTF-8 is self-synchronising, so a needle is
+    in a text exactly when its encoding is in the text's encoding: both say the same."""
 
     def __init__(self, values: Iterable[Any], *, encode: bool = False):
         def form(node: str | _NeedleTree) -> Any:
@@ -236,9 +247,24 @@ class _Needles:
             return (form(piece), tuple(form(member) for member in members))
 
         self.tree = (*values, *(form(node) for node in _SHAPE_NEEDLE_TREE))
+        self._scanner = _LiteralScanner.of(_as_bytes(needle) for needle in _leaves(self.tree))
 
     def in_(self, haystack: Any) -> bool:
+        if self._scanner is not None:
+            return self._scanner.finds_any(_as_bytes(haystack))
         return _any_in(self.tree, haystack)
+
+
+def _leaves(nodes: tuple[Any, ...]) -> Iterator[Any]:
+    for node in nodes:
+        if isinstance(node, tuple):
+            yield from _leaves(node[1])
+        else:
+            yield node
+
+
+def _as_bytes(text: str | bytes) -> bytes:
+    return text if isinstance(text, bytes) else text.encode(errors="surrogatepass")
 
 
 def _any_in(nodes: tuple[Any, ...], haystack: Any) -> bool:
@@ -248,6 +274,47 @@ def _any_in(nodes: tuple[Any, ...], haystack: Any) -> bool:
         else node[0] in haystack and _any_in(node[1], haystack)
         for node in nodes
     )
+
+
+class _LiteralScanner:
+    """Hyperscan's literal matcher over a set of byte strings: does a block hold any of them?"""
+
+    def __init__(self, database: Any):
+        self._database = database
+        self._scratch = threading.local()  # a scan's scratch space is used by one thread at a time
+
+    @classmethod
+    def of(cls, needles: Iterable[bytes]) -> _LiteralScanner | None:
+        """A scanner for `needles`, or None where Hyperscan is not installed or cannot run here."""
+        if hyperscan is None:
+            return None
+        literals = sorted(set(needles))
+        try:
+            database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            database.compile(
+                expressions=literals,
+                ids=list(range(len(literals))),
+                flags=hyperscan.HS_FLAG_SINGLEMATCH,
+                literal=True,
+            )
+        except hyperscan.HyperscanError as exc:  # e.g. a CPU without the instructions it needs
+            log.warning("Hyperscan cannot compile the redaction needles (%s); using str search", exc)
+            return None
+        return cls(database)
+
+    def finds_any(self, data: bytes) -> bool:
+        scratch = getattr(self._scratch, "space", None)
+        if scratch is None:
+            scratch = self._scratch.space = hyperscan.Scratch(self._database)
+        try:
+            self._database.scan(data, match_event_handler=_stop_at_first, scratch=scratch)
+        except hyperscan.ScanTerminated:
+            return True
+        return False
+
+
+def _stop_at_first(*match: object) -> bool:
+    return True  # a true answer ends the scan: one match is enough
 
 
 def _encoded_forms(value: str) -> set[bytes]:

@@ -415,6 +415,26 @@ def test_the_fast_path_never_skips_what_the_full_scan_finds(parts):
     assert json.loads(redactor.redact_line(line))["text"] == redactor.redact(text)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(PIECES + SHAPES + ["supersecretvalue1", "\ud800"]) | st.text(max_size=12), max_size=30
+    ),
+    st.booleans(),
+)
+def test_hyperscan_and_the_needle_tree_agree(parts, encoded):
+    """The one-pass needle check (Hyperscan, on the haystack's UTF-8) finds a needle exactly when
+    looking for each with `in` does, in text and in encoded lines alike."""
+    from goaltender.runner.secrets import _any_in, _Needles
+
+    values = ["supersecretvalue1", "sécret-valué"]
+    needles = _Needles([v.encode() for v in values] if encoded else values, encode=encoded)
+    assert needles._scanner is not None, "hyperscan is a dependency on x86-64: it must load here"
+    text = "".join(parts)
+    haystack = text.encode(errors="surrogatepass") if encoded else text
+    assert needles.in_(haystack) == _any_in(needles.tree, haystack)
+
+
 def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():
     """The needle check looks for a group's shared piece first: each needle must hold it."""
     from goaltender.runner.secrets import _SHAPE_NEEDLE_TREE, _SHAPE_NEEDLES
