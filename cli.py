@@ -1000,7 +1000,8 @@ def cmd_log(args):
 
     async def body(runner: RunnerClient):
         async for reply in runner.fetch_log(args.experiment_id, args.offset):  # requests pipelined
-            sys.stdout.write(reply.text)
+            sys.stdout.buffer.write(reply.data)
+        sys.stdout.buffer.flush()
 
     return _run(args, body)
 

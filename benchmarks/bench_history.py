@@ -177,7 +177,7 @@ async def bench_log(tmp: Path, mib: int) -> tuple[float, float, float]:
     async def pipelined() -> None:
         fetched = 0
         async for reply in client.fetch_log(experiment_id):
-            fetched += len(reply.text)
+            fetched += len(reply.data)
         assert fetched == size
 
     async def stream_file(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

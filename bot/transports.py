@@ -339,6 +339,14 @@ class _ChannelStream:
             if size > p.MAX_LINE:
                 raise ValueError(f"the runner sent a line longer than {p.MAX_LINE} bytes")
 
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self._reader.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionError(f"the link ended {n - len(exc.partial)} bytes into a raw reply") from exc
+        except asyncssh.Error as exc:
+            raise _link_lost(exc) from exc
+
     def write(self, data: bytes) -> None:
         try:
             self._writer.write(data)

@@ -4,8 +4,9 @@ For boxes whose sshd forbids stream forwarding, the bot runs this command over S
 (`ssh box goaltender runner attach --socket PATH`, or `command="goaltender runner attach",restrict`
 on the bot's authorized_keys line) and speaks the runner protocol over the command's stdio.
 
-Lines are copied as they come, each written through as soon as it is read: stdin to the socket,
-the socket to stdout. When stdin ends, the socket is half-closed and the runner's last answers
+Bytes are copied as they come, each piece written through as soon as it is read: stdin to the
+socket, the socket to stdout. Not line by line: a raw log reply's bytes follow its line, and a
+chunk that ends inside a line of the log must not wait in the bridge for a newline. When stdin ends, the socket is half-closed and the runner's last answers
 are still copied out; when the runner closes the connection first, the bridge exits with status 1.
 
     python -m goaltender.runner.attach [--socket PATH]
@@ -28,13 +29,14 @@ from goaltender.runner.client import LineWriter, socket_from_env
 EXIT_OK = 0  # the client (stdin) ended first
 EXIT_CLOSED = 1  # the runner closed the connection first
 EXIT_UNREACHABLE = 4  # as the CLI: the runner could not be reached
+COPY_CHUNK = 256 * 1024  # the most bytes copied in one piece
 DRAIN_AFTER_EOF_S = 30.0  # after stdin ends, how long the runner may take to finish answering
 
 
 class _Reader(Protocol):
     """What the bridge copies from: asyncio and asyncssh streams, or a file read in a thread."""
 
-    async def readuntil(self, separator: bytes = b"\n") -> bytes: ...
+    async def read(self, n: int) -> bytes: ...
 
 
 async def attach(
@@ -42,7 +44,7 @@ async def attach(
 ) -> int:
     """Bridge `reader` (default: stdin) to the runner socket and the socket to `writer` (default:
     stdout) until either side closes; returns the exit status. Any object with
-    `readuntil(b"\\n")` / `write()` + `drain()` will do (asyncio streams, asyncssh process streams)."""
+    `read(n)` / `write()` + `drain()` will do (asyncio streams, asyncssh process streams)."""
     try:
         sock_reader, sock_writer = await asyncio.open_unix_connection(str(socket_path), limit=p.MAX_LINE)
     except OSError as exc:
@@ -85,19 +87,13 @@ class _WriteFailed(Exception):
 
 
 async def _copy(source: _Reader, sink: LineWriter) -> None:
-    """Copy line by line until EOF. A line longer than a reader's buffer is passed on in pieces."""
+    """Copy what arrives, as it arrives, until EOF."""
     while True:
         try:
-            chunk = await source.readuntil(b"\n")
-        except asyncio.IncompleteReadError as exc:
-            # EOF (asyncio), or (asyncssh) a line longer than the channel window: pass it on and go on.
-            chunk = exc.partial
-            if not chunk:
-                return
-        except asyncio.LimitOverrunError as exc:
-            assert isinstance(source, asyncio.StreamReader)  # the one reader here with a line limit
-            chunk = await source.readexactly(exc.consumed)
+            chunk = await source.read(COPY_CHUNK)
         except (ConnectionError, OSError):
+            return
+        if not chunk:
             return
         try:
             sink.write(chunk)
@@ -137,11 +133,8 @@ class _FileReader:
     def __init__(self, file):
         self._file = file
 
-    async def readuntil(self, separator: bytes = b"\n") -> bytes:
-        line = await asyncio.to_thread(self._file.readline, p.MAX_LINE)
-        if not line.endswith(separator):
-            raise asyncio.IncompleteReadError(line, None)
-        return line
+    async def read(self, n: int) -> bytes:
+        return await asyncio.to_thread(self._file.read1, n)
 
 
 class _FileWriter:

@@ -36,6 +36,9 @@ from goaltender.runner.quick_client import unreachable
 from goaltender.storage.records import Event, MetricPoint, UnreadableEvent, utcnow
 
 R = TypeVar("R", bound=p.Reply)
+# A raw log fetch's chunk: big enough that a request's own cost is small beside its bytes, small
+# enough that the buffers it passes through are reused rather than paged in afresh each time.
+RAW_LOG_CHUNK = 1024 * 1024
 log = logging.getLogger("goaltender.client")
 
 
@@ -52,9 +55,13 @@ class LineStream(LineWriter, Protocol):
 
     `readline()` returns one whole line, newline included, or b"" at EOF; it raises ConnectionError
     or OSError when the link is lost and ValueError for a line longer than protocol.MAX_LINE.
-    `close()` starts closing the stream (and whatever carries it); `wait_closed()` finishes."""
+    `readexactly(n)` returns the next n bytes (those a raw log reply says follow its line), or
+    raises ConnectionError when the link ends first. `close()` starts closing the stream (and
+    whatever carries it); `wait_closed()` finishes."""
 
     async def readline(self) -> bytes: ...
+
+    async def readexactly(self, n: int) -> bytes: ...
 
     def close(self) -> None: ...
 
@@ -84,6 +91,12 @@ class SocketStream:
     async def readline(self) -> bytes:
         return await self._reader.readline()
 
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self._reader.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionError(f"the link ended {n - len(exc.partial)} bytes into a raw reply") from exc
+
     def write(self, data: bytes) -> None:
         self._writer.write(data)
 
@@ -108,6 +121,7 @@ class RunnerClient:
         self._events: asyncio.Queue[p.EventMessage | p.EventBatch | bytes | Exception] = asyncio.Queue()
         self._batch: collections.deque[Event] = collections.deque()  # the rest of the batch being read
         self._batches: bool | None = None  # does the runner send batches? None: not asked yet
+        self._raw_logs: bool | None = None  # does it send raw log chunks? None: not asked yet
         self._write_lock = asyncio.Lock()
         self._closed = False
         self._reader_task = asyncio.ensure_future(self._read_loop())
@@ -216,12 +230,40 @@ class RunnerClient:
                 yield message.event
 
     async def fetch_log(
-        self, experiment_id: int, offset: int = 0, *, chunk: int = p.MAX_LOG_CHUNK, depth: int = 4
+        self,
+        experiment_id: int,
+        offset: int = 0,
+        *,
+        chunk: int | None = None,
+        depth: int = 4,
+        raw: bool = True,
     ) -> AsyncIterator[p.LogReply]:
         """An experiment's log from `offset`, chunk by chunk, in order, to its end: `depth` requests
         in flight at once (the runner tiles the file into chunks that start and end on a character,
         whatever offsets are asked for, so the next chunk is asked for before this one arrives). The
-        first chunk is asked for alone: a refusal (not_found, forbidden) is then one request, not `depth`."""
+        first chunk is asked for alone: a refusal (not_found, forbidden) is then one request, not
+        `depth`. With `raw` the chunks come as bytes after their reply lines (GetLog.raw),
+        RAW_LOG_CHUNK each by default, unless the runner is too old for that: then as JSON text, up
+        to MAX_LOG_CHUNK."""
+        if raw and self._raw_logs is not False:
+            try:
+                async for reply in self._fetch_log(
+                    experiment_id, offset, chunk or RAW_LOG_CHUNK, depth, True
+                ):
+                    self._raw_logs = True
+                    yield reply
+                return
+            except p.ProtocolError as exc:  # an older runner: `raw` is a field it does not know
+                if self._raw_logs or exc.error.code != "bad_request" or "raw" not in exc.error.message:
+                    raise
+                self._raw_logs = False
+        size = min(chunk or p.MAX_LOG_CHUNK, p.MAX_LOG_CHUNK)
+        async for reply in self._fetch_log(experiment_id, offset, size, depth, False):
+            yield reply
+
+    async def _fetch_log(
+        self, experiment_id: int, offset: int, size: int, depth: int, raw: bool
+    ) -> AsyncIterator[p.LogReply]:
         loop = asyncio.get_running_loop()
         inflight: collections.deque[tuple[p.RequestId, asyncio.Future[p.AnyReply]]] = collections.deque()
         ask, answered = offset, False
@@ -230,9 +272,11 @@ class RunnerClient:
                 requests: list[p.GetLog] = []
                 while len(inflight) + len(requests) < (depth if answered else 1):
                     requests.append(
-                        p.GetLog(id=next(self._ids), experiment_id=experiment_id, offset=ask, limit=chunk)
+                        p.GetLog(
+                            id=next(self._ids), experiment_id=experiment_id, offset=ask, limit=size, raw=raw
+                        )
                     )
-                    ask += chunk
+                    ask += size
                 for request in requests:
                     inflight.append((request.id, future := loop.create_future()))
                     self._pending[request.id] = future
@@ -275,6 +319,8 @@ class RunnerClient:
                 try:
                     reply = p.parse_reply(line)
                 except ValidationError as exc:
+                    if _raw_log_reply(line):  # bytes follow it, how many this client cannot tell
+                        raise ValueError(f"a raw log reply this client cannot read: {exc}") from exc
                     if (salvaged := _salvage(line, exc)) is None:
                         log.warning("ignored a line from the runner this client cannot read: %s", exc)
                         continue
@@ -282,6 +328,8 @@ class RunnerClient:
                 if isinstance(reply, p.EventMessage | p.EventBatch):
                     self._events.put_nowait(reply)
                     continue
+                if isinstance(reply, p.LogReply) and reply.raw_bytes is not None:  # its chunk follows
+                    reply._chunk = await self._stream.readexactly(reply.raw_bytes)
                 # An error about a line that was no request (bad JSON, say) answers no id.
                 future = self._pending.get(reply.id) if reply.id is not None else None
                 if future is not None and not future.done():
@@ -352,6 +400,14 @@ class MetricBuffer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.flush()
+
+
+def _raw_log_reply(line: bytes) -> bool:
+    try:
+        raw = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(raw, dict) and raw.get("type") == "log" and "raw_bytes" in raw
 
 
 def _salvage(line: bytes, exc: ValidationError) -> p.EventMessage | p.Error | None:

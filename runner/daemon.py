@@ -38,7 +38,7 @@ from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
 from goaltender.runner.stages import parse_stages
-from goaltender.runner.supervisor import read_beneath
+from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
 from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
 from goaltender.storage.runner_store import Ledger, RunnerStore
@@ -313,29 +313,37 @@ class Runner:
         return p.SummaryReply(status=status, ledger=experiments, text=text)
 
     async def _on_get_log(self, req: p.GetLog, who: Principal) -> p.Reply:
-        experiment = await self.store.get_experiment(req.experiment_id)
-        if experiment is None:
+        if (location := await self.store.log_location(req.experiment_id)) is None:
             raise Refused("not_found", f"no experiment #{req.experiment_id}")
-        goal = await self.campaigns.goal(experiment.goal_id)
-        # Up to 3 bytes more at the end (to finish a character) and 1 more (to tell the end of the file).
-        size = req.limit + _UTF8_TAIL + 1
+        workspace, log_path = location
         try:  # the log is in the agent's workspace: never read through a link it left there
-            data = read_beneath(Path(goal.workspace), Path(experiment.log_path), req.offset, size)
+            # Up to 3 bytes past the chunk (to finish a character) and 1 more (to tell the end of the file).
+            data, after = read_chunk_beneath(workspace, log_path, req.offset, req.limit, _UTF8_TAIL + 1)
         except OSError as exc:
-            raise Refused("not_found", f"experiment #{experiment.id}'s log cannot be read: {exc}") from exc
+            raise Refused(
+                "not_found", f"experiment #{req.experiment_id}'s log cannot be read: {exc}"
+            ) from exc
         # A chunk starts and ends on a character: at the first byte at or after its offset (and its
         # end) that does not continue a UTF-8 character. Chunks asked for at any offsets thus tile
         # the file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log).
+        if len(data) < req.limit:  # the end of the file: what was written since is the next fetch's
+            after = b""
+        if finish := _char_start(after, 0):  # the chunk's last character goes on past it
+            data += after[:finish]
+        eof = len(after) <= finish
         start = _char_start(data, 0) if req.offset else 0
-        end = _char_start(data, req.limit)
-        eof = len(data) <= end
-        data = data[start:end]
-        return p.LogReply(
-            text=data.decode(errors="replace"),
+        if start:
+            data = data[start:]
+        reply = p.LogReply(
+            text="" if req.raw else data.decode(errors="replace"),
             offset=req.offset + start,
             next_offset=req.offset + start + len(data),
             eof=eof,
+            raw_bytes=0 if req.raw else None,  # the connection counts them once they are redacted
         )
+        if req.raw:
+            reply._chunk = data
+        return reply
 
     async def _on_get_artifact(self, req: p.GetArtifact, who: Principal) -> p.Reply:
         experiment = await self.store.get_experiment(req.experiment_id)

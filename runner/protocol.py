@@ -19,9 +19,18 @@ import gc
 import json
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from goaltender.runner import wire
 from goaltender.runner.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
@@ -101,6 +110,9 @@ class Message(BaseModel):
     # Schemas are built on a model's first use, not at import: a CLI verb uses two or three of
     # these models, and building all of them cost most of its start-up (issue 13).
     model_config = ConfigDict(extra="forbid", defer_build=True)
+    #: Fields added since the protocol's first version: left off the line while at their defaults,
+    #: so a peer that predates them (and forbids fields it does not know) reads the line as before.
+    added_fields: ClassVar[frozenset[str]] = frozenset()
 
 
 class Request(Message):
@@ -210,6 +222,7 @@ class Subscribe(Request):
     # this field refuses the request (bad_request), and the client asks again without it; a client
     # that never sets it gets `event` messages as before.
     batch: bool = False
+    added_fields = frozenset({"batch"})
 
 
 class Ack(Request):
@@ -219,17 +232,34 @@ class Ack(Request):
     seq: Seq
 
 
-MAX_LOG_CHUNK = 512 * 1024  # bytes of a log in one get_log reply
+MAX_LOG_CHUNK = 512 * 1024  # bytes of a log in one get_log reply's JSON text
+MAX_RAW_LOG_CHUNK = 4 * 1024 * 1024  # bytes of a log in one raw get_log reply (no line carries them)
+#: The most bytes a raw reply may say follow its line: a chunk, grown by redaction's markers.
+MAX_RAW_BYTES = 4 * MAX_RAW_LOG_CHUNK
 
 
 class GetLog(Request):
     """A chunk of an experiment's log: the bytes from `offset` (moved on to the first that starts a
-    character, up to 3) to `offset + limit` (moved on likewise); the reply says where it began."""
+    character, up to 3) to `offset + limit` (moved on likewise); the reply says where it began.
+
+    With `raw`, the chunk is not JSON-encoded into the reply: its `text` is empty, and the chunk's
+    text follows the reply's line as `raw_bytes` bytes of UTF-8, redacted just the same; `limit` may
+    then go up to MAX_RAW_LOG_CHUNK. Neither side encodes or parses a log as JSON, which was most of
+    a fetch's cost. A runner older than `raw` refuses it (bad_request), and the client asks again
+    without it."""
 
     type: Literal["get_log"] = "get_log"
     experiment_id: RowId
     offset: Annotated[int, Field(ge=0, le=wire.INT64_MAX)] = 0
-    limit: int = Field(default=64 * 1024, gt=0, le=MAX_LOG_CHUNK)
+    limit: int = Field(default=64 * 1024, gt=0, le=MAX_RAW_LOG_CHUNK)
+    raw: bool = False
+    added_fields = frozenset({"raw"})
+
+    @model_validator(mode="after")
+    def _fits_a_line(self) -> GetLog:
+        if not self.raw and self.limit > MAX_LOG_CHUNK:
+            raise ValueError(f"limit: at most {MAX_LOG_CHUNK} bytes in a reply's text (raw replies: more)")
+        return self
 
 
 class GetSeries(Request):
@@ -538,6 +568,16 @@ class LogReply(Reply):
     offset: int
     next_offset: int
     eof: bool
+    #: A raw reply (GetLog.raw): how many bytes of UTF-8 text follow this line; its `text` is
+    #: empty, and the chunk is `data`.
+    raw_bytes: int | None = Field(default=None, ge=0, le=MAX_RAW_BYTES)
+    added_fields = frozenset({"raw_bytes"})
+    _chunk: bytes = PrivateAttr(default=b"")  # a raw reply's bytes: read by the client, to send by the runner
+
+    @property
+    def data(self) -> bytes:
+        """The chunk as UTF-8, raw or not: what `goaltender log` writes out."""
+        return self._chunk if self.raw_bytes is not None else self.text.encode()
 
 
 class ArtifactReply(Reply):
@@ -680,9 +720,10 @@ class ProtocolError(RunnerRefused):
 
 
 def encode(message: Message) -> bytes:
-    # A subscribe without batches is the very line an older runner knows (it refuses the field).
-    exclude = {"batch"} if isinstance(message, Subscribe) and not message.batch else None
-    return message.model_dump_json(exclude_none=False, exclude=exclude).encode() + b"\n"
+    # A message whose newer fields are at their defaults is the very line an older peer knows.
+    fields = type(message).model_fields
+    exclude = {name for name in message.added_fields if getattr(message, name) == fields[name].default}
+    return message.model_dump_json(exclude_none=False, exclude=exclude or None).encode() + b"\n"
 
 
 def parse_request(line: bytes) -> AnyRequest | Error:

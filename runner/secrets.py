@@ -217,6 +217,26 @@ class Redactor:
                     break
         return text
 
+    def redact_edges_utf8(self, data: bytes) -> bytes:
+        """A chunk of UTF-8 (a log's bytes) as `redact_edges` leaves its text (read with errors
+        replaced), encoded again; `data` itself when that changes nothing. Where Hyperscan reads the
+        bytes, ASCII `data` (most logs) is checked as it is and never decoded."""
+        if self._needles.scans_bytes and data.isascii() and not self._needles.in_(data):
+            if not self._pieces:
+                return data
+            reach = max(map(len, self._pieces))
+            if len(data) > 2 * reach and not self._edge_piece(data[:reach].decode(), data[-reach:].decode()):
+                return data
+        return self.redact_edges(data.decode(errors="replace")).encode()
+
+    def _edge_piece(self, head: str, tail: str) -> bool:
+        """Could redact_edges find a piece of a secret at the start of `head` or the end of `tail`?"""
+        return any(
+            head.startswith(value[-size:]) or tail.endswith(value[:size])
+            for value in self._pieces
+            for size in range(MIN_EDGE_PIECE, len(value))
+        )
+
     def _replace(self, match: re.Match[str]) -> str:
         return self._markers.get(match.group(0), self._shape_marker)
 
@@ -248,6 +268,11 @@ class _Needles:
 
         self.tree = (*values, *(form(node) for node in _SHAPE_NEEDLE_TREE))
         self._scanner = _LiteralScanner.of(_as_bytes(needle) for needle in _leaves(self.tree))
+
+    @property
+    def scans_bytes(self) -> bool:
+        """Does in_() take bytes for a text's needles (as their UTF-8)?"""
+        return self._scanner is not None
 
     def in_(self, haystack: Any) -> bool:
         if self._scanner is not None:

@@ -308,8 +308,21 @@ class _Connection:
                 return p.encode(message)
         return self.redactor.redact_line(p.encode(message))
 
+    def _raw_log(self, reply: p.LogReply) -> tuple[bytes, bytes]:
+        """A raw log reply's line and the bytes that follow it: the chunk, redacted as its text
+        would be in a line."""
+        chunk = self.redactor.redact_edges_utf8(reply._chunk)
+        return self._line(reply.model_copy(update={"raw_bytes": len(chunk)})), chunk
+
     async def send(self, message: p.Message) -> None:
         """Write one message. Everything that leaves the runner passes here, and is redacted here."""
+        if isinstance(message, p.LogReply) and message.raw_bytes is not None:
+            line, chunk = self._raw_log(message)
+            async with self._write_lock:  # the line and its bytes go out together
+                self.writer.write(line)
+                self.writer.write(chunk)
+                await self.writer.drain()
+            return
         line = self._line(message)
         async with self._write_lock:
             self.writer.write(line)

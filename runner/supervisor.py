@@ -207,6 +207,18 @@ def read_beneath(root: Path, path: Path, offset: int = 0, limit: int = -1) -> by
         return f.read(limit)
 
 
+def read_chunk_beneath(root: Path, path: Path, offset: int, limit: int, peek: int) -> tuple[bytes, bytes]:
+    """The `limit` bytes of a file inside `root` from `offset`, and the up to `peek` bytes after
+    them (read_beneath's rules): read apart, so that a chunk is never a copy cut from a longer read."""
+    try:
+        fd = open_beneath(root, path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b"", b""
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read(limit), f.read(peek)
+
+
 async def wait_process(proc: subprocess.Popen) -> tuple[int, struct_rusage]:
     """Reap `proc` with wait4 once it has exited; returns (status, rusage).
 

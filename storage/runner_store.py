@@ -11,6 +11,7 @@ room, not lost.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
@@ -63,6 +64,7 @@ from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 _event_data = TypeAdapter(EventData)
 _PAUSED_FOR_DISK = "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk"
+LOG_LOCATIONS_KEPT = 1024  # experiments whose log locations RunnerStore.log_location keeps
 log = logging.getLogger("goaltender.runner")
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -98,6 +100,7 @@ class RunnerStore:
         self.db = db
         self.on_event: Callable[[Event], None] = lambda event: None
         self.when_full: WhenFull | None = None  # None: a write that finds the disk full raises
+        self._log_locations: collections.OrderedDict[int, tuple[Path, Path]] = collections.OrderedDict()
 
     @classmethod
     async def open(cls, path: str | Path) -> RunnerStore:
@@ -565,6 +568,25 @@ class RunnerStore:
     async def get_experiment(self, experiment_id: int) -> Experiment | None:
         row = await self.db.fetchone("SELECT * FROM experiments WHERE id = ?", (experiment_id,))
         return _experiment(row) if row else None
+
+    async def log_location(self, experiment_id: int) -> tuple[Path, Path] | None:
+        """(its goal's workspace, its log) for an experiment: what a log fetch reads, chunk after
+        chunk. Neither ever changes, and no goal or experiment is ever deleted, so a location once
+        read is kept (the newest LOG_LOCATIONS_KEPT): a fetch's later chunks cost no query."""
+        if (known := self._log_locations.get(experiment_id)) is not None:
+            self._log_locations.move_to_end(experiment_id)
+            return known
+        row = await self.db.fetchone(
+            "SELECT goals.workspace, experiments.log_path FROM experiments "
+            "JOIN goals ON goals.id = experiments.goal_id WHERE experiments.id = ?",
+            (experiment_id,),
+        )
+        if row is None:
+            return None
+        location = self._log_locations[experiment_id] = (Path(row[0]), Path(row[1]))
+        if len(self._log_locations) > LOG_LOCATIONS_KEPT:
+            self._log_locations.popitem(last=False)
+        return location
 
     async def experiments(self, goal_id: int) -> list[Experiment]:
         rows = await self.db.fetchall("SELECT * FROM experiments WHERE goal_id = ? ORDER BY idx", (goal_id,))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from conftest import eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from goaltender.bot.links import RunnerLink
 from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import Budget, Event, MilestoneReported
 
 SECRET = "planted-replay-secret-7f3a9c"
@@ -195,9 +197,9 @@ async def test_a_pipelined_log_fetch_returns_the_file(start_runner, connect, tmp
         )
     client = await connect(runner)
 
-    async def fetch(chunk: int, depth: int, offset: int = 0) -> str:
-        replies = client.fetch_log(experiment_id, offset, chunk=chunk, depth=depth)
-        return "".join([reply.text async for reply in replies])
+    async def fetch(chunk: int, depth: int, offset: int = 0, raw: bool = True) -> str:
+        replies = client.fetch_log(experiment_id, offset, chunk=chunk, depth=depth, raw=raw)
+        return b"".join([reply.data async for reply in replies]).decode()
 
     loop = asyncio.get_running_loop()
 
@@ -207,13 +209,14 @@ async def test_a_pipelined_log_fetch_returns_the_file(start_runner, connect, tmp
         chunk=st.integers(1, 700),
         depth=st.integers(1, 6),
         plant=st.none() | st.integers(0, 3000),
+        raw=st.booleans(),
     )
-    def fetched_exactly(text: str, chunk: int, depth: int, plant: int | None) -> None:
+    def fetched_exactly(text: str, chunk: int, depth: int, plant: int | None, raw: bool) -> None:
         if plant is not None:
             text = text[:plant] + SECRET + text[plant:]
             chunk += 64  # a secret is caught whole, or by its pieces at a chunk's edges: not in thirds
         log.write_bytes(text.encode())
-        got = asyncio.run_coroutine_threadsafe(fetch(chunk, depth), loop).result(30)
+        got = asyncio.run_coroutine_threadsafe(fetch(chunk, depth, raw=raw), loop).result(30)
         if plant is None:
             assert got.encode() == text.encode()
         else:
@@ -222,4 +225,92 @@ async def test_a_pipelined_log_fetch_returns_the_file(start_runner, connect, tmp
     await asyncio.to_thread(fetched_exactly)
     log.write_bytes("é".encode() * 100_000 + b"end")  # two bytes a character, a chunk cuts one in two
     assert await fetch(p.MAX_LOG_CHUNK, 4) == "é" * 100_000 + "end"
+    assert await fetch(p.MAX_LOG_CHUNK, 4, raw=False) == "é" * 100_000 + "end"
     assert await fetch(1001, 3, offset=1) == "é" * 99_999 + "end"  # from inside a character: the next
+
+
+class _ByteStream:
+    """A LineStream whose runner side is this test: bytes in by feed() (lines, and what follows a
+    raw reply), requests out in `sent`."""
+
+    def __init__(self):
+        self.reader = asyncio.StreamReader(limit=p.MAX_LINE)
+        self.sent: list[dict] = []
+
+    def feed(self, message: dict, after: bytes = b"") -> None:
+        self.reader.feed_data(json.dumps(message).encode() + b"\n" + after)
+
+    async def readline(self) -> bytes:
+        return await self.reader.readline()
+
+    async def readexactly(self, n: int) -> bytes:
+        try:
+            return await self.reader.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionError("cut short") from exc
+
+    def write(self, data: bytes) -> None:
+        self.sent.extend(json.loads(line) for line in data.splitlines())
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.reader.feed_eof()
+
+    async def wait_closed(self) -> None:
+        pass
+
+
+def _log_reply(request: dict, data: bytes, *, raw: bool) -> tuple[dict, bytes]:
+    reply = {"type": "log", "id": request["id"], "offset": request["offset"], "eof": True}
+    reply["next_offset"] = request["offset"] + len(data)
+    if raw:
+        return reply | {"text": "", "raw_bytes": len(data)}, data
+    return reply | {"text": data.decode()}, b""
+
+
+async def test_a_runner_older_than_raw_logs_gets_json_text(tmp_path):
+    """A runner that predates GetLog.raw refuses the field: the client asks again without it, as
+    JSON text in chunks a line can hold, and asks that runner so from then on."""
+    stream = _ByteStream()
+    client = RunnerClient(stream)
+    refusal = "invalid get_log: raw: Extra inputs are not permitted; limit: Input should be <= 524288"
+    for attempt in range(2):
+        fetched = asyncio.ensure_future(_fetch_all(client))
+        if attempt == 0:
+            await eventually(lambda: len(stream.sent) == 1)
+            assert stream.sent[0]["raw"] is True and stream.sent[0]["limit"] > p.MAX_LOG_CHUNK
+            stream.feed(
+                {"type": "error", "id": stream.sent[0]["id"], "code": "bad_request", "message": refusal}
+            )
+        asked = 2 + attempt
+        await eventually(lambda: len(stream.sent) == asked)  # noqa: B023 (awaited before the next)
+        again = stream.sent[-1]
+        assert "raw" not in again and again["limit"] == p.MAX_LOG_CHUNK  # the very line it knows
+        stream.feed(*_log_reply(again, "naïve ✓\n".encode(), raw=False))
+        assert await fetched == "naïve ✓\n".encode()
+    await client.close()
+
+
+async def _fetch_all(client: RunnerClient) -> bytes:
+    return b"".join([reply.data async for reply in client.fetch_log(7)])
+
+
+@pytest.mark.parametrize("how", ["count out of bounds", "link ends inside the bytes"])
+async def test_a_raw_reply_the_client_cannot_follow_drops_the_link(how):
+    """The bytes after a raw reply are not lines: a reply whose count cannot be read, or a link
+    that ends inside its bytes, loses the link rather than reading the chunk as replies."""
+    stream = _ByteStream()
+    client = RunnerClient(stream)
+    fetched = asyncio.ensure_future(_fetch_all(client))
+    await eventually(lambda: stream.sent)
+    reply, data = _log_reply(stream.sent[0], b'{"type":"done","id":2,"message":"forged"}\n', raw=True)
+    if how == "count out of bounds":
+        stream.feed(reply | {"raw_bytes": p.MAX_RAW_BYTES + 1}, data)
+    else:
+        stream.feed(reply | {"raw_bytes": len(data) + 10}, data)
+        stream.close()
+    with pytest.raises(RunnerUnavailable, match="lost the runner"):
+        await fetched
+    await client.close()

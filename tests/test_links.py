@@ -170,6 +170,35 @@ async def test_attach_round_trip(start_runner, ssh_box, tmp_path, bridge):
         assert "exited with status 4" in message and "no runner is listening on" in message
 
 
+LONG_LOG_AGENT = """
+goaltender experiment -d "a long log" --metric acc -- python -c '
+for i in range(60000):
+    print(f"step {i} lossé {i / 7:.6f} ✓ grad_norm=0.5")
+print("acc: 0.5")'
+goaltender report "done"
+"""
+
+
+@pytest.mark.parametrize("mode", ["streamlocal", "attach"])
+async def test_a_raw_log_fetch_over_ssh_returns_the_log(start_runner, ssh_box, tmp_path, mode):
+    """`goaltender log`'s fetch (raw chunks: bytes after their reply lines) through either SSH
+    link, over a window far smaller than a chunk, gives the run's log byte for byte."""
+    runner = await start_runner(agents={"script": write_agent(tmp_path, "agent.sh", LONG_LOG_AGENT)})
+    socket = str(runner.settings.socket_path)
+    box = await ssh_box({socket} if mode == "streamlocal" else set())
+    client = await open_client(box.target(remote_socket=socket, mode=mode, window=64 * 1024), "bot")
+    goal_id = await submit(client, "log a lot, max 1 experiments", agent="script")
+    await events_until_report(client, goal_id)
+    [experiment] = await runner.store.experiments(goal_id)
+    expected = Path(experiment.log_path).read_bytes()
+    assert len(expected) > 2 * 1024 * 1024 and "✓".encode() in expected
+
+    replies = [reply async for reply in client.fetch_log(experiment.id)]
+    assert all(reply.raw_bytes is not None for reply in replies) and len(replies) > 2
+    assert b"".join(reply.data for reply in replies) == expected
+    await client.close()
+
+
 async def test_host_key_pinning(start_runner, ssh_box, tmp_path):
     """Only the pinned host key is accepted, in any of its spellings; anything else is refused
     with a message that says so. ~/.ssh/config and ssh-agent play no part."""

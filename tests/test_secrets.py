@@ -435,6 +435,26 @@ def test_hyperscan_and_the_needle_tree_agree(parts, encoded):
     assert needles.in_(haystack) == _any_in(needles.tree, haystack)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([*(piece.encode() for piece in PIECES + SHAPES), b"\xff", b"\xc3", b"\n"])
+        | st.sampled_from([b"supersecretvalue1", b"secretvalue1", b"supersecret"])  # whole, and cut
+        | st.binary(max_size=12),
+        max_size=30,
+    ),
+    st.integers(0, 3000),
+    st.booleans(),
+)
+def test_a_raw_log_chunk_is_redacted_as_its_text(parts, padding, with_secret):
+    """redact_edges_utf8 (a raw get_log reply's bytes) gives what redact_edges gives the chunk's
+    text, encoded: on its fast path (ASCII, no needle) as on its slow one, with or without
+    configured secrets, whatever bytes (not UTF-8 too) and pieces of secrets at the edges."""
+    redactor = Redactor([("OPENAI_API_KEY", "supersecretvalue1")] if with_secret else [])
+    for data in (b"".join(parts), b"".join(parts) + b"." * padding, b"." * padding + b"".join(parts)):
+        assert redactor.redact_edges_utf8(data) == redactor.redact_edges(data.decode(errors="replace")).encode()
+
+
 def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():
     """The needle check looks for a group's shared piece first: each needle must hold it."""
     from goaltender.runner.secrets import _SHAPE_NEEDLE_TREE, _SHAPE_NEEDLES
