@@ -235,7 +235,7 @@ class RunnerClient:
         offset: int = 0,
         *,
         chunk: int | None = None,
-        depth: int = 4,
+        depth: int = 2,
         raw: bool = True,
     ) -> AsyncIterator[p.LogReply]:
         """An experiment's log from `offset`, chunk by chunk, in order, to its end: `depth` requests

@@ -214,9 +214,11 @@ def read_chunk_beneath(root: Path, path: Path, offset: int, limit: int, peek: in
         fd = open_beneath(root, path, os.O_RDONLY)
     except FileNotFoundError:
         return b"", b""
-    with os.fdopen(fd, "rb") as f:
-        f.seek(offset)
-        return f.read(limit), f.read(peek)
+    try:
+        chunk = os.pread(fd, limit, offset)
+        return chunk, os.pread(fd, peek, offset + len(chunk))
+    finally:
+        os.close(fd)
 
 
 async def wait_process(proc: subprocess.Popen) -> tuple[int, struct_rusage]:
