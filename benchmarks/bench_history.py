@@ -30,6 +30,7 @@ from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import TERMINAL_STATES, Budget, MilestoneReported, utcnow
+from goaltender.storage.runner_store import INSERT_EVENT
 
 ACTIVE_GOALS = 3
 LEDGER_ROWS = 4  # experiments per goal
@@ -133,9 +134,14 @@ async def bench_replay(tmp: Path, n: int) -> tuple[float, float]:
     now = utcnow().isoformat()
     async with runner.store.db.write() as tx:
         await tx.run_many(
-            "INSERT INTO events (goal_id, ts, kind, data) VALUES (?, ?, 'milestone', ?)",
+            INSERT_EVENT,  # as the runner logs them
             [
-                (goal_id, now, MilestoneReported(title=f"milestone {i}", text="x" * 80).model_dump_json())
+                (
+                    goal_id,
+                    now,
+                    "milestone",
+                    MilestoneReported(title=f"milestone {i}", text="x" * 80).model_dump_json(),
+                )
                 for i in range(n)
             ],
         )

@@ -159,4 +159,11 @@ MIGRATIONS = [
     ALTER TABLE goals ADD COLUMN stage INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE goals ADD COLUMN blocked TEXT;
     """,
+    # 9: whether an event's stored JSON can be spliced into a replay as it is (its data is JSON, its
+    # time needs no escaping), checked once as it is written rather than at every replay. 0, the
+    # default, means "not known": such a row is read into its model instead.
+    """
+    ALTER TABLE events ADD COLUMN plain INTEGER NOT NULL DEFAULT 0;
+    UPDATE events SET plain = json_valid(data) AND json_quote(ts) = '"' || ts || '"';
+    """,
 ]

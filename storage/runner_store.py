@@ -64,6 +64,12 @@ from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 _event_data = TypeAdapter(EventData)
 _PAUSED_FOR_DISK = "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk"
+#: How an event is logged (goal_id, ts, kind, data): with `plain`, whether its stored JSON can be
+#: spliced into a replay as it is (its data is JSON, its time needs no escaping in a JSON string).
+INSERT_EVENT = (
+    "INSERT INTO events (goal_id, ts, kind, data, plain) "
+    "VALUES (?1, ?2, ?3, ?4, json_valid(?4) AND json_quote(?2) = '\"' || ?2 || '\"')"
+)
 LOG_LOCATIONS_KEPT = 1024  # experiments whose log locations RunnerStore.log_location keeps
 log = logging.getLogger("goaltender.runner")
 P = ParamSpec("P")
@@ -113,10 +119,7 @@ class RunnerStore:
 
     async def _append(self, tx: Tx, goal_id: int | None, data: EventData, pending: list[Event]) -> Event:
         ts = utcnow()
-        seq = await tx.insert(
-            "INSERT INTO events (goal_id, ts, kind, data) VALUES (?, ?, ?, ?)",
-            (goal_id, ts.isoformat(), data.kind, data.model_dump_json()),
-        )
+        seq = await tx.insert(INSERT_EVENT, (goal_id, ts.isoformat(), data.kind, data.model_dump_json()))
         event = Event(seq=seq, goal_id=goal_id, ts=ts, data=data)
         pending.append(event)
         return event
@@ -152,11 +155,8 @@ class RunnerStore:
         into its model: `stored_event_json(row)` makes each row the JSON of its Event."""
         where = "seq > ?" if goal_id is None else "seq > ? AND goal_id = ?"
         params = (seq, limit) if goal_id is None else (seq, goal_id, limit)
-        # `plain`: data that is JSON, and a time that needs no escaping in a JSON string.
         return await self.db.fetchall(
-            f"SELECT {_EVENT_COLUMNS}, json_valid(data) AND json_quote(ts) = '\"' || ts || '\"' AS plain "
-            f"FROM events WHERE {where} ORDER BY seq LIMIT ?",
-            params,
+            f"SELECT {_EVENT_COLUMNS}, plain FROM events WHERE {where} ORDER BY seq LIMIT ?", params
         )
 
     async def head_seq(self, goal_id: int | None = None) -> int:
@@ -921,9 +921,9 @@ _EVENT_COLUMNS = (
 
 def stored_events_json(rows: list[sqlite3.Row]) -> list[bytes]:
     """Rows of stored_events_since as their Events' JSON. The stored data is spliced in as it is
-    (it was an EventData's JSON when logged); a row whose data is not JSON (json_valid), not UTF-8,
-    or whose time needs escaping, is read into its model instead, and so becomes an UnreadableEvent
-    with its reason. Data that is JSON but no longer reads into its model is left for the client to
+    (it was an EventData's JSON when logged); a row not known to be plain (INSERT_EVENT checks its
+    data is JSON and its time needs no escaping; a row written any other way is not known to be),
+    or not UTF-8, is read into its model instead, and so becomes an UnreadableEvent with its reason. Data that is JSON but no longer reads into its model is left for the client to
     find (goaltender.runner.protocol.batch_events), which makes the same UnreadableEvent of it."""
     return [
         b'{"seq":%d,"goal_id":%s,"ts":"%s","data":%s}'

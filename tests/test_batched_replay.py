@@ -18,6 +18,7 @@ from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import Budget, Event, MilestoneReported
+from goaltender.storage.runner_store import INSERT_EVENT
 
 SECRET = "planted-replay-secret-7f3a9c"
 
@@ -26,10 +27,14 @@ async def add_milestones(runner, count: int, text: str = "") -> None:
     for start in range(0, count, 500):
         async with runner.store.db.write() as tx:
             await tx.run_many(
-                "INSERT INTO events (goal_id, ts, kind, data) VALUES (NULL, '2030-01-01T00:00:00+00:00', "
-                "'milestone', ?)",
+                INSERT_EVENT,
                 [
-                    (MilestoneReported(title=f"m {i}", text=text).model_dump_json(),)
+                    (
+                        None,
+                        "2030-01-01T00:00:00+00:00",
+                        "milestone",
+                        MilestoneReported(title=f"m {i}", text=text).model_dump_json(),
+                    )
                     for i in range(start, min(count, start + 500))
                 ],
             )

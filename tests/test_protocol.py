@@ -21,6 +21,7 @@ from goaltender.storage.records import (
     UnreadableEvent,
     utcnow,
 )
+from goaltender.storage.runner_store import INSERT_EVENT
 
 REQUESTS = [
     p.Hello(id=1, version=p.PROTOCOL_VERSION, client="bot"),
@@ -177,11 +178,17 @@ async def test_every_request_has_an_answer(start_runner):
     assert set(runner.handlers) | answered_by_the_connection == set(p.Request.__subclasses__())
 
 
-async def test_an_unreadable_stored_event_never_stalls_a_subscription(start_runner, connect):
+@pytest.mark.parametrize("written", ["by other means", "as the runner logs events"])
+async def test_an_unreadable_stored_event_never_stalls_a_subscription(start_runner, connect, written):
     """Rows that no longer read back (NaN stored as null by an older runner, text that is not
     UTF-8, a kind this runner never heard of, a garbled time) come as `unreadable` events with
-    their seq, and everything after them still arrives, in order."""
+    their seq, and everything after them still arrives, in order: rows written by the runner's
+    INSERT_EVENT (which marks what a replay may splice as it is) and by anything else alike."""
     runner = await start_runner()
+    insert = "INSERT INTO events (goal_id, ts, kind, data) VALUES (?1, ?2, ?3, ?4)"
+    if written != "by other means":
+        insert = INSERT_EVENT
+    insert = insert.replace("?4", "CAST(?4 AS TEXT)")  # (bytes that are no UTF-8 go in as text)
     first = await runner.store.append_event(None, MilestoneReported(title="before"))
     bad_rows = [
         (
@@ -194,14 +201,8 @@ async def test_an_unreadable_stored_event_never_stalls_a_subscription(start_runn
     ]
     with contextlib.closing(sqlite3.connect(runner.settings.db_path)) as db, db:
         for kind, data in bad_rows:
-            db.execute(
-                "INSERT INTO events (goal_id, ts, kind, data) VALUES (NULL, ?, ?, CAST(? AS TEXT))",
-                (utcnow().isoformat(), kind, data),
-            )
-        db.execute(
-            "INSERT INTO events (goal_id, ts, kind, data) VALUES (NULL, 'yesterday-ish', 'milestone', ?)",
-            ('{"kind": "milestone", "title": "t"}',),
-        )
+            db.execute(insert, (None, utcnow().isoformat(), kind, data))
+        db.execute(insert, (None, "yesterday-ish", "milestone", '{"kind": "milestone", "title": "t"}'))
     last = await runner.store.append_event(None, MilestoneReported(title="after"))
 
     client = await connect(runner)

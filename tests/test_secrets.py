@@ -452,7 +452,9 @@ def test_a_raw_log_chunk_is_redacted_as_its_text(parts, padding, with_secret):
     configured secrets, whatever bytes (not UTF-8 too) and pieces of secrets at the edges."""
     redactor = Redactor([("OPENAI_API_KEY", "supersecretvalue1")] if with_secret else [])
     for data in (b"".join(parts), b"".join(parts) + b"." * padding, b"." * padding + b"".join(parts)):
-        assert redactor.redact_edges_utf8(data) == redactor.redact_edges(data.decode(errors="replace")).encode()
+        assert (
+            redactor.redact_edges_utf8(data) == redactor.redact_edges(data.decode(errors="replace")).encode()
+        )
 
 
 def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():

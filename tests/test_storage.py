@@ -37,6 +37,35 @@ async def test_migrations_move_user_version_and_are_idempotent(tmp_path):
     await db.close()
 
 
+async def test_an_upgraded_runner_db_marks_which_stored_events_a_replay_may_splice(tmp_path):
+    """Migration 9 checks the events an older runner logged once (data that is JSON, a time that
+    needs no escaping); events logged from then on are checked as they are written."""
+    path = tmp_path / "runner.db"
+    db = await Database.open(path, MIGRATIONS[:8])
+    now = utcnow().isoformat()
+    for ts, data in (
+        (now, MilestoneReported(title="old").model_dump_json()),
+        (now, "not json"),
+        ('a"b', "{}"),
+    ):
+        await db.execute(
+            "INSERT INTO events (goal_id, ts, kind, data) VALUES (NULL, ?, 'milestone', ?)", (ts, data)
+        )
+    await db.close()
+
+    store = await RunnerStore.open(path)
+    await store.append_event(None, MilestoneReported(title="new"))
+    rows = await store.db.fetchall("SELECT plain FROM events ORDER BY seq")
+    assert [row["plain"] for row in rows] == [1, 0, 0, 1]
+    assert [event.data.kind for event in await store.events_since(0)] == [
+        "milestone",
+        "unreadable",
+        "unreadable",
+        "milestone",
+    ]
+    await store.close()
+
+
 async def test_failed_migration_rolls_back_and_keeps_version(tmp_path):
     path = tmp_path / "m.db"
     db = await Database.open(path, ["CREATE TABLE a (x INTEGER);"])
