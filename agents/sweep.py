@@ -78,19 +78,21 @@ def module_command(module: str) -> Callable[[dict[str, Any]], list[str]]:
 
 
 def star_count_task() -> SweepTask:
-    from goaltender.environments.star_count import workload
+    # The knobs without the workload itself: importing numpy and Pillow was a third of the
+    # agent's start-up, and only the runs need them.
+    from goaltender.environments.star_count import space
 
     return SweepTask(
         name="star_count",
         metric="exact_accuracy",
         # The planner steps through values in order; the workload lists its baseline value first.
-        space={knob: sorted(values) for knob, values in workload.SEARCH_SPACE.items()},
-        baseline=workload.BASELINE,
+        space={knob: sorted(values) for knob, values in space.SEARCH_SPACE.items()},
+        baseline=space.BASELINE,
         command=module_command("goaltender.environments.star_count.workload"),
-        estimate_cost=workload.estimate_cost,
-        reasons=getattr(workload, "HYPOTHESES", {}),
-        aliases=getattr(workload, "ALIASES", {}),
-        expect=workload.EXPECT,
+        estimate_cost=space.estimate_cost,
+        reasons=space.HYPOTHESES,
+        aliases=space.ALIASES,
+        expect=space.EXPECT,
         eval_command=[sys.executable, "-m", "goaltender.environments.star_count.evaluate"],
     )
 

@@ -15,9 +15,10 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PIL import Image, ImageDraw
+if TYPE_CHECKING:  # Pillow is imported by render(): a run on a warm cache draws nothing
+    from PIL import Image
 
 RGB = tuple[int, int, int]
 
@@ -184,6 +185,8 @@ def star_polygon(star: Star, inner_ratio: float = 0.45, scale: float = 1.0) -> l
 
 def render(example: Example) -> Image.Image:
     """Draw the example as an RGB image of size ``(width, height)``."""
+    from PIL import Image, ImageDraw
+
     ss = max(1, example.supersample)
     img = Image.new("RGB", (example.width * ss, example.height * ss), example.background)
     draw = ImageDraw.Draw(img)
