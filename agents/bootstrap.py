@@ -25,21 +25,23 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from pydantic import ValidationError
-from pydantic_settings import BaseSettings
 
 from goaltender.agents.tool_output import one_line
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
+
+if TYPE_CHECKING:  # the agents that read settings import pydantic-settings; the sweep need not (~0.1 s)
+    from pydantic_settings import BaseSettings
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
 EXIT_MISCONFIGURED = 2
 EXIT_NO_RUNNER = 4
 
-S = TypeVar("S", bound=BaseSettings)
+S = TypeVar("S", bound="BaseSettings")
 
 
 class Misconfigured(ValueError):

@@ -36,6 +36,7 @@ import yaml
 
 from goaltender.agents.bootstrap import AgentFailure, Misconfigured
 from goaltender.agents.sweep import SweepTask
+from goaltender.agents.sweep import asks_for_sft as asks_for_sft
 from goaltender.environments import preflight
 from goaltender.environments.star_count import export
 from goaltender.training import launch
@@ -79,14 +80,6 @@ ALIASES = {
 # Rough guesses for a 2B VLM on one GPU, only for the approval threshold; the sweep scales them by
 # how long the finished runs took.
 STARTUP_S, STEP_S, EVAL_S = 300.0, 2.0, 600.0
-
-# Not "fine-tune" alone: people fine-tune hyper-parameters too.
-_SFT_WORDS = re.compile(r"\bSFT\b|\bsupervised fine-?tuning\b|\bnemo[- ]?rl\b", re.I)
-
-
-def asks_for_sft(goal_text: str) -> bool:
-    """Does the goal ask for supervised fine-tuning (`… with SFT …`)?"""
-    return bool(_SFT_WORDS.search(goal_text))
 
 
 def star_count_sft_task(

@@ -78,19 +78,21 @@ def module_command(module: str) -> Callable[[dict[str, Any]], list[str]]:
 
 
 def star_count_task() -> SweepTask:
-    from goaltender.environments.star_count import workload
+    # The knobs without the workload itself: importing numpy and Pillow was a third of the
+    # agent's start-up, and only the runs need them.
+    from goaltender.environments.star_count import space
 
     return SweepTask(
         name="star_count",
         metric="exact_accuracy",
         # The planner steps through values in order; the workload lists its baseline value first.
-        space={knob: sorted(values) for knob, values in workload.SEARCH_SPACE.items()},
-        baseline=workload.BASELINE,
+        space={knob: sorted(values) for knob, values in space.SEARCH_SPACE.items()},
+        baseline=space.BASELINE,
         command=module_command("goaltender.environments.star_count.workload"),
-        estimate_cost=workload.estimate_cost,
-        reasons=getattr(workload, "HYPOTHESES", {}),
-        aliases=getattr(workload, "ALIASES", {}),
-        expect=workload.EXPECT,
+        estimate_cost=space.estimate_cost,
+        reasons=space.HYPOTHESES,
+        aliases=space.ALIASES,
+        expect=space.EXPECT,
         eval_command=[sys.executable, "-m", "goaltender.environments.star_count.evaluate"],
     )
 
@@ -659,14 +661,24 @@ def load_task(spec: str) -> SweepTask:
     return obj() if callable(obj) and not isinstance(obj, SweepTask) else obj
 
 
+# Not "fine-tune" alone: people fine-tune hyper-parameters too.
+_SFT_WORDS = re.compile(r"\bSFT\b|\bsupervised fine-?tuning\b|\bnemo[- ]?rl\b", re.I)
+
+
+def asks_for_sft(goal_text: str) -> bool:
+    """Does the goal ask for supervised fine-tuning (`… with SFT …`)?"""
+    return bool(_SFT_WORDS.search(goal_text))
+
+
 def choose_task(args: argparse.Namespace, goal_text: str, workspace: Path) -> SweepTask:
     """--task when given; else star count: SFT with NeMo RL when --nemo-rl is given or the goal
-    asks for SFT, the CPU model otherwise."""
-    from goaltender.agents import sft_sweep
-
+    asks for SFT, the CPU model otherwise. The SFT module (yaml, the export, the launcher: a fifth
+    of the agent's start-up) is imported only for SFT."""
     if args.task:
         return load_task(args.task)
-    if args.nemo_rl is not None or sft_sweep.asks_for_sft(goal_text):
+    if args.nemo_rl is not None or asks_for_sft(goal_text):
+        from goaltender.agents import sft_sweep
+
         return sft_sweep.star_count_sft_task(workspace, args.eval, args.nemo_rl or None, os.environ)
     return star_count_task()
 

@@ -57,6 +57,35 @@ def test_generator_is_pinned():
     assert sum(sum(ex.counts.values()) for ex in heldout_split()) == 294
 
 
+def drawn_then_resized(example):
+    """How render() made a canvas before it box-averaged only around the stars: draw it `supersample`
+    times larger, then resize the whole of it."""
+    from PIL import ImageDraw
+
+    from goaltender.environments.star_count.generate import star_polygon
+
+    ss = example.supersample
+    img = Image.new("RGB", (example.width * ss, example.height * ss), example.background)
+    draw = ImageDraw.Draw(img)
+    for star in example.stars:
+        draw.polygon(star_polygon(star, example.inner_ratio, scale=ss), fill=star.rgb)
+    return img.resize((example.width, example.height), Image.Resampling.BOX)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "seeds"),
+    [
+        (DEFAULT_CONFIG, [*range(600), *heldout_seeds()]),  # cached arrays stay valid (CACHE_VERSION 1)
+        (StarCountConfig(supersample=3, resolutions=(8, 13, 31)), range(200)),  # odd sides, stars at edges
+        (StarCountConfig(supersample=4, max_overlap=0.5, count_range=(2, 5)), range(200)),  # overlaps
+    ],
+)
+def test_render_is_the_whole_canvas_resized_pixel_for_pixel(cfg, seeds):
+    for seed in seeds:
+        example = make_example(seed, cfg)
+        assert render(example).tobytes() == drawn_then_resized(example).tobytes(), seed
+
+
 def test_heldout_split_is_fixed_and_disjoint_from_train():
     held = heldout_split()
     assert len(held) == HELDOUT_SIZE == 64

@@ -162,6 +162,12 @@ def test_what_asks_for_examples():
 
 # ----------------------------------------------------------------------------- evaluate.py end to end
 
+EVALUATE_SAYING_IMPORTS = (
+    "import atexit, runpy, sys\n"
+    "atexit.register(lambda: print('imported needlessly:', *[m for m in %r if m in sys.modules], file=sys.stderr))\n"
+    "runpy.run_module('goaltender.environments.star_count.evaluate', run_name='__main__')\n"
+)
+
 
 def test_evaluate_prints_the_analysis_and_writes_errors_json_and_the_gallery(tmp_path):
     env = {**os.environ, "GOALTENDER_CACHE_DIR": str(tmp_path / "cache")}
@@ -171,7 +177,10 @@ def test_evaluate_prints_the_analysis_and_writes_errors_json_and_the_gallery(tmp
     train += ["--save-model", str(run_dir / "model.npz")]
     trained = subprocess.run(train, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
     assert trained.returncode == 0, trained.stderr
-    evaluate = [sys.executable, "-m", "goaltender.environments.star_count.evaluate"]
+    # The real evaluation, saying at its exit which of what it need not import it imported
+    # (numpy.random to initialise a model it loads, Pillow's plugins other than PNG's).
+    needless = ("numpy.random", "PIL.JpegImagePlugin", "PIL.GifImagePlugin", "PIL.BmpImagePlugin")
+    evaluate = [sys.executable, "-c", EVALUATE_SAYING_IMPORTS % (needless,)]
     proc = subprocess.run(
         evaluate,
         capture_output=True,
@@ -181,6 +190,7 @@ def test_evaluate_prints_the_analysis_and_writes_errors_json_and_the_gallery(tmp
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[-1] == "imported needlessly:"
     lines = proc.stdout.splitlines()
     # The headline lines come first, exactly as before.
     assert [line.split(": ")[0] for line in lines[:3]] == ["exact_accuracy", "mean_reward", "n_heldout"]
@@ -198,7 +208,7 @@ def test_evaluate_prints_the_analysis_and_writes_errors_json_and_the_gallery(tmp
     with Image.open(run_dir / "hard_cases.png") as img:
         img.load()
         assert img.format == "PNG" and img.width > 300 and img.height > 150
-    assert not list(run_dir.glob("*.tmp"))
+    assert not [path for path in run_dir.iterdir() if ".tmp" in path.name]
 
 
 # ----------------------------------------------------------------------------- the thread command

@@ -145,3 +145,30 @@ def test_a_stride_respects_frozen_pinned_and_limited_knobs():
     # Only lr can move its believed way: one knob is not a stride, it is an ordinary move.
     proposal = planner.propose(ledger)
     assert proposal.knob == "lr" and proposal.config == {**PRIORS.baseline, "lr": 0.01}
+
+
+def test_the_star_count_sweep_starts_without_the_workloads_libraries():
+    # Issue 13: numpy and Pillow (the workload's), pydantic-settings and the SFT module were a
+    # good part of the agent's start-up, before its first milestone; the runs import them.
+    script = (
+        "import argparse, sys\n"
+        "from pathlib import Path\n"
+        "from goaltender.agents import sweep\n"
+        "args = argparse.Namespace(task=None, nemo_rl=None, eval=None)\n"
+        "task = sweep.choose_task(args, 'Train the star-count model to 98%, budget 3m', Path('.'))\n"
+        "print(task.name, task.estimate_cost(task.baseline) > 0)\n"
+        "heavy = ['numpy', 'PIL', 'pydantic_settings', 'goaltender.agents.sft_sweep']\n"
+        "print(' '.join(m for m in heavy if m in sys.modules) or 'none')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["star_count True", "none"]
+
+
+def test_the_star_count_task_is_the_workloads_own_knobs():
+    from goaltender.agents.sweep import star_count_task
+    from goaltender.environments.star_count import workload
+
+    task = star_count_task()
+    assert task.baseline == workload.BASELINE
+    assert task.space == {knob: sorted(values) for knob, values in workload.SEARCH_SPACE.items()}
+    assert task.estimate_cost(task.baseline) == workload.estimate_cost(workload.BASELINE)

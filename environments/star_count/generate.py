@@ -15,9 +15,10 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from PIL import Image, ImageDraw
+if TYPE_CHECKING:  # Pillow is imported by render(): a run on a warm cache draws nothing
+    from PIL import Image
 
 RGB = tuple[int, int, int]
 
@@ -184,14 +185,33 @@ def star_polygon(star: Star, inner_ratio: float = 0.45, scale: float = 1.0) -> l
 
 def render(example: Example) -> Image.Image:
     """Draw the example as an RGB image of size ``(width, height)``."""
+    from PIL import Image, ImageDraw
+
     ss = max(1, example.supersample)
     img = Image.new("RGB", (example.width * ss, example.height * ss), example.background)
     draw = ImageDraw.Draw(img)
     for star in example.stars:
         draw.polygon(star_polygon(star, example.inner_ratio, scale=ss), fill=star.rgb)
-    if ss > 1:
-        img = img.resize((example.width, example.height), Image.Resampling.BOX)
-    return img
+    return _reduce_around_stars(img, example, ss) if ss > 1 else img
+
+
+def _reduce_around_stars(img: Image.Image, example: Example, ss: int) -> Image.Image:
+    """``img`` (drawn ``ss`` times larger) box-averaged to the example's size, exactly as
+    ``img.resize(size, BOX)`` would, in a fraction of its time: a box of a whole factor averages
+    each ``ss``-pixel square alone, so only the squares around the stars are averaged (each star's
+    box, on the ``ss`` grid); the rest is background, whose average is itself. Resizing whole
+    canvases was half of rendering, and rendering is most of a cold run's data time."""
+    from PIL import Image
+
+    out = Image.new("RGB", (example.width, example.height), example.background)
+    for star in example.stars:
+        # A pixel of margin: the polygon's edge pixels may reach past its outer radius.
+        x0, y0 = (max(0, math.floor(c - star.radius) - 1) for c in (star.x, star.y))
+        x1 = min(example.width, math.ceil(star.x + star.radius) + 1)
+        y1 = min(example.height, math.ceil(star.y + star.radius) + 1)
+        square = (x0 * ss, y0 * ss, x1 * ss, y1 * ss)
+        out.paste(img.resize((x1 - x0, y1 - y0), Image.Resampling.BOX, box=square), (x0, y0))
+    return out
 
 
 def counts_of(stars: list[Star] | tuple[Star, ...], colours: Mapping[str, Any]) -> dict[str, int]:

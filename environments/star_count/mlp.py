@@ -21,9 +21,19 @@ class MLP:
     """``predict(X) = relu(X @ W1 + b1) @ W2 + b2``; ``fit_epoch`` is one pass over the data."""
 
     def __init__(self, n_in: int, hidden: int, n_out: int, lr: float, alpha: float = 1e-4, seed: int = 0):
-        self.lr, self.alpha = lr, alpha
         self.rng = np.random.RandomState(seed)
-        initial = [*self._glorot(n_in, hidden), *self._glorot(hidden, n_out)]
+        self._hold([*self._glorot(n_in, hidden), *self._glorot(hidden, n_out)], lr, alpha)
+
+    @classmethod
+    def from_weights(cls, weights: list[np.ndarray]) -> MLP:
+        """A model holding ``weights`` (W1, b1, W2, b2), for prediction. No initialisation: that
+        imports numpy.random, a tenth of the runner's evaluation apart from numpy itself."""
+        model = cls.__new__(cls)
+        model._hold(weights, lr=0.0, alpha=1e-4)
+        return model
+
+    def _hold(self, initial: list[np.ndarray], lr: float, alpha: float) -> None:
+        self.lr, self.alpha = lr, alpha
         # One flat buffer for the weights (W1, b1, W2, b2 are views into it) and one for their
         # gradients: Adam's update is then a few vector operations, not a few per array.
         self.flat = np.concatenate([a.ravel() for a in initial])
@@ -104,7 +114,6 @@ def load(path: Path) -> tuple[MLP, dict[str, Any]]:
     with np.load(path, allow_pickle=False) as data:
         arrays = {key: data[key] for key in data.files}
     weights = [arrays.pop(key).astype(np.float32) for key in ("W1", "b1", "W2", "b2")]
-    model = MLP(weights[0].shape[0], weights[0].shape[1], weights[2].shape[1], lr=0.0)
-    for param, saved in zip(model.params, weights, strict=True):
-        param[...] = saved
-    return model, {key: value.item() if value.ndim == 0 else value for key, value in arrays.items()}
+    return MLP.from_weights(weights), {
+        key: value.item() if value.ndim == 0 else value for key, value in arrays.items()
+    }

@@ -33,12 +33,10 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
 
 from .generate import (  # noqa: E402
     DEFAULT_CONFIG,
@@ -52,99 +50,25 @@ from .generate import (  # noqa: E402
 )
 from .mlp import MLP  # noqa: E402
 from .prompt import format_answer  # noqa: E402
+
+# The knobs live in space.py (no numpy: the planner reads them); callers know them from here too.
+from .space import (  # noqa: E402, F401
+    ALIASES,
+    BASELINE,
+    BATCH_SIZE,
+    EXPECT,
+    HYPOTHESES,
+    SEARCH_SPACE,
+    WorkloadConfig,
+    as_config,
+    estimate_cost,
+)
 from .verify import score  # noqa: E402
 
 MODEL_FILE = "model.npz"
 
 #: Bump when rendering or array layout changes, so stale caches are not reused.
 CACHE_VERSION = 1
-
-#: Every knob with its candidate values. The FIRST value of each list is the naive starting
-#: point (``BASELINE``); the remaining values follow in ascending order. Measured effects are in
-#: the README: more data / iterations / a larger lr (up to 0.01) help, lr 0.03 diverges, and
-#: resolution 8 hurts an under-trained model while 24-32 mostly just cost more.
-SEARCH_SPACE: dict[str, list[Any]] = {
-    "train_size": [1000, 2000, 4000, 8000],
-    "hidden": [32, 64, 128, 256],
-    "iters": [40, 80, 160, 320],
-    "lr": [0.001, 0.003, 0.01, 0.03],
-    "resolution": [16, 8, 24, 32],
-}
-BASELINE: dict[str, Any] = {knob: values[0] for knob, values in SEARCH_SPACE.items()}
-
-#: Why a one-step move of a knob (up: +1, down: -1) might help: the hypothesis a planner states.
-HYPOTHESES: dict[tuple[str, int], str] = {
-    ("train_size", 1): "more canvases should cut the held-out error of an under-fed model",
-    ("train_size", -1): "less data trains faster; check the metric holds",
-    ("hidden", 1): "more hidden units give the model capacity to separate colours and counts",
-    ("hidden", -1): "a smaller network may generalise better",
-    ("iters", 1): "more epochs: the loss curve has not flattened yet",
-    ("iters", -1): "fewer epochs may avoid overfitting",
-    ("lr", 1): "a larger step size should converge within the same epochs",
-    ("lr", -1): "a smaller step size may stabilise training",
-    ("resolution", 1): "finer input keeps small stars apart",
-    ("resolution", -1): "coarser input is cheaper and averages colour mass",
-}
-
-#: The way each knob is believed to raise accuracy: the planner's prior (HYPOTHESES says why).
-EXPECT: dict[str, int] = {"train_size": 1, "hidden": 1, "iters": 1, "lr": 1, "resolution": 1}
-
-#: Words people use in steering messages, mapped to knobs.
-ALIASES: dict[str, str] = {
-    "data": "train_size",
-    "training set": "train_size",
-    "train size": "train_size",
-    "capacity": "hidden",
-    "width": "hidden",
-    "hidden size": "hidden",
-    "epochs": "iters",
-    "iterations": "iters",
-    "learning rate": "lr",
-    "res": "resolution",
-}
-
-# estimate_cost() calibration: measured on a 2-core Xeon @ 2.6 GHz (see the README table).
-_COST_FIXED = 0.8  # two start-ups (the run and the runner's evaluation), held-out split, scoring
-_COST_PER_RENDER = 3.6e-4  # render + downsample + cache one image (cold cache only)
-_COST_PER_MAC = 3.0e-11  # one multiply-accumulate of training (forward + backward)
-_COST_PER_BATCH = 3.0e-4  # Python/Adam overhead per minibatch
-_BATCH_SIZE = 200
-
-
-@dataclass(frozen=True)
-class WorkloadConfig:
-    train_size: int = BASELINE["train_size"]
-    hidden: int = BASELINE["hidden"]
-    iters: int = BASELINE["iters"]
-    lr: float = BASELINE["lr"]
-    resolution: int = BASELINE["resolution"]
-    seed: int = 0
-
-
-def _as_config(config: WorkloadConfig | dict[str, Any] | None) -> WorkloadConfig:
-    if config is None:
-        return WorkloadConfig()
-    if isinstance(config, WorkloadConfig):
-        return config
-    known = {k: v for k, v in config.items() if k in WorkloadConfig.__dataclass_fields__}
-    return WorkloadConfig(**{**BASELINE, **known})
-
-
-def estimate_cost(config: WorkloadConfig | dict[str, Any], cached: bool = False) -> float:
-    """Rough wall-clock seconds for one run on a 2-core CPU (relative cost for a planner).
-
-    One hidden layer over ``resolution**2 * 3`` inputs: an epoch costs about
-    ``3 * train_size * hidden * (resolution**2 * 3 + colours)`` multiply-accumulates (forward +
-    backward), plus a per-minibatch overhead. ``cached=False`` (the default, conservative) adds
-    rendering every image, as on a cold cache.
-    """
-    cfg = _as_config(config)
-    n_colours = len(DEFAULT_CONFIG.colours)
-    macs = 3 * cfg.train_size * cfg.iters * cfg.hidden * (cfg.resolution**2 * 3 + n_colours)
-    batches = -(-cfg.train_size // _BATCH_SIZE) * cfg.iters
-    render_s = 0.0 if cached else _COST_PER_RENDER * (cfg.train_size + HELDOUT_SIZE)
-    return round(_COST_FIXED + render_s + _COST_PER_MAC * macs + _COST_PER_BATCH * batches, 2)
-
 
 # ----------------------------------------------------------------------------- data + cache
 
@@ -166,6 +90,8 @@ def images_to_arrays(
     examples: Sequence[Example], resolution: int, cfg: StarCountConfig = DEFAULT_CONFIG
 ) -> tuple[np.ndarray, np.ndarray]:
     """Render, downsample (area averaging) -> ``X`` uint8 ``[n, R, R, 3]``, ``Y`` int16 ``[n, colours]``."""
+    from PIL import Image  # here, not at the top: a run on a warm cache renders nothing
+
     X = np.empty((len(examples), resolution, resolution, 3), dtype=np.uint8)
     for i, ex in enumerate(examples):
         img = render(ex)
@@ -277,7 +203,7 @@ def run(
     save_model: Path | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate once; ``emit`` receives progress lines. Returns the summary dict."""
-    wc = _as_config(config)
+    wc = as_config(config)
     t_start = time.perf_counter()
     X_train, Y_train = load_split("train", wc.train_size, wc.resolution, cfg, use_cache)
     X_held, _ = load_split("heldout", HELDOUT_SIZE, wc.resolution, cfg, use_cache)
@@ -292,7 +218,7 @@ def run(
     loss = float("nan")
     with np.errstate(all="ignore"):  # a diverging lr overflows; the loss says so below
         for epoch in range(1, wc.iters + 1):
-            loss = model.fit_epoch(Xtr, Ytr, min(_BATCH_SIZE, wc.train_size))
+            loss = model.fit_epoch(Xtr, Ytr, min(BATCH_SIZE, wc.train_size))
             if not np.isfinite(loss):
                 emit(json.dumps({"step": epoch, "train_loss": None, "diverged": True}))
                 break
