@@ -14,24 +14,26 @@ from __future__ import annotations
 
 import os
 
-# One BLAS thread, set before numpy is imported: the evaluation's products are small, and a second
-# thread costs ~80 ms of CPU at numpy's import alone, taken from whatever else the box runs.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+# Run as the runner's evaluation: one BLAS thread, set before numpy is imported. Its products are
+# small, and a second thread costs ~80 ms of CPU at numpy's import alone, taken from whatever else
+# the box runs. Only then: a process that imports this module keeps its own environment.
+if __name__ == "__main__":
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import sys
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
 
-from . import mlp  # noqa: E402
-from .errors import Analysis, Case, analyse  # noqa: E402
-from .generate import DEFAULT_CONFIG, HELDOUT_SIZE, Example, heldout_split, render  # noqa: E402
-from .verify import score  # noqa: E402
-from .workload import MODEL_FILE, _features, load_split, predictions_to_answers  # noqa: E402
+from . import mlp
+from .errors import Analysis, Case, analyse
+from .generate import DEFAULT_CONFIG, HELDOUT_SIZE, Example, heldout_split, render
+from .verify import score
+from .workload import MODEL_FILE, _features, load_split, predictions_to_answers
 
 ERRORS_FILE = "errors.json"
 GALLERY_FILE = "hard_cases.png"
