@@ -40,6 +40,7 @@ from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
 log = logging.getLogger("goaltender.runner")
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
+ANSWER_AFTER_EOF_S = 30.0  # how long requests in flight when a client stops sending are still answered
 
 # Each handler takes its own request type and who asks; the table is keyed by that type.
 Handler = Callable[[Any, Principal], Awaitable[p.Reply]]
@@ -154,6 +155,7 @@ class SocketServer:
         )
         self._connections.add(conn)
         subscription: asyncio.Task | None = None
+        answering: set[asyncio.Task] = set()  # this connection's requests still being answered
         try:
             while (line := await conn.read_line()) is not None:
                 if line is _TOO_LONG:
@@ -181,7 +183,13 @@ class SocketServer:
                         subscription.cancel()
                     subscription = self._spawn(self._stream(conn, request))
                 else:
-                    self._spawn(self._answer(conn, scoped(conn.principal, request)))
+                    answer = self._spawn(self._answer(conn, scoped(conn.principal, request)))
+                    answering.add(answer)
+                    answer.add_done_callback(answering.discard)
+            # The client has finished sending (a half-close: `goaltender runner attach < requests`):
+            # what it asked is still answered before the connection closes.
+            if answering:
+                await asyncio.wait(answering, timeout=ANSWER_AFTER_EOF_S)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

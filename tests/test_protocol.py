@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import sys
 
 import pytest
 from conftest import eventually
@@ -295,3 +296,29 @@ async def test_a_failing_subscription_hangs_up_rather_than_going_quiet(start_run
     await client.subscribe(since=0)
     with pytest.raises(RunnerUnavailable):  # the bot reconnects on this, rather than waiting forever
         await asyncio.wait_for(anext(client.events()), 10)
+
+
+async def test_requests_sent_before_a_half_close_are_still_answered(start_runner, tmp_path):
+    """A client that sends its requests and then its EOF (a half-close, as `goaltender runner
+    attach < requests.jsonl` does) gets every answer before the runner closes the connection: over
+    a bare socket, and through the attach bridge reading a regular file (not a pipe)."""
+    runner = await start_runner()
+    hello = {"type": "hello", "id": 1, "version": p.PROTOCOL_VERSION, "client": "batch"}
+    requests = b"".join(json.dumps(m).encode() + b"\n" for m in (hello, {"type": "status", "id": 2}))
+
+    reader, writer = await asyncio.open_unix_connection(str(runner.settings.socket_path))
+    writer.write(requests)
+    writer.write_eof()
+    replies = [json.loads(line) for line in (await asyncio.wait_for(reader.read(), 30)).splitlines()]
+    assert [(r["id"], r["type"]) for r in replies] == [(1, "welcome"), (2, "status")]
+    writer.close()
+
+    (tmp_path / "requests.jsonl").write_bytes(requests)
+    with open(tmp_path / "requests.jsonl", "rb") as stdin:
+        bridge = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "goaltender.runner.attach", "--socket", str(runner.settings.socket_path),
+            stdin=stdin, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(bridge.communicate(), 60)
+    assert bridge.returncode == 0
+    assert [json.loads(line)["type"] for line in out.splitlines()] == ["welcome", "status"]
