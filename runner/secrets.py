@@ -49,7 +49,7 @@ from goaltender.runner.config import RunnerSettings
 try:
     import hyperscan
 except ImportError:  # no wheel for this machine (pyproject.toml): the needles are looked for one by one
-    hyperscan = None
+    hyperscan = None  # type: ignore[assignment]
 
 log = logging.getLogger("goaltender.runner")
 
