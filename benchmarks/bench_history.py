@@ -5,7 +5,7 @@
    Baseline: a bare aiosqlite SELECT of the active goals' rows.
 2. Replay: 50k events through a real runner's subscribe(since=0) (batches, as the bot asks for
    them), read by RunnerClient.events() into Event models, as the bot gets them.
-   Baseline: a bare SELECT of the same rows and json.loads of each.
+   Baseline: a bare SELECT of the same rows and json.loads of each, measured in turns (best of 7).
 3. Log fetch over the local socket with GetLog: as `goaltender log` fetches (RunnerClient.fetch_log:
    raw 1 MiB chunks, the bytes after their reply lines, two in flight), and as it used to (64 KiB
    of JSON text, one at a time). Baseline: a raw read over a local socket, a bare Unix-socket
@@ -159,7 +159,7 @@ async def bench_replay(tmp: Path, n: int) -> tuple[float, float]:
         for row in rows:
             json.loads(row["data"])
 
-    ours, base = await best_of_interleaved(5, replay, bare_select)
+    ours, base = await best_of_interleaved(7, replay, bare_select)
     await client.close()
     await runner.close()
     return ours, base
