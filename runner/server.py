@@ -36,7 +36,7 @@ from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
 from goaltender.storage.records import Event
-from goaltender.storage.runner_store import RunnerStore
+from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
 log = logging.getLogger("goaltender.runner")
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
@@ -254,9 +254,9 @@ class SocketServer:
                 await wake.wait()
 
     async def _stream_batches(self, conn: _Connection, request: p.Subscribe) -> None:
-        async def read(after: int) -> tuple[asyncio.Event, list[tuple[int, bytes]]]:
+        async def read(after: int) -> tuple[asyncio.Event, list]:
             wake = self._new_events  # taken before the query: an event it misses sets `wake`
-            return wake, await self.store.events_json_since(
+            return wake, await self.store.stored_events_since(
                 after, limit=STREAM_BATCH, goal_id=request.goal_id
             )
 
@@ -264,11 +264,11 @@ class SocketServer:
         wake, rows = await read(last)
         while True:
             # A full read has more behind it: the next is read (in SQLite's thread) while this is sent.
-            ahead = asyncio.ensure_future(read(rows[-1][0])) if len(rows) == STREAM_BATCH else None
+            ahead = asyncio.ensure_future(read(rows[-1]["seq"])) if len(rows) == STREAM_BATCH else None
             try:
                 if rows:
-                    await conn.send_events([event for _, event in rows])
-                    last = rows[-1][0]
+                    await conn.send_events(stored_events_json(rows))
+                    last = rows[-1]["seq"]
             except BaseException:
                 if ahead is not None:
                     ahead.cancel()

@@ -148,32 +148,16 @@ class RunnerStore:
             )
         return [_event(row) for row in rows]
 
-    async def events_json_since(
+    async def stored_events_since(
         self, seq: int, limit: int = 500, goal_id: int | None = None
-    ) -> list[tuple[int, bytes]]:
-        """The events after `seq`, oldest first, as (seq, the Event's JSON): for a subscriber, sent
-        without being read into their models. A row logged plain (INSERT_EVENT) is spliced by SQLite
-        from its stored JSON; any other row, or one whose text is not UTF-8, is read into its model
-        first, and so becomes an UnreadableEvent with its reason. Data that is JSON but no longer
-        reads into its model is left for the client to find (goaltender.runner.protocol.batch_events),
-        which makes the same UnreadableEvent of it."""
+    ) -> list[sqlite3.Row]:
+        """The events after `seq` as stored, for a subscriber to be sent without reading each one
+        into its model: `stored_event_json(row)` makes each row the JSON of its Event."""
         where = "seq > ?" if goal_id is None else "seq > ? AND goal_id = ?"
         params = (seq, limit) if goal_id is None else (seq, goal_id, limit)
-        rows = await self.db.fetchall(
-            f"SELECT seq, {_SPLICED_EVENT} FROM events WHERE {where} ORDER BY seq LIMIT ?", params
+        return await self.db.fetchall(
+            f"SELECT {_EVENT_COLUMNS}, plain FROM events WHERE {where} ORDER BY seq LIMIT ?", params
         )
-        events = [(seq, spliced) for seq, spliced in rows]
-        if all(spliced is not None for _, spliced in events) and b"".join(e for _, e in events).isascii():
-            return events  # the usual batch: every row plain, and ASCII (so UTF-8) throughout
-        return [
-            (seq, spliced) if spliced is not None and _utf8(spliced) else (seq, await self._event_json(seq))
-            for seq, spliced in events
-        ]
-
-    async def _event_json(self, seq: int) -> bytes:
-        row = await self.db.fetchone(f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq = ?", (seq,))
-        assert row is not None, seq  # events are never deleted
-        return _event(row).model_dump_json().encode()
 
     async def head_seq(self, goal_id: int | None = None) -> int:
         if goal_id is None:
@@ -933,13 +917,23 @@ def _inbox(row: sqlite3.Row) -> InboxMessage:
 _EVENT_COLUMNS = (
     "seq, goal_id, CAST(ts AS BLOB) AS ts, CAST(kind AS BLOB) AS kind, CAST(data AS BLOB) AS data"
 )
-# An Event's JSON, spliced from a plain row (its data, as stored, is an EventData's JSON; its time
-# needs no escaping); NULL for any other row.
-_SPLICED_EVENT = (
-    "CASE WHEN plain AND (goal_id IS NULL OR typeof(goal_id) = 'integer') THEN CAST("
-    "'{\"seq\":' || seq || ',\"goal_id\":' || ifnull(goal_id, 'null') || ',\"ts\":\"' || ts "
-    "|| '\",\"data\":' || data || '}' AS BLOB) END"
-)
+
+
+def stored_events_json(rows: list[sqlite3.Row]) -> list[bytes]:
+    """Rows of stored_events_since as their Events' JSON. The stored data is spliced in as it is
+    (it was an EventData's JSON when logged); a row not known to be plain (INSERT_EVENT checks its
+    data is JSON and its time needs no escaping; a row written any other way is not known to be),
+    or not UTF-8, is read into its model instead, and so becomes an UnreadableEvent with its
+    reason. Data that is JSON but no longer reads into its model is left for the client to find
+    (goaltender.runner.protocol.batch_events), which makes the same UnreadableEvent of it."""
+    return [
+        b'{"seq":%d,"goal_id":%s,"ts":"%s","data":%s}'
+        % (seq, b"null" if goal_id is None else b"%d" % goal_id, ts, data)
+        if plain and (goal_id is None or type(goal_id) is int) and ts.isascii() and _utf8(data)
+        else _event(row).model_dump_json().encode()
+        for row in rows
+        for seq, goal_id, ts, _kind, data, plain in (row,)
+    ]
 
 
 def _utf8(data: bytes) -> bool:

@@ -291,7 +291,7 @@ async def test_a_failing_subscription_hangs_up_rather_than_going_quiet(start_run
         raise RuntimeError("the disk is on fire")
 
     monkeypatch.setattr(runner.store, "events_since", broken)
-    monkeypatch.setattr(runner.store, "events_json_since", broken)  # (what a batched replay reads)
+    monkeypatch.setattr(runner.store, "stored_events_since", broken)  # (what a batched replay reads)
     client = await connect(runner)
     await client.subscribe(since=0)
     with pytest.raises(RunnerUnavailable):  # the bot reconnects on this, rather than waiting forever
