@@ -6,8 +6,8 @@ on the bot's authorized_keys line) and speaks the runner protocol over the comma
 
 Bytes are copied as they come, each piece written through as soon as it is read: stdin to the
 socket, the socket to stdout. Not line by line: a raw log reply's bytes follow its line, and a
-chunk that ends inside a line of the log must not wait in the bridge for a newline. When stdin ends, the socket is half-closed and the runner's last answers
-are still copied out; when the runner closes the connection first, the bridge exits with status 1.
+chunk that ends inside a line of the log must not wait in the bridge for a newline. When stdin
+ends, the socket is half-closed and the runner's last answers are still copied out; when the runner closes the connection first, the bridge exits with status 1.
 
     python -m goaltender.runner.attach [--socket PATH]
 """

@@ -326,8 +326,6 @@ class Runner:
         # A chunk starts and ends on a character: at the first byte at or after its offset (and its
         # end) that does not continue a UTF-8 character. Chunks asked for at any offsets thus tile
         # the file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log).
-        if len(data) < req.limit:  # the end of the file: what was written since is the next fetch's
-            after = b""
         if finish := _char_start(after, 0):  # the chunk's last character goes on past it
             data += after[:finish]
         eof = len(after) <= finish

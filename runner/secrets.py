@@ -302,7 +302,7 @@ def _any_in(nodes: tuple[Any, ...], haystack: Any) -> bool:
 
 
 class _LiteralScanner:
-    """Hyperscan's literal matcher over a set of byte strings: does a block hold any of them?"""
+    """Hyperscan over a set of byte strings: does a block hold any of them?"""
 
     def __init__(self, database: Any):
         self._database = database

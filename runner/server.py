@@ -324,16 +324,14 @@ class _Connection:
 
     async def send(self, message: p.Message) -> None:
         """Write one message. Everything that leaves the runner passes here, and is redacted here."""
+        parts: tuple[bytes, ...]
         if isinstance(message, p.LogReply) and message.raw_bytes is not None:
-            line, chunk = self._raw_log(message)
-            async with self._write_lock:  # the line and its bytes go out together
-                self.writer.write(line)
-                self.writer.write(chunk)
-                await self.writer.drain()
-            return
-        line = self._line(message)
-        async with self._write_lock:
-            self.writer.write(line)
+            parts = self._raw_log(message)
+        else:
+            parts = (self._line(message),)
+        async with self._write_lock:  # a raw reply's line and its bytes go out together
+            for part in parts:
+                self.writer.write(part)
             await self.writer.drain()
 
     async def send_all(self, messages: list[p.Message]) -> None:
