@@ -467,6 +467,10 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
             await bot.start()
             await fake.wait_connected(3, timeout=60)
             events = await wait_for_whole_thread(fake, runner, general, card.ts, 1)
+            # The card's last edit follows the report's post: the bot must not be stopped before it.
+            await fake.wait_for(
+                lambda: "finished" in blocks_text(fake.message(general, card.ts)), 60, what="the final card"
+            )
     finally:
         await bot.stop()
 
