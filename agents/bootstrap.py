@@ -147,7 +147,14 @@ def run_agent(name: str, label: str, build: Build) -> NoReturn:
             "GOALTENDER_GOAL_ID is not set (to a goal number); the runner starts this agent for a goal"
         )
         sys.exit(EXIT_MISCONFIGURED)
-    sys.exit(asyncio.run(_serve(name, label, build, int(raw_goal))))
+    code = asyncio.run(_serve(name, label, build, int(raw_goal)))
+    # Nothing is left to do but the interpreter's own teardown (finalising every module and
+    # object), which was ~0.1 s of each goal's end: the logs are flushed, and the agent has closed
+    # what it opened (its sessions, files and child processes) in close().
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def _serve(name: str, label: str, build: Build, goal_id: int) -> int:

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import math
 import os
 import re
 import statistics
@@ -353,17 +354,56 @@ class Planner:
 # ---- the campaign ----
 
 COVER = 1.25  # an approved cost also covers later runs up to this multiple of it
+
+
+@dataclass(frozen=True)
+class CostThreshold:
+    """Which runs the humans approve first: those estimated above `seconds`, or above `times` the
+    baseline's own wall time (`2x`: a threshold that means the same on a fast box and a slow one)."""
+
+    seconds: float | None = None
+    times: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> CostThreshold:
+        """`60` (seconds) or `2x`; ValueError for anything else."""
+        word = text.strip().lower()
+        relative = word.endswith("x")
+        value = float(word[:-1] if relative else word)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"{text!r}: a cost threshold is a positive number of seconds, or a multiple like 2x"
+            )
+        return cls(times=value) if relative else cls(seconds=value)
+
+    def limit(self, baseline_s: float | None) -> float | None:
+        """The threshold in seconds; None while there is no baseline to measure it by (the
+        baseline itself is never asked about then)."""
+        if self.times is None:
+            return self.seconds
+        return self.times * baseline_s if baseline_s else None
+
+    def covering(self, estimate: float, baseline_s: float | None) -> CostThreshold:
+        """Raised to cover runs up to COVER times an approved estimate."""
+        if self.times is not None and baseline_s:
+            return CostThreshold(times=max(self.times, estimate * COVER / baseline_s))
+        return CostThreshold(seconds=max(self.seconds or 0.0, estimate * COVER))
+
+    def __str__(self) -> str:
+        return f"{self.times:g}× the baseline's time" if self.times is not None else f"{self.seconds:.0f}s"
+
+
 CONFIRM_SEEDS = 3  # seeds a within-noise best is run with when the humans ask for a change of course
 
 
 class SweepAgent(GoalAgent):
     stop_within_s = 3.0
 
-    def __init__(self, goal: Goal, task: SweepTask, approve_above_s: float):
+    def __init__(self, goal: Goal, task: SweepTask, approve_above: CostThreshold):
         super().__init__(goal)
         self.task = task
         self.planner = Planner(task)
-        self.approve_above_s = approve_above_s
+        self.approve_above = approve_above
         self.ledger: list[Experiment] = []
         self.goal_target: float | None = None
         self.end_note = ""
@@ -380,7 +420,7 @@ class SweepAgent(GoalAgent):
                 f"Plan: {self.task.name} sweep on {self.task.metric}",
                 f"{self.task.plan_text or self._plan_text()}\n"
                 f"Search space: {self._space_text()}\n"
-                f"Approval asked before any run estimated above {self.approve_above_s:.0f}s.\n"
+                f"Approval asked before any run estimated above {self.approve_above}.\n"
                 f"{summary.status.stop_status}",
             )
         while True:
@@ -456,19 +496,27 @@ class SweepAgent(GoalAgent):
 
     async def _approved(self, proposal: Proposal) -> bool:
         estimate = self._estimate(proposal.config)
-        if estimate <= self.approve_above_s:
+        baseline_s = self._baseline_seconds()
+        limit = self.approve_above.limit(baseline_s)
+        if limit is None or estimate <= limit:
             return True
+        cost = (
+            f"~{estimate:.1f}s, {estimate / baseline_s:.1f}× the baseline's {baseline_s:.1f}s"
+            if self.approve_above.times is not None and baseline_s
+            else f"~{estimate:.0f}s"
+        )
+        covered = self.approve_above.covering(estimate, baseline_s)
         reply = await self.runner.call(
             p.Ask,
             p.DecisionReply,
             goal_id=self.goal_id,
             kind="cost",
-            question=f"Run a costly experiment (~{estimate:.0f}s, above the {self.approve_above_s:.0f}s threshold)?",
+            question=f"Run a costly experiment ({cost}, above the {self.approve_above} threshold)?",
             detail=f"Hypothesis: {proposal.description}\nConfig: {format_params(proposal.config)}\n"
-            f"Approving also covers later runs estimated up to ~{estimate * COVER:.0f}s.",
+            f"Approving also covers later runs estimated up to {covered}.",
         )
         if reply.approval.state == "approved":
-            self.approve_above_s = max(self.approve_above_s, estimate * COVER)
+            self.approve_above = covered
             return True
         self.planner.rejected.add(self.planner.key(proposal.config))
         await self.milestone(
@@ -485,6 +533,12 @@ class SweepAgent(GoalAgent):
         made = await asyncio.to_thread(self.task.prepare, config)
         if made is not None:
             await self.milestone(*made)
+
+    def _baseline_seconds(self) -> float | None:
+        """The wall time of the campaign's first finished run: what a relative threshold scales."""
+        return next(
+            (e.wall_seconds for e in self.ledger if e.wall_seconds and e.status in ("keep", "discard")), None
+        )
 
     def _estimate(self, config: dict[str, Any]) -> float:
         """The task's estimate, calibrated by how the finished runs compared with theirs."""
@@ -683,6 +737,13 @@ def choose_task(args: argparse.Namespace, goal_text: str, workspace: Path) -> Sw
     return star_count_task()
 
 
+def _threshold(text: str) -> CostThreshold:
+    try:
+        return CostThreshold.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="goaltender-sweep", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--task", help="module:attr of a SweepTask (default: star count, CPU or SFT)")
@@ -700,9 +761,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--approve-above",
-        type=float,
-        help="ask before a run estimated to take more seconds than this (default: "
-        "$GOALTENDER_SWEEP_APPROVE_ABOVE, else 60; SFT 3600)",
+        type=_threshold,
+        help="ask before a run estimated to take more seconds than this, or (2x) more than this many "
+        "times the baseline's time (default: $GOALTENDER_SWEEP_APPROVE_ABOVE, else 60; SFT 3600)",
     )
     args = parser.parse_args()
 
@@ -711,7 +772,12 @@ def main() -> None:
         task = choose_task(args, summary.status.goal.text, goal.workspace)
         approve_above = args.approve_above
         if approve_above is None:
-            approve_above = float(os.environ.get("GOALTENDER_SWEEP_APPROVE_ABOVE", task.approve_above_s))
+            try:
+                approve_above = CostThreshold.parse(
+                    os.environ.get("GOALTENDER_SWEEP_APPROVE_ABOVE", str(task.approve_above_s))
+                )
+            except ValueError as exc:
+                raise Misconfigured(f"GOALTENDER_SWEEP_APPROVE_ABOVE: {exc}") from exc
         return SweepAgent(goal, task, approve_above)
 
     run_agent("sweep", "The sweep agent", build)

@@ -35,6 +35,7 @@ from goaltender.runner.retention import prune_checkpoints
 from goaltender.runner.sandbox import Sandbox
 from goaltender.runner.server import Refused
 from goaltender.runner.slots import Grant, Slots, Unfit, Waiting, waiting_for
+from goaltender.runner.standby import Standbys
 from goaltender.runner.supervisor import (
     Launch,
     ProcessResult,
@@ -86,7 +87,10 @@ class Campaigns:
         self.slots = Slots(
             settings.slots or os.cpu_count() or 1, [g.index for g in inventory], self._queue_moved
         )
-        self._executors: dict[str, Executor] = {"local": LocalExecutor(self.sandbox, settings.name)}
+        self.standbys = Standbys(self.sandbox, settings)
+        self._executors: dict[str, Executor] = {
+            "local": LocalExecutor(self.sandbox, settings.name, self.standbys)
+        }
         self._told_waiting: dict[int, str] = {}  # queued experiment id -> where it stands, as last written
         self._unwritten_waits: set[int] = set()
         self._writing_waits: asyncio.Task | None = None
@@ -233,6 +237,7 @@ class Campaigns:
             self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
             task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
+        await self.standbys.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -261,6 +266,8 @@ class Campaigns:
             await self.store.set_goal_state(goal.id, "running", f"agent {goal.agent} started")
         self._spawn(self._watch_agent(goal.id, proc, launch))
         self._arm_deadline(goal)
+        if (goal.executor or self.settings.executor) == "local":
+            self.standbys.keep(goal)
 
     async def _watch_agent(self, goal_id: int, proc: subprocess.Popen, launch: Launch) -> None:
         status, _ = await wait_process(proc)
@@ -1042,6 +1049,7 @@ class Campaigns:
             # SIGTERM first: the agent may use the grace period to hand in its report.
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
+        await self.standbys.drop(goal_id)
         self.forget_disk_pause(goal_id)
         self.sockets.close_agent_socket(goal_id)
         self.sandbox.remove_goal_files(goal_id)

@@ -98,6 +98,16 @@ class RunnerSettings(GoaltenderSettings):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     """Where agents and experiments run: bwrap (bubblewrap; they cannot reach the runner's state or
     the operator socket), or none — unsandboxed, which lets them control every goal."""
+    standby: bool = True
+    """Keep a sandboxed Python interpreter ready for each running goal's next run or eval, with
+    `preload` imported (runner/standby.py): a `python -m …` or `python script.py …` command with
+    the runner's own interpreter starts at once. Sandboxed runners only."""
+    preload: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Modules a standby imports while it waits (comma-separated or a JSON list), for the
+    workloads this box runs; none by default. Only list modules whose import depends on nothing
+    the commands do first: a command that sets OMP_NUM_THREADS itself and then imports numpy gets
+    a preloaded numpy that has already read it. Nor may they read CUDA_VISIBLE_DEVICES, or
+    GOALTENDER_EXPERIMENT_* and GOALTENDER_SEED, on import: those are set at hand-off."""
     secrets: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """More secrets to redact and keep from agents: environment variable names, or paths of files
     that each hold one (an entry with a '/'). Comma-separated or a JSON list."""
@@ -118,7 +128,7 @@ class RunnerSettings(GoaltenderSettings):
             return json.loads(value) if value.lstrip().startswith("[") else shlex.split(value)
         return value
 
-    @field_validator("secrets", "grants", "operators", mode="before")
+    @field_validator("secrets", "grants", "operators", "preload", mode="before")
     @classmethod
     def _names(cls, value: object) -> object:
         if isinstance(value, str):

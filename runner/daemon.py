@@ -33,7 +33,7 @@ from goaltender.runner.config import RunnerSettings
 from goaltender.runner.disk_usage import goal_usage
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.report import best_experiment, summary_text
-from goaltender.runner.sandbox import UNSAFE_WARNING
+from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
@@ -130,6 +130,7 @@ class Runner:
             log.warning(UNSAFE_WARNING)
         await self._listen()
         await self._seed_skills()  # before any agent starts: they read the box's skills
+        await asyncio.to_thread(compile_package)  # before any agent starts, too (runner/sandbox.py)
         await self.campaigns.recover()
         self.campaigns.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
         if self.mirror:

@@ -9,15 +9,19 @@ runner restart: `attach` follows it again from its Placement.
 
 from __future__ import annotations
 
+import logging
+import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from goaltender.runner.sandbox import Sandbox
-from goaltender.runner.supervisor import Launch, ProcessResult, run_supervised
+from goaltender.runner.standby import Standbys
+from goaltender.runner.supervisor import Launch, ProcessResult, run_supervised, spawn
 from goaltender.storage.records import Goal, MetricPoint
 
+log = logging.getLogger("goaltender.runner")
 EXECUTORS = ("local", "ray", "slurm")
 OnPoints = Callable[[list[MetricPoint]], Awaitable[None]]
 
@@ -69,13 +73,15 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """On this box, in the goal's sandbox, as the leader of its own process group."""
+    """On this box, in the goal's sandbox, as the leader of its own process group; handed to the
+    goal's standby interpreter when it can take the command (runner/standby.py)."""
 
     name = "local"
 
-    def __init__(self, sandbox: Sandbox, box: str):
+    def __init__(self, sandbox: Sandbox, box: str, standbys: Standbys | None = None):
         self.sandbox = sandbox
         self.box = box
+        self.standbys = standbys
 
     def launch(self, job: Job) -> Launch:
         return self.sandbox.launch(job.goal, job.command, cwd=job.cwd, env=job.env)
@@ -84,14 +90,32 @@ class LocalExecutor:
         async def started(pid: int) -> None:
             await on_start(Placement("local", self.box, str(pid)))
 
+        beneath = Path(job.goal.workspace)
+        standby = self.standbys.take(job) if self.standbys is not None else None
+        launch = standby.launch if standby is not None else self.launch(job)
+
+        def warm() -> subprocess.Popen:
+            assert standby is not None and self.standbys is not None
+            try:
+                return standby.hand_off(job)
+            except OSError as exc:
+                log.info(
+                    "goal #%d: its standby could not take the run (%s); starting it cold", job.goal.id, exc
+                )
+                self.standbys.release(standby)
+                return spawn(self.launch(job), log_path=job.log_path, beneath=beneath)
+            finally:
+                self.standbys.refill(job.goal)
+
         return await run_supervised(
-            self.launch(job),
+            launch,
             log_path=job.log_path,
-            beneath=Path(job.goal.workspace),
+            beneath=beneath,
             timeout_s=job.timeout_s,
             on_points=on_points,
             on_start=started,
             grace_s=job.grace_s,
+            start=warm if standby is not None else None,
         )
 
     async def attach(self, job: Job, placement: Placement, *, on_points: OnPoints) -> ProcessResult:

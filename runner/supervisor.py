@@ -270,16 +270,19 @@ async def run_supervised(
     on_points: Callable[[list[MetricPoint]], Awaitable[None]],
     on_start: Callable[[int], Awaitable[None]],
     grace_s: float = 5.0,
+    start: Callable[[], subprocess.Popen] | None = None,
 ) -> ProcessResult:
     """Run one experiment to its end: live metrics, timeout by process-group kill, rusage. Its
     files (log_path, metrics.jsonl beside it) are inside `beneath`, the goal's workspace.
+    `start`: how its process comes to be, when not spawned from `launch` (a standby handed the
+    run, runner/standby.py); `launch` still reads its exit status.
 
     However it ends (exit, timeout, cancellation) its wall and CPU time are measured: a cancelled
     run raises RunCancelled carrying them."""
     follow = LiveMetrics(beneath, log_path, on_points)
     parser, drain = follow.parser, follow.drain
     started = time.monotonic()
-    proc = spawn(launch, log_path=log_path, beneath=beneath)
+    proc = start() if start is not None else spawn(launch, log_path=log_path, beneath=beneath)
     waiter = asyncio.ensure_future(wait_process(proc))
     # A timer, not a check between reads: a metrics write waiting for disk space must not stop
     # the timeout from being enforced.

@@ -39,6 +39,23 @@ HYPOTHESES: dict[tuple[str, int], str] = {
 #: The way each knob is believed to raise accuracy: the planner's prior (HYPOTHESES says why).
 EXPECT: dict[str, int] = {"train_size": 1, "hidden": 1, "iters": 1, "lr": 1, "resolution": 1}
 
+#: What a run and its evaluation import before their own code does anything: a box that runs star
+#: count may have its standby interpreters import these while they wait (GOALTENDER_PRELOAD,
+#: runner/standby.py; the demo does). None reads the environment on import but numpy, which takes
+#: its BLAS threads from it: set OPENBLAS_NUM_THREADS in the runner's environment then, as the
+#: workload's own default (set before it imports numpy) comes too late for a preloaded numpy.
+PRELOAD = (
+    "numpy",
+    "PIL.Image",
+    "PIL.ImageDraw",
+    "PIL.ImageFont",
+    "PIL.PngImagePlugin",
+    *(
+        f"goaltender.environments.star_count.{name}"
+        for name in ("generate", "mlp", "prompt", "verify", "errors")
+    ),
+)
+
 #: Words people use in steering messages, mapped to knobs.
 ALIASES: dict[str, str] = {
     "data": "train_size",

@@ -1,0 +1,220 @@
+"""Standby interpreters: each running goal's next Python process, started before it is asked for.
+
+A short experiment's run and its eval spend much of their time starting: the sandbox, the
+interpreter, and imports (numpy alone is 0.1-0.2 s). So while a goal runs, the runner keeps one
+process ready for it, sandboxed as its experiments are (the same mounts and environment), with
+GOALTENDER_PRELOAD's modules imported, waiting on a socket (runner/standby_process.py). An
+experiment's command that fits — the runner's own interpreter as `python -m module …` or `python
+script.py …`, in the same environment but for LATE_VARIABLES — is handed to it: its argv, working
+directory and late variables, and its log as stdout and stderr. From then on it is that run's
+process, supervised as any other: its own process group and sandbox, the timeout, wait4's CPU time
+and peak RSS (the imports done while it waited included). Anything else starts cold, as before;
+so does a command whose directory holds a module of a preloaded name (the standby execs it then).
+Each hand-off starts the goal's next standby, so a run's eval finds one too.
+
+Only sandboxed (GOALTENDER_SANDBOX=bwrap): a sandbox dies with the runner, so no run that started
+before its experiment's record can outlive a restart unkilled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from goaltender.runner.agent_env import goal_environment
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.sandbox import Sandbox
+from goaltender.runner.supervisor import Launch, open_beneath, wait_process
+from goaltender.storage.records import Goal
+
+if TYPE_CHECKING:
+    from goaltender.runner.executors import Job
+
+log = logging.getLogger("goaltender.runner")
+
+# Known only when a run starts: its experiment, its seed, its GPUs. They are set in the standby's
+# environment at hand-off, so a preloaded module must not read them on import (numpy, torch and
+# the like read CUDA_VISIBLE_DEVICES when CUDA starts, not on import).
+LATE_VARIABLES = frozenset(
+    {
+        "GOALTENDER_EXPERIMENT_ID",
+        "GOALTENDER_EXPERIMENT_DIR",
+        "GOALTENDER_SEED",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+    }
+)
+PROCESS_FILE = Path(__file__).with_name("standby_process.py")
+# Runs standby_process.py in a namespace of its own: nothing of it in sys.modules or __main__.
+LOADER = (
+    "import sys;p=sys.argv[1];exec(compile(open(p,'rb').read(),p,'exec'),{'__name__':'goaltender_standby'})"
+)
+MAX_ORDER = 64 << 10  # bytes: sent at once into the socket's buffer, so the hand-off never blocks
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+@dataclasses.dataclass
+class Standby:
+    """One goal's waiting interpreter."""
+
+    goal_id: int
+    proc: subprocess.Popen
+    launch: Launch
+    channel: socket.socket  # the runner's end; the hand-off goes down it
+    env: dict[str, str]  # its environment, late variables aside
+    mounts: list[str]  # its sandbox
+
+    def hand_off(self, job: Job) -> subprocess.Popen:
+        """Make it the job's process: argv, working directory, late variables, log (opened as
+        a run's log is). Raises OSError when it cannot take it (it died meanwhile)."""
+        order = {
+            "argv": job.command,
+            "cwd": str(job.cwd),
+            "env": {name: job.env.get(name) for name in sorted(LATE_VARIABLES)},
+        }
+        data = json.dumps(order).encode()
+        data = struct.pack("!I", len(data)) + data
+        logged = open_beneath(Path(job.goal.workspace), job.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            if self.proc.poll() is not None:
+                raise ProcessLookupError(f"the standby exited ({self.proc.returncode})")
+            if socket.send_fds(self.channel, [data], [logged]) != len(data):
+                raise BlockingIOError("the hand-off did not fit the standby's socket")
+        finally:
+            os.close(logged)
+            self.channel.close()
+        return self.proc
+
+    def kill(self) -> None:
+        self.channel.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class Standbys:
+    """Standbys for every goal that keeps them (from its agent's start to its end): two, so that a
+    run's eval finds one that has warmed through the run, and the next run one that has warmed
+    through the eval and the agent's turn."""
+
+    PER_GOAL = 2
+
+    def __init__(self, sandbox: Sandbox, settings: RunnerSettings):
+        self.sandbox = sandbox
+        self.settings = settings
+        self.enabled = settings.standby and sandbox.enabled
+        self.interpreter = os.path.abspath(sys.executable)
+        self._goals: dict[int, Goal] = {}
+        self._ready: dict[int, list[Standby]] = {}  # goal id -> its standbys, oldest first
+        self._discarding: set[asyncio.Task] = set()
+
+    def keep(self, goal: Goal) -> None:
+        """Keep standbys for `goal` until `drop`: one now (the agent is starting too), both from
+        its first hand-off on."""
+        if self.enabled:
+            self._goals[goal.id] = goal
+            self._start(goal, 1)
+
+    def take(self, job: Job) -> Standby | None:
+        """A standby of the goal's that can run `job` (then `refill` once it is handed off)."""
+        ready = self._ready.get(job.goal.id, [])
+        for standby in ready:
+            if self._fits(standby, job):
+                ready.remove(standby)
+                return standby
+        return None
+
+    def refill(self, goal: Goal) -> None:
+        """Start the goal's next standbys, if it still keeps them."""
+        self._start(goal, self.PER_GOAL)
+
+    def release(self, standby: Standby) -> None:
+        """A standby taken but not handed off: killed and reaped in the background."""
+        task = asyncio.ensure_future(discard(standby))
+        self._discarding.add(task)
+        task.add_done_callback(self._discarding.discard)
+
+    async def drop(self, goal_id: int) -> None:
+        """The goal ended: its standbys go."""
+        self._goals.pop(goal_id, None)
+        for standby in self._ready.pop(goal_id, []):
+            await discard(standby)
+
+    async def close(self) -> None:
+        for goal_id in list(self._goals):
+            await self.drop(goal_id)
+        await asyncio.gather(*self._discarding, return_exceptions=True)
+
+    def _fits(self, standby: Standby, job: Job) -> bool:
+        argv = job.command
+        if len(argv) < 2 or standby.proc.poll() is not None:
+            return False
+        found = shutil.which(argv[0], path=job.env.get("PATH", os.defpath))
+        if found is None or os.path.abspath(found) != self.interpreter:
+            return False
+        if argv[1] == "-m":
+            if len(argv) < 3 or not _MODULE.fullmatch(argv[2]):
+                return False
+        elif argv[1].startswith("-"):
+            return False  # interpreter options: only a fresh interpreter takes those
+        early = {k: v for k, v in job.env.items() if k not in LATE_VARIABLES}
+        if early != standby.env or len(json.dumps(argv)) + len(str(job.cwd)) > MAX_ORDER // 2:
+            return False
+        return self.sandbox.mounts(job.goal, job.env) == standby.mounts
+
+    def _start(self, goal: Goal, up_to: int) -> None:
+        ready = self._ready.setdefault(goal.id, [])
+        ready[:] = [standby for standby in ready if standby.proc.poll() is None]
+        while goal.id in self._goals and len(ready) < up_to:
+            standby = self._started(goal)
+            if standby is None:
+                return
+            ready.append(standby)
+
+    def _started(self, goal: Goal) -> Standby | None:
+        env = {k: v for k, v in goal_environment(self.settings, goal).items() if k not in LATE_VARIABLES}
+        ours, theirs = socket.socketpair()
+        command = [self.interpreter, "-c", LOADER, str(PROCESS_FILE), str(theirs.fileno())]
+        command += [name for name in self.settings.preload if _MODULE.fullmatch(name)]
+        try:
+            launch = self.sandbox.launch(goal, command, cwd=Path(goal.workspace), env=env)
+            launch = dataclasses.replace(launch, pass_fds=(*launch.pass_fds, theirs.detach()))
+            try:
+                proc = subprocess.Popen(
+                    launch.argv,
+                    cwd=launch.cwd,
+                    env=launch.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                    pass_fds=launch.pass_fds,
+                )
+            finally:
+                launch.close()
+        except OSError as exc:  # its runs start cold; the sandbox says why when they do
+            log.debug("goal #%d: no standby interpreter (%s)", goal.id, exc)
+            ours.close()
+            theirs.close()
+            return None
+        ours.setblocking(False)
+        return Standby(goal.id, proc, launch, ours, env, self.sandbox.mounts(goal, env))
+
+
+async def discard(standby: Standby) -> None:
+    """Kill a standby (its process group) and reap it."""
+    standby.kill()
+    with contextlib.suppress(ChildProcessError):
+        await wait_process(standby.proc)

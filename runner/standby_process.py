@@ -1,0 +1,135 @@
+"""A standby interpreter, inside a goal's sandbox: imports the preloaded modules, waits for the
+command it is to become, then runs it as `python -m module …` or `python script.py …` would.
+
+Started by the runner (runner/standby.py) as
+
+    python -c STANDBY_LOADER /path/to/standby_process.py FD MODULE…
+
+and never imported: it runs in a namespace of its own, so that nothing of it lands in sys.modules
+or in __main__. It uses the standard library only, and imports nothing the command might find
+differently (a module of the command's working directory shadowing a preloaded one): where that
+could happen it execs the command instead, a cold start in the same process.
+
+The hand-off on socket FD: a 4-byte length, then JSON {"argv", "cwd", "env"} (the late variables:
+a value, or null to unset), with the run's log as one SCM_RIGHTS descriptor. What the imports
+printed while waiting goes to that log first.
+"""
+
+import sys
+
+_AT_START = set(sys.modules)  # the loader imported nothing: what a fresh interpreter has
+
+import builtins  # noqa: E402 - after _AT_START: these count among what the standby loaded
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+import importlib.machinery  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+
+MAX_HANDOFF = 16 << 20  # bytes: an argv and environment far beyond what execve takes
+
+
+def main(fd: int, preload: list[str]) -> None:
+    if sys.path and sys.path[0] == "":
+        del sys.path[0]  # `-c` put the working directory first; the command's own form decides
+    waiting_output = os.memfd_create("goaltender-standby-output")
+    os.dup2(waiting_output, 1)
+    os.dup2(waiting_output, 2)
+    for name in preload:
+        with contextlib.suppress(Exception):  # the command meets the same failure itself, and says it
+            importlib.import_module(name)
+    loaded = {name.partition(".")[0] for name in set(sys.modules) - _AT_START}
+
+    handoff = _receive(socket.socket(fileno=fd))
+    if handoff is None:
+        os._exit(0)  # the runner let this standby go: nothing to run
+    order, log = handoff
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.lseek(waiting_output, 0, os.SEEK_SET)
+    while chunk := os.read(waiting_output, 1 << 16):
+        os.write(log, chunk)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(waiting_output)
+
+    argv: list[str] = order["argv"]
+    for name, value in order["env"].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        os.chdir(order["cwd"])
+    except OSError as exc:
+        print(f"goaltender: cannot enter {order['cwd']}: {exc.strerror}", file=sys.stderr)
+        os._exit(1)
+
+    if argv[1] == "-m":
+        first = os.getcwd()
+        script = None
+    else:
+        script = os.path.abspath(argv[1])
+        first = os.path.dirname(os.path.realpath(script))
+        if not (script.endswith(".py") and os.path.isfile(script)):
+            _cold(argv)  # a directory, a zip, a missing file: the interpreter's own words for it
+    if not sys.flags.safe_path:
+        if any(importlib.machinery.PathFinder.find_spec(name, [first]) for name in loaded):
+            _cold(argv)  # the command would import its own module of that name, not the preloaded one
+        sys.path.insert(0, first)
+    sys.orig_argv = list(argv)
+
+    main_module = sys.modules["__main__"]
+    main_module.__dict__.clear()
+    main_module.__dict__.update(__name__="__main__", __builtins__=builtins)
+    if script is None:
+        sys.argv = ["-m", *argv[3:]]
+        import runpy
+
+        runpy._run_module_as_main(argv[2], alter_argv=True)  # type: ignore[attr-defined]  # what `python -m` calls
+    else:
+        sys.argv = argv[1:]
+        with open(script, "rb") as f:
+            code = compile(f.read(), script, "exec", dont_inherit=True)
+        main_module.__dict__.update(
+            __doc__=None,
+            __package__=None,
+            __spec__=None,
+            __file__=script,
+            __cached__=None,
+            __loader__=importlib.machinery.SourceFileLoader("__main__", script),
+        )
+        exec(code, main_module.__dict__)
+
+
+def _receive(channel: socket.socket) -> tuple[dict, int] | None:
+    """The hand-off (the order and the log's descriptor), or None when the runner closed the socket."""
+    try:
+        data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 1)
+    except OSError:
+        return None
+    if len(data) < 4 or len(fds) != 1:
+        return None
+    (size,) = struct.unpack("!I", data[:4])
+    data = data[4:]
+    while len(data) < size <= MAX_HANDOFF:
+        more = channel.recv(min(1 << 20, size - len(data)))
+        if not more:
+            return None
+        data += more
+    channel.close()
+    return json.loads(data), fds[0]
+
+
+def _cold(argv: list[str]) -> None:
+    """Become the command itself, as a fresh interpreter would start it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+
+
+if __name__ == "goaltender_standby":  # as the loader runs it; never on import
+    main(int(sys.argv[2]), sys.argv[3:])
