@@ -94,18 +94,19 @@ class LocalExecutor:
         standby = self.standbys.take(job) if self.standbys is not None else None
         launch = standby.launch if standby is not None else self.launch(job)
 
-        def warm() -> subprocess.Popen:
-            assert standby is not None and self.standbys is not None
+        def start() -> subprocess.Popen:
+            assert self.standbys is not None
             try:
-                return standby.hand_off(job)
-            except OSError as exc:
-                log.info(
-                    "goal #%d: its standby could not take the run (%s); starting it cold", job.goal.id, exc
-                )
-                self.standbys.release(standby)
-                return spawn(self.launch(job), log_path=job.log_path, beneath=beneath)
-            finally:
-                self.standbys.refill(job.goal)
+                if standby is None:
+                    return spawn(launch, log_path=job.log_path, beneath=beneath)
+                try:
+                    return standby.hand_off(job)
+                except OSError as exc:
+                    log.info("goal #%d: a standby could not take its run (%s)", job.goal.id, exc)
+                    self.standbys.release(standby)
+                    return spawn(self.launch(job), log_path=job.log_path, beneath=beneath)
+            finally:  # after the hand-off or the spawn: the run comes first
+                self.standbys.refill(job.goal, Standbys.PER_GOAL if standby is not None else 1)
 
         return await run_supervised(
             launch,
@@ -115,7 +116,7 @@ class LocalExecutor:
             on_points=on_points,
             on_start=started,
             grace_s=job.grace_s,
-            start=warm if standby is not None else None,
+            start=start if self.standbys is not None else None,
         )
 
     async def attach(self, job: Job, placement: Placement, *, on_points: OnPoints) -> ProcessResult:

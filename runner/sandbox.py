@@ -102,7 +102,7 @@ class Sandbox:
             raise SandboxError(problem)
         options = self._mounts(goal, command if agent else [], env)
         options += ["--chdir", str(cwd), "--clearenv"]
-        for name, value in (env | {"TMPDIR": "/tmp"}).items():
+        for name, value in self.environment(env).items():
             options += ["--setenv", name, value]
         options += ["--unshare-pid", "--as-pid-1", "--die-with-parent", "--cap-drop", "ALL"]
         if any("\0" in word for word in [*options, *command]):
@@ -119,6 +119,10 @@ class Sandbox:
             pass_fds=(options_fd,),
             signals_as_codes=True,
         )
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment a command given `env` finds in its sandbox: its /tmp is the goal's."""
+        return env | {"TMPDIR": "/tmp"} if self.enabled else env
 
     def mounts(self, goal: Goal, env: dict[str, str]) -> list[str]:
         """What an experiment's sandbox shows it (a standby's must be its run's; runner/standby.py)."""

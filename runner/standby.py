@@ -45,9 +45,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("goaltender.runner")
 
-# Known only when a run starts: its experiment, its seed, its GPUs. They are set in the standby's
-# environment at hand-off, so a preloaded module must not read them on import (numpy, torch and
-# the like read CUDA_VISIBLE_DEVICES when CUDA starts, not on import).
+# Known only when a run starts: its experiment, its seed, its GPUs, and what the agent's shell
+# keeps for itself (its directories, its depth, the command's path), which changes as the agent
+# moves about. They are set in the standby's environment at hand-off, so a preloaded module must
+# not read them on import (numpy, torch and the like read CUDA_VISIBLE_DEVICES when CUDA starts).
 LATE_VARIABLES = frozenset(
     {
         "GOALTENDER_EXPERIMENT_ID",
@@ -55,6 +56,10 @@ LATE_VARIABLES = frozenset(
         "GOALTENDER_SEED",
         "CUDA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
     }
 )
 PROCESS_FILE = Path(__file__).with_name("standby_process.py")
@@ -104,10 +109,21 @@ class Standby:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+@dataclasses.dataclass
+class _Kept:
+    """A goal's standbys, and the environment they are made in."""
+
+    goal: Goal
+    env: dict[str, str]  # late variables aside
+    ready: list[Standby] = dataclasses.field(default_factory=list)  # oldest first
+
+
 class Standbys:
-    """Standbys for every goal that keeps them (from its agent's start to its end): two, so that a
+    """Standbys for every goal that keeps them, from its agent's start to its end: two, so that a
     run's eval finds one that has warmed through the run, and the next run one that has warmed
-    through the eval and the agent's turn."""
+    through the eval and the agent's turn. They are made in the environment of the goal's last
+    Python run (at first, the goal's own): an agent's `goaltender experiment` passes on what its
+    shell exported, the same from one run to the next."""
 
     PER_GOAL = 2
 
@@ -116,75 +132,85 @@ class Standbys:
         self.settings = settings
         self.enabled = settings.standby and sandbox.enabled
         self.interpreter = os.path.abspath(sys.executable)
-        self._goals: dict[int, Goal] = {}
-        self._ready: dict[int, list[Standby]] = {}  # goal id -> its standbys, oldest first
+        self._kept: dict[int, _Kept] = {}
         self._discarding: set[asyncio.Task] = set()
 
     def keep(self, goal: Goal) -> None:
-        """Keep standbys for `goal` until `drop`: one now (the agent is starting too), both from
+        """Keep standbys for `goal` until `drop`: one now (its agent is starting too), both from
         its first hand-off on."""
         if self.enabled:
-            self._goals[goal.id] = goal
-            self._start(goal, 1)
+            self._kept[goal.id] = _Kept(goal, self._early(goal_environment(self.settings, goal)))
+            self.refill(goal, 1)
 
     def take(self, job: Job) -> Standby | None:
-        """A standby of the goal's that can run `job` (then `refill` once it is handed off)."""
-        ready = self._ready.get(job.goal.id, [])
-        for standby in ready:
-            if self._fits(standby, job):
-                ready.remove(standby)
+        """A standby of the goal's that can run `job`, or None: then the job starts cold, and
+        `refill` makes the next ones in its environment."""
+        kept = self._kept.get(job.goal.id)
+        if kept is None or not self._python(job.command, job.env):
+            return None
+        early = self._early(job.env)
+        if early != kept.env:
+            kept.env = early
+            for standby in kept.ready:
+                self.release(standby)
+            kept.ready.clear()
+            return None
+        mounts = self.sandbox.mounts(job.goal, job.env)
+        for standby in kept.ready:
+            if standby.proc.poll() is None and standby.mounts == mounts:
+                kept.ready.remove(standby)
                 return standby
         return None
 
-    def refill(self, goal: Goal) -> None:
-        """Start the goal's next standbys, if it still keeps them."""
-        self._start(goal, self.PER_GOAL)
+    def refill(self, goal: Goal, up_to: int = PER_GOAL) -> None:
+        """Start the goal's next standbys, up to `up_to`, if it still keeps them."""
+        kept = self._kept.get(goal.id)
+        if kept is None:
+            return
+        kept.ready[:] = [standby for standby in kept.ready if standby.proc.poll() is None]
+        while len(kept.ready) < up_to and (standby := self._started(goal, kept.env)) is not None:
+            kept.ready.append(standby)
 
     def release(self, standby: Standby) -> None:
-        """A standby taken but not handed off: killed and reaped in the background."""
+        """A standby that will run nothing: killed and reaped in the background."""
         task = asyncio.ensure_future(discard(standby))
         self._discarding.add(task)
         task.add_done_callback(self._discarding.discard)
 
     async def drop(self, goal_id: int) -> None:
         """The goal ended: its standbys go."""
-        self._goals.pop(goal_id, None)
-        for standby in self._ready.pop(goal_id, []):
-            await discard(standby)
+        if (kept := self._kept.pop(goal_id, None)) is not None:
+            for standby in kept.ready:
+                await discard(standby)
 
     async def close(self) -> None:
-        for goal_id in list(self._goals):
+        for goal_id in list(self._kept):
             await self.drop(goal_id)
         await asyncio.gather(*self._discarding, return_exceptions=True)
 
-    def _fits(self, standby: Standby, job: Job) -> bool:
-        argv = job.command
-        if len(argv) < 2 or standby.proc.poll() is not None:
+    def _early(self, env: dict[str, str]) -> dict[str, str]:
+        """What of `env` a standby must have been started with: all its sandbox shows but the late
+        variables."""
+        return {k: v for k, v in self.sandbox.environment(env).items() if k not in LATE_VARIABLES}
+
+    def _python(self, argv: list[str], env: dict[str, str]) -> bool:
+        """Is `argv` this interpreter (by any of its names in its venv) as `python -m module …` or
+        `python script.py …`, with an order that fits the socket at once?"""
+        if len(argv) < 2 or (argv[1] == "-m" and (len(argv) < 3 or not _MODULE.fullmatch(argv[2]))):
             return False
-        found = shutil.which(argv[0], path=job.env.get("PATH", os.defpath))
-        if found is None or os.path.abspath(found) != self.interpreter:
-            return False
-        if argv[1] == "-m":
-            if len(argv) < 3 or not _MODULE.fullmatch(argv[2]):
-                return False
-        elif argv[1].startswith("-"):
+        if argv[1] != "-m" and argv[1].startswith("-"):
             return False  # interpreter options: only a fresh interpreter takes those
-        early = {k: v for k, v in job.env.items() if k not in LATE_VARIABLES}
-        if early != standby.env or len(json.dumps(argv)) + len(str(job.cwd)) > MAX_ORDER // 2:
+        if len(json.dumps(argv)) > MAX_ORDER // 2:
             return False
-        return self.sandbox.mounts(job.goal, job.env) == standby.mounts
+        found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
+        if found is None:
+            return False
+        found = os.path.abspath(found)
+        return os.path.dirname(found) == os.path.dirname(self.interpreter) and os.path.realpath(
+            found
+        ) == os.path.realpath(self.interpreter)
 
-    def _start(self, goal: Goal, up_to: int) -> None:
-        ready = self._ready.setdefault(goal.id, [])
-        ready[:] = [standby for standby in ready if standby.proc.poll() is None]
-        while goal.id in self._goals and len(ready) < up_to:
-            standby = self._started(goal)
-            if standby is None:
-                return
-            ready.append(standby)
-
-    def _started(self, goal: Goal) -> Standby | None:
-        env = {k: v for k, v in goal_environment(self.settings, goal).items() if k not in LATE_VARIABLES}
+    def _started(self, goal: Goal, env: dict[str, str]) -> Standby | None:
         ours, theirs = socket.socketpair()
         command = [self.interpreter, "-c", LOADER, str(PROCESS_FILE), str(theirs.fileno())]
         command += [name for name in self.settings.preload if _MODULE.fullmatch(name)]

@@ -83,8 +83,16 @@ def main(fd: int, preload: list[str]) -> None:
     sys.orig_argv = list(argv)
 
     main_module = sys.modules["__main__"]
-    main_module.__dict__.clear()
-    main_module.__dict__.update(__name__="__main__", __builtins__=builtins)
+    main_module.__dict__.clear()  # back to what a fresh interpreter's __main__ holds
+    main_module.__dict__.update(
+        __name__="__main__",
+        __doc__=None,
+        __package__=None,
+        __loader__=importlib.machinery.BuiltinImporter,
+        __spec__=None,
+        __annotations__={},
+        __builtins__=builtins,
+    )
     if script is None:
         sys.argv = ["-m", *argv[3:]]
         import runpy
@@ -95,9 +103,6 @@ def main(fd: int, preload: list[str]) -> None:
         with open(script, "rb") as f:
             code = compile(f.read(), script, "exec", dont_inherit=True)
         main_module.__dict__.update(
-            __doc__=None,
-            __package__=None,
-            __spec__=None,
             __file__=script,
             __cached__=None,
             __loader__=importlib.machinery.SourceFileLoader("__main__", script),
@@ -128,7 +133,7 @@ def _cold(argv: list[str]) -> None:
     """Become the command itself, as a fresh interpreter would start it."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    os.execvp(argv[0], argv)  # found on PATH, as the sandbox would have found it
 
 
 if __name__ == "goaltender_standby":  # as the loader runs it; never on import

@@ -490,7 +490,7 @@ async def test_fuzzed_lines_through_a_real_runner_change_nothing(start_runner, c
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal = await submit(client, "fuzz target, max 3 experiments, budget 2h", agent="a")
-    approval = (await eventually(lambda: pending(client, goal)))[0].id
+    approval = (await eventually(lambda: asked(client, goal)))[0].id
     before = await snapshot(runner, client, goal)
     caplog.set_level(logging.WARNING, logger="goaltender")
     sent: list[str] = []
@@ -541,8 +541,11 @@ async def test_fuzzed_lines_through_a_real_runner_change_nothing(start_runner, c
     print(f"{len(sent)} lines through the socket in {elapsed:.1f}s: {sorted(Counter(sent).items())}")
 
 
-async def pending(client, goal: int):
-    return (await client.call(p.Status, p.StatusReply, goal_id=goal)).goals[0].pending_approvals
+async def asked(client, goal: int):
+    """The goal's pending approvals once it waits for them (its state is written after the
+    approval's row: a snapshot between the two saw a goal still running)."""
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal)).goals[0]
+    return status.goal.state == "waiting_for_approval" and status.pending_approvals
 
 
 async def snapshot(runner, client, goal: int) -> dict[str, Any]:

@@ -1,0 +1,348 @@
+"""Standby interpreters (runner/standby.py): a goal's next Python run or eval, started before it is
+asked for. A run handed to one must be the run a fresh interpreter would have made: the same argv,
+sys.path, __main__, environment, working directory, stdin, output and exit status. Real runners,
+bubblewrap, shell agents and Python processes; the standby's own processes are found through the
+runner that made them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import psutil
+from conftest import events_until_report, eventually, submit, write_agent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from goaltender.runner import protocol as p
+from goaltender.runner.config import RunnerSettings
+from goaltender.runner.executors import Job
+from goaltender.runner.sandbox import Sandbox
+from goaltender.runner.standby import LATE_VARIABLES, Standby, Standbys
+from goaltender.runner.supervisor import wait_process
+from goaltender.storage.records import Goal
+
+# What a Python process can see of how it was started, written as JSON to the experiment's
+# directory (and a line on stdout and one on stderr, for the log); `acc: 0.5`, then exit code 7 when
+# its last word is `fail`.
+PROBE = r"""
+_names = sorted(globals())
+import json, os, signal, sys, warnings
+kind = sys.argv[-1]
+report = {
+    "main_names": _names,
+    "argv": sys.argv,
+    "orig_argv": sys.orig_argv,
+    "path": sys.path,
+    "file": __file__,
+    "name": __name__,
+    "spec": __spec__.name if __spec__ else None,
+    "package": __package__,
+    "cached": __cached__,
+    "loader": type(__loader__).__name__,
+    "cwd": os.getcwd(),
+    "environ": dict(os.environ),
+    "stdin_is_devnull": os.path.samestat(os.fstat(0), os.stat("/dev/null")),
+    "flags": repr(sys.flags),
+    "sigint": repr(signal.getsignal(signal.SIGINT)),
+    "sigpipe": repr(signal.getsignal(signal.SIGPIPE)),
+    "warnings": repr(warnings.filters),
+    "stdout": [sys.stdout.encoding, sys.stdout.line_buffering, sys.stdout.write_through],
+}
+out = os.path.join(os.environ["GOALTENDER_EXPERIMENT_DIR"], f"probe-{kind}.json")
+with open(out, "w") as f:
+    json.dump(report, f)
+print("on stdout", kind)
+print("on stderr", kind, file=sys.stderr)
+print("acc: 0.5")
+sys.exit(7 if kind == "fail" else 0)
+"""
+
+AGENT = """
+cat > probe.py <<'EOF'
+{probe}
+EOF
+mkdir -p sub && cp probe.py sub/script.py
+while [ ! -e go ]; do sleep 0.05; done
+goaltender experiment -d "in the agent's environment" -- python -m probe first
+goaltender experiment -d "as a module" --metric acc --eval "python -m probe eval" -- python -m probe a 'b c' run
+goaltender experiment -d "as a script" --metric acc -- python sub/script.py x fail
+"""
+
+
+def handed_off(monkeypatch) -> list[str]:
+    """Each job a standby takes, as `<experiment>/<log>`, in order."""
+    taken: list[str] = []
+    hand_off = Standby.hand_off
+
+    def spy(self, job):
+        taken.append(f"{job.log_path.parent.name}/{job.log_path.name}")
+        return hand_off(self, job)
+
+    monkeypatch.setattr(Standby, "hand_off", spy)
+    return taken
+
+
+def standby_pids(runner, goal_id: int) -> set[int]:
+    kept = runner.campaigns.standbys._kept.get(goal_id)
+    return {standby.proc.pid for standby in kept.ready} if kept else set()
+
+
+async def campaign(runner, connect, goal_id: int, *, min_standbys: int = 1) -> tuple[list, set[int]]:
+    """Let the goal's agent go once its standbys are there; its ledger, and every standby pid seen."""
+    client = await connect(runner)
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    seen: set[int] = set()
+    if runner.campaigns.standbys.enabled:
+        seen |= await eventually(
+            lambda: len(standby_pids(runner, goal_id)) >= min_standbys and standby_pids(runner, goal_id)
+        )
+    (Path(status.goal.workspace) / "go").touch()
+
+    async def watch() -> None:
+        while True:
+            seen.update(standby_pids(runner, goal_id))
+            await asyncio.sleep(0.01)
+
+    watching = asyncio.ensure_future(watch())
+    try:
+        await events_until_report(client, goal_id)
+    finally:
+        watching.cancel()
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    return summary.ledger, seen
+
+
+def reports(ledger) -> dict[str, dict]:
+    """Each probe's report, its workspace path written as <ws>."""
+    found = {}
+    for experiment in ledger:
+        directory = Path(experiment.log_path).parent
+        workspace = str(directory.parent.parent)
+        for path in sorted(directory.glob("probe-*.json")):
+            text = path.read_text().replace(workspace, "<ws>")
+            found[f"{experiment.index}/{path.stem}"] = json.loads(text)
+    return found
+
+
+async def test_a_run_handed_to_a_standby_is_the_run_a_fresh_interpreter_makes(
+    start_runner, connect, tmp_path, short_dir, monkeypatch
+):
+    agent = write_agent(tmp_path, "agent.sh", AGENT.format(probe=PROBE))
+    taken = handed_off(monkeypatch)
+    seen = {}
+    for mode, standby in (("cold", False), ("warm", True)):
+        runner = await start_runner(
+            home=tmp_path / mode, socket=short_dir / f"{mode}.sock", agents={"a": agent}, standby=standby
+        )
+        goal_id = await submit(await connect(runner), "probe, max 4 experiments", agent="a")
+        ledger, _ = await campaign(runner, connect, goal_id)
+        seen[mode] = (ledger, reports(ledger))
+    # Warm, a standby took every process: the runs, and the eval.
+    assert taken == ["001/run.log", "002/run.log", "002/eval.log", "003/run.log"]
+
+    for mode in ("cold", "warm"):
+        ledger, found = seen[mode]
+        assert ledger[0].exit_code == 0, mode
+        assert [(e.index, e.status, e.exit_code, e.verified) for e in ledger[1:]] == [
+            (2, "keep", 0, True),
+            (3, "crash", 7, False),
+        ], mode
+        assert ledger[2].note == "exit code 7", mode
+        for experiment in ledger[1:]:
+            log = Path(experiment.log_path).read_text()
+            assert "on stdout" in log and "on stderr" in log and "acc: 0.5" in log, (mode, log)
+        assert set(found) == {"1/probe-first", "2/probe-run", "2/probe-eval", "3/probe-fail"}, mode
+    cold, warm = seen["cold"][1], seen["warm"][1]
+    for key in cold:
+        for field in cold[key]:
+            c, w = _unhomed(cold[key][field]), _unhomed(warm[key][field])
+            assert c == w, f"{key} {field}: cold {c!r} warm {w!r}"
+    assert warm["2/probe-run"]["argv"][1:] == ["a", "b c", "run"]
+    assert warm["2/probe-run"]["path"][0] == "<ws>" and warm["3/probe-fail"]["path"][0] == "<ws>/sub"
+    assert warm["2/probe-eval"]["environ"]["GOALTENDER_EXPERIMENT_ID"] == "2"
+    assert warm["2/probe-run"]["main_names"] == [
+        "__annotations__", "__builtins__", "__cached__", "__doc__", "__file__", "__loader__",
+        "__name__", "__package__", "__spec__",
+    ]  # fmt: skip
+
+
+def _unhomed(value):
+    """The runners' homes differ by name only (cold, warm)."""
+    return json.loads(re.sub(r"/(cold|warm)\b", "/<home>", json.dumps(value)))
+
+
+EVAL_AGENT = """
+cat > probe.py <<'EOF'
+{probe}
+EOF
+sed -i 's/sys.exit(7 if/sys.exit(0 if/' probe.py
+while [ ! -e go ]; do sleep 0.05; done
+for n in 1 2 3; do
+  goaltender experiment -d "run $n" --metric acc --eval "python -m probe eval" -- python -m probe run
+done
+"""
+
+
+async def test_runs_and_their_evals_are_handed_to_standbys_and_none_outlives_the_goal(
+    start_runner, connect, tmp_path
+):
+    agent = write_agent(tmp_path, "agent.sh", EVAL_AGENT.format(probe=PROBE))
+    runner = await start_runner(agents={"a": agent})
+    goal_id = await submit(await connect(runner), "probe, max 5 experiments", agent="a")
+    ledger, standbys = await campaign(runner, connect, goal_id)
+    assert [(e.status, e.metric_value, e.verified) for e in ledger] == [
+        ("keep", 0.5, True),
+        ("discard", 0.5, True),
+        ("discard", 0.5, True),
+    ]
+    found = reports(ledger)
+    assert found["1/probe-eval"]["environ"] == found["1/probe-run"]["environ"]
+    assert {int(e.job_id) for e in ledger} <= standbys
+    # The standbys' processes end with the goal (and are reaped: no zombies either).
+    assert standby_pids(runner, goal_id) == set()
+    for pid in standbys:
+        assert not psutil.pid_exists(pid)
+
+
+SHADOW_AGENT = """
+cat > probe.py <<'EOF'
+import sys
+print("preloaded:", "json" in sys.modules)
+import json
+print("json from:", json.__file__)
+EOF
+mkdir -p shadow && cp probe.py shadow/ && echo 'print("the workspace json"); dumps = repr' > shadow/json.py
+while [ ! -e go ]; do sleep 0.05; done
+goaltender experiment -d warm -- python -m probe
+(cd shadow && goaltender experiment -d shadowed -- python -m probe)
+goaltender experiment -d options -- python -X utf8 -m probe
+export EXTRA=1
+goaltender experiment -d "another environment" -- python -m probe
+goaltender experiment -d "the same again" -- python -m probe
+"""
+
+
+async def test_a_preloaded_module_the_command_would_find_in_its_directory_starts_it_cold(
+    start_runner, connect, tmp_path
+):
+    runner = await start_runner(
+        agents={"a": write_agent(tmp_path, "agent.sh", SHADOW_AGENT)}, preload=["json"]
+    )
+    goal_id = await submit(await connect(runner), "shadows, max 6 experiments", agent="a")
+    ledger, standbys = await campaign(runner, connect, goal_id)
+    logs = [Path(e.log_path).read_text() for e in ledger]
+    warm = f"preloaded: True\njson from: {Path(json.__file__)}\n"
+    cold = f"preloaded: False\njson from: {Path(json.__file__)}\n"
+    assert logs[0] == warm and int(ledger[0].job_id) in standbys
+    # In shadow/, `python -m probe` imports shadow/json.py: the standby that took it (the agent's
+    # environment but for PWD, a late variable) became a fresh interpreter.
+    assert int(ledger[1].job_id) in standbys
+    assert logs[1].startswith("preloaded: False\nthe workspace json\njson from: ")
+    assert logs[1].rstrip().endswith("/shadow/json.py")
+    # Interpreter options are a fresh interpreter's to take.
+    assert logs[2] == cold and int(ledger[2].job_id) not in standbys
+    # A run in another environment starts cold, and the standbys follow it there.
+    assert logs[3] == cold and int(ledger[3].job_id) not in standbys
+    assert logs[4] == warm and int(ledger[4].job_id) in standbys
+
+
+TIMEOUT_AGENT = """
+cat > sleeper.py <<'EOF'
+import time
+print("asleep", flush=True)
+time.sleep(60)
+EOF
+goaltender experiment -d first -- python -m sleeper --timeout 1s
+goaltender experiment -d second -- python -m sleeper --timeout 1s
+"""
+
+
+async def test_a_standbys_run_times_out_and_is_killed_like_any_other(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", TIMEOUT_AGENT)})
+    client = await connect(runner)
+    goal_id = await submit(client, "sleep, max 3 experiments, 1s each", agent="a")
+    await events_until_report(client, goal_id)
+    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    assert [(e.status, e.note) for e in ledger] == [("crash", "timeout after 1s")] * 2
+    for experiment in ledger:
+        assert "asleep" in Path(experiment.log_path).read_text()
+        assert experiment.wall_seconds < 10 and experiment.cpu_seconds > 0
+        assert not psutil.pid_exists(int(experiment.job_id))
+
+
+async def test_a_standby_that_died_is_replaced_by_a_cold_start(start_runner, connect, tmp_path):
+    agent = write_agent(
+        tmp_path,
+        "agent.sh",
+        "echo 'print(\"acc: 0.75\")' > ok.py\nwhile [ ! -e go ]; do sleep 0.05; done\n"
+        'env -i PATH="$PATH" true\n'  # nothing: the goal's own environment is what reaches the run
+        "goaltender experiment -d one --metric acc -- python ok.py\n",
+    )
+    runner = await start_runner(agents={"a": agent})
+    goal_id = await submit(await connect(runner), "ok, max 2 experiments", agent="a")
+    client = await connect(runner)
+    pids = await eventually(lambda: standby_pids(runner, goal_id))
+    for pid in pids:
+        os.killpg(pid, 9)
+    ledger, _ = await campaign(runner, connect, goal_id)
+    assert [(e.status, e.metric_value) for e in ledger] == [("keep", 0.75)]
+    assert int(ledger[0].job_id) not in pids
+    await client.close()
+
+
+# ---- the hand-off itself, property-tested against the interpreter's own words ----
+
+ARGV_PROBE = "import json, sys; print(json.dumps(sys.argv[1:]))\n"
+WORDS = st.lists(
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12),
+    max_size=5,
+)
+
+
+def test_any_argv_reaches_the_standbys_command_as_given(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    settings_ = RunnerSettings(home=home, socket=home / "r.sock")
+    settings_.make_dirs()
+    (home / "agents").mkdir()
+    goal = Goal.model_construct(id=1, workspace=str(home / "workspaces" / "goal-1"))
+    workspace = Path(goal.workspace)
+    workspace.mkdir(parents=True)
+    settings_.agent_socket(1).touch()  # the sandbox binds the goal's socket: a file will do
+    (workspace / "argv_probe.py").write_text(ARGV_PROBE)
+    sandbox = Sandbox(settings_)
+
+    async def hand_off(argv: list[str], n: int) -> str:
+        standbys = Standbys(sandbox, settings_)
+        standbys.keep(goal)
+        kept = standbys._kept[goal.id]
+        job = Job(
+            goal=goal,
+            command=[sys.executable, "-m", "argv_probe", *argv],
+            cwd=workspace,
+            env=dict(kept.env) | {name: "x" for name in LATE_VARIABLES},
+            log_path=workspace / f"run-{n}.log",
+            name="probe",
+            gpus=0,
+            timeout_s=None,
+            grace_s=1,
+        )
+        standby = standbys.take(job)
+        assert standby is not None
+        status, _ = await wait_process(standby.hand_off(job))
+        assert status == 0
+        await standbys.close()
+        return job.log_path.read_text(errors="surrogateescape")
+
+    counter = iter(range(10**6))
+
+    @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(WORDS)
+    def check(argv: list[str]) -> None:
+        assert json.loads(asyncio.run(hand_off(argv, next(counter)))) == argv
+
+    check()
