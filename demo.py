@@ -56,10 +56,13 @@ def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = 
         print(f"goaltender demo --agent {agent}: {problem}", file=sys.stderr)
         return 2
     text = goal_text or (DEFAULT_GOAL if agent == "sweep" else LLM_GOAL)
-    # The workload's BLAS threads, in the environment its standby imports numpy in: set there by
-    # the workload itself, they would come after a preloaded numpy has read them.
+    # The runs' BLAS threads, in the environment their standbys import numpy in (the workload's own
+    # default comes after a preloaded numpy has read it): two, but one core left to the runner, the
+    # agent and the standbys. OpenBLAS threads spin while they wait for one another, and one that
+    # lost its core to another process made training up to three times as slow on a 2-core box.
+    threads = str(min(2, max(1, (os.cpu_count() or 1) - 1)))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "2")
+        os.environ.setdefault(var, threads)
     return asyncio.run(Demo(text, directory.resolve(), yes, agent).run())
 
 

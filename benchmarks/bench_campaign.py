@@ -1,13 +1,14 @@
-"""Where a demo campaign's time goes: training against everything around it.
+"""Where a demo campaign's time goes: training against everything around it, with standby
+interpreters and without (the baseline, GOALTENDER_STANDBY=false), in turns.
 
-Runs `goaltender demo --yes` (the real runner, sweep agent, sandbox and verifying evaluation) twice
-with one data cache: first cold (every canvas rendered), then warm (a box that has run star count
-before). From the runner's database and the runs' own logs: the campaign's wall time (goal accepted
-→ ended), the experiments' wall time (each run and its evaluation, as the ledger charges them), and
-the workload's own `train_seconds` and `data_seconds`. The figure issue 13 asks for is training /
-campaign; the rest is start-ups, evaluation, the agent and the runner.
+Each turn runs `goaltender demo --yes` (the real runner, sweep agent, sandbox and verifying
+evaluation) on a fresh data cache (cold: every canvas rendered) and again on that cache (warm: a box
+that has run star count before), once with standbys and once without. From the runner's database
+and the runs' own logs: the campaign's wall time (goal accepted → ended), the workload's own
+`train_seconds` and `data_seconds`, and what is neither: start-ups, evaluations, the agent and the
+runner. Issue 13's figure is training / campaign.
 
-    python benchmarks/bench_campaign.py [--runs 2]
+    python benchmarks/bench_campaign.py [--turns 3]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import os
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,8 +25,9 @@ from datetime import datetime
 from pathlib import Path
 
 
-def campaign(directory: Path, cache: Path) -> dict[str, float]:
+def campaign(directory: Path, cache: Path, standby: bool) -> dict[str, float]:
     env = {**os.environ, "GOALTENDER_CACHE_DIR": str(cache), "NO_COLOR": "1"}
+    env["GOALTENDER_STANDBY"] = "true" if standby else "false"
     env.pop("GOALTENDER_HOME", None)
     done = subprocess.run(
         [sys.executable, "-m", "goaltender.cli", "demo", "--yes", "--dir", str(directory)],
@@ -37,38 +40,66 @@ def campaign(directory: Path, cache: Path) -> dict[str, float]:
         raise SystemExit(f"the demo failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     db = sqlite3.connect(directory / "runner" / "runner.db")
     accepted, ended = db.execute("SELECT accepted_at, ended_at FROM goals").fetchone()
-    rows = db.execute("SELECT wall_seconds, log_path FROM experiments").fetchall()
-    figures = {"experiments": float(len(rows)), "experiment_wall": 0.0, "train": 0.0, "data": 0.0}
-    for wall, log in rows:
-        figures["experiment_wall"] += wall or 0.0
+    figures = {"experiments": 0.0, "train": 0.0, "data": 0.0}
+    for (log,) in db.execute("SELECT log_path FROM experiments"):
+        figures["experiments"] += 1
         text = Path(log).read_text()
         for key, name in (("train", "train_seconds"), ("data", "data_seconds")):
             if found := re.search(rf"^{name}: ([0-9.]+)$", text, re.M):
                 figures[key] += float(found.group(1))
-    span = datetime.fromisoformat(ended) - datetime.fromisoformat(accepted)
-    figures["campaign"] = span.total_seconds()
+    figures["campaign"] = (datetime.fromisoformat(ended) - datetime.fromisoformat(accepted)).total_seconds()
+    figures["other"] = figures["campaign"] - figures["train"] - figures["data"]
+    figures["share"] = figures["train"] / figures["campaign"]
     return figures
+
+
+def spread(values: list[float], digits: int = 2) -> str:
+    """min / median / max"""
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{low:.{digits}f} / {mid:.{digits}f} / {high:.{digits}f}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=2, help="campaigns on one cache (the first is cold)")
+    parser.add_argument("--turns", type=int, default=3, help="turns of cold and warm, with and without")
     args = parser.parse_args()
-    print(
-        "| cache | experiments | campaign s | experiments' wall s | data s | training s | training / campaign |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    seen: dict[tuple[str, bool], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-campaign-") as tmp:
-        cache = Path(tmp) / "cache"
-        cache.mkdir()  # the sandbox binds a configured cache only when it exists
-        for n in range(args.runs):
-            f = campaign(Path(tmp) / f"demo-{n}", cache)
-            print(
-                f"| {'cold' if n == 0 else 'warm'} | {f['experiments']:.0f} | {f['campaign']:.1f} | "
-                f"{f['experiment_wall']:.1f} | {f['data']:.1f} | {f['train']:.1f} | "
-                f"{f['train'] / f['campaign']:.2f} |",
-                flush=True,
-            )
+        for turn in range(args.turns):
+            for standby in (True, False):
+                cache = Path(tmp) / f"cache-{turn}-{standby}"
+                cache.mkdir()  # the sandbox binds a configured cache only when it exists
+                for cache_state in ("cold", "warm"):
+                    directory = Path(tmp) / f"demo-{turn}-{standby}-{cache_state}"
+                    figures = campaign(directory, cache, standby)
+                    seen.setdefault((cache_state, standby), []).append(figures)
+                    print(
+                        f"turn {turn + 1}: {cache_state}, standbys {'on' if standby else 'off'}: "
+                        f"campaign {figures['campaign']:.2f}s, training {figures['train']:.2f}s, "
+                        f"data {figures['data']:.2f}s, other {figures['other']:.2f}s, "
+                        f"training / campaign {figures['share']:.2f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    print(f"min / median / max of {args.turns} turns")
+    print()
+    print(
+        "| cache | standbys | experiments | campaign s | training s | data s | other s "
+        "| training / campaign |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for (cache_state, standby), runs in seen.items():
+        column = lambda key, digits=2: spread([run[key] for run in runs], digits)  # noqa: E731
+        print(
+            f"| {cache_state} | {'on' if standby else 'off (baseline)'} | {column('experiments', 0)} "
+            f"| {column('campaign')} | {column('train')} | {column('data')} | {column('other')} "
+            f"| {column('share')} |"
+        )
+    print()
+    for cache_state in ("cold", "warm"):
+        on, off = seen[(cache_state, True)], seen[(cache_state, False)]
+        ratio = [a["other"] / b["other"] for a, b in zip(on, off, strict=True)]
+        print(f"{cache_state}: other time with standbys / without, turn by turn: {spread(ratio)}")
     return 0
 
 

@@ -225,6 +225,7 @@ class Campaigns:
         restart resumes them)."""
         for task in self._tasks:
             task.cancel()
+        await self.standbys.close()
         for proc in list(self._agents.values()):
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
             proc.poll()  # reap it (its watcher was cancelled), so no zombie is left behind
@@ -237,7 +238,6 @@ class Campaigns:
             self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
             task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
-        await self.standbys.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -1048,8 +1048,8 @@ class Campaigns:
         if (proc := self._agents.pop(goal_id, None)) is not None:
             # SIGTERM first: the agent may use the grace period to hand in its report.
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
+        await self.standbys.drop(goal_id)  # first: a run's end would otherwise make it new ones
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
-        await self.standbys.drop(goal_id)
         self.forget_disk_pause(goal_id)
         self.sockets.close_agent_socket(goal_id)
         self.sandbox.remove_goal_files(goal_id)

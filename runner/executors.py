@@ -95,29 +95,32 @@ class LocalExecutor:
         launch = standby.launch if standby is not None else self.launch(job)
 
         def start() -> subprocess.Popen:
-            assert self.standbys is not None
+            if standby is None:
+                return spawn(launch, log_path=job.log_path, beneath=beneath)
             try:
-                if standby is None:
-                    return spawn(launch, log_path=job.log_path, beneath=beneath)
-                try:
-                    return standby.hand_off(job)
-                except OSError as exc:
-                    log.info("goal #%d: a standby could not take its run (%s)", job.goal.id, exc)
-                    self.standbys.release(standby)
-                    return spawn(self.launch(job), log_path=job.log_path, beneath=beneath)
-            finally:  # after the hand-off or the spawn: the run comes first
-                self.standbys.refill(job.goal, Standbys.PER_GOAL if standby is not None else 1)
+                return standby.hand_off(job)
+            except OSError as exc:
+                assert self.standbys is not None
+                log.info("goal #%d: a standby could not take its run (%s)", job.goal.id, exc)
+                self.standbys.release(standby)
+                return spawn(self.launch(job), log_path=job.log_path, beneath=beneath)
 
-        return await run_supervised(
-            launch,
-            log_path=job.log_path,
-            beneath=beneath,
-            timeout_s=job.timeout_s,
-            on_points=on_points,
-            on_start=started,
-            grace_s=job.grace_s,
-            start=start if self.standbys is not None else None,
-        )
+        try:
+            return await run_supervised(
+                launch,
+                log_path=job.log_path,
+                beneath=beneath,
+                timeout_s=job.timeout_s,
+                on_points=on_points,
+                on_start=started,
+                grace_s=job.grace_s,
+                start=start,
+            )
+        finally:
+            # The goal's next standby warms once this process is done, not while it runs: on a
+            # small box it would take the run's CPU (a training run's BLAS threads use every core).
+            if self.standbys is not None:
+                self.standbys.refill(job.goal)
 
     async def attach(self, job: Job, placement: Placement, *, on_points: OnPoints) -> ProcessResult:
         # A local process dies with its sandbox when the runner goes (--die-with-parent): there is

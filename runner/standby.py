@@ -78,9 +78,18 @@ class Standby:
     goal_id: int
     proc: subprocess.Popen
     launch: Launch
-    channel: socket.socket  # the runner's end; the hand-off goes down it
+    channel: (
+        socket.socket
+    )  # the runner's end: `r` comes up it once the preload is done, the hand-off goes down
     env: dict[str, str]  # its environment, late variables aside
     mounts: list[str]  # its sandbox
+    warm: bool = False  # its preload is done
+    loop: asyncio.AbstractEventLoop | None = None  # watching the channel for `r` while set
+
+    def unwatch(self) -> None:
+        if self.loop is not None:
+            self.loop.remove_reader(self.channel.fileno())
+            self.loop = None
 
     def hand_off(self, job: Job) -> subprocess.Popen:
         """Make it the job's process: argv, working directory, late variables, log (opened as
@@ -92,6 +101,7 @@ class Standby:
         }
         data = json.dumps(order).encode()
         data = struct.pack("!I", len(data)) + data
+        self.unwatch()
         logged = open_beneath(Path(job.goal.workspace), job.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             if self.proc.poll() is not None:
@@ -104,6 +114,7 @@ class Standby:
         return self.proc
 
     def kill(self) -> None:
+        self.unwatch()
         self.channel.close()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -120,10 +131,12 @@ class _Kept:
 
 class Standbys:
     """Standbys for every goal that keeps them, from its agent's start to its end: two, so that a
-    run's eval finds one that has warmed through the run, and the next run one that has warmed
-    through the eval and the agent's turn. They are made in the environment of the goal's last
-    Python run (at first, the goal's own): an agent's `goaltender experiment` passes on what its
-    shell exported, the same from one run to the next."""
+    run's eval finds one warm, and so does the next run. They warm one at a time (each starts when
+    the one before has imported its modules), and a standby taken is replaced once its process has
+    ended: on a small box a warming standby takes CPU from whatever runs, the agent's start or a
+    training run. They are made in the environment of the goal's last Python run (at first, the
+    goal's own): an agent's `goaltender experiment` passes on what its shell exported, the same
+    from one run to the next."""
 
     PER_GOAL = 2
 
@@ -136,15 +149,14 @@ class Standbys:
         self._discarding: set[asyncio.Task] = set()
 
     def keep(self, goal: Goal) -> None:
-        """Keep standbys for `goal` until `drop`: one now (its agent is starting too), both from
-        its first hand-off on."""
+        """Keep standbys for `goal` until `drop`."""
         if self.enabled:
             self._kept[goal.id] = _Kept(goal, self._early(goal_environment(self.settings, goal)))
-            self.refill(goal, 1)
+            self.refill(goal)
 
     def take(self, job: Job) -> Standby | None:
-        """A standby of the goal's that can run `job`, or None: then the job starts cold, and
-        `refill` makes the next ones in its environment."""
+        """A standby of the goal's that can run `job`, or None: then the job starts cold, and the
+        goal's next standbys are made in its environment."""
         kept = self._kept.get(job.goal.id)
         if kept is None or not self._python(job.command, job.env):
             return None
@@ -156,20 +168,42 @@ class Standbys:
             kept.ready.clear()
             return None
         mounts = self.sandbox.mounts(job.goal, job.env)
-        for standby in kept.ready:
-            if standby.proc.poll() is None and standby.mounts == mounts:
-                kept.ready.remove(standby)
-                return standby
-        return None
+        fitting = [s for s in kept.ready if s.proc.poll() is None and s.mounts == mounts]
+        if not fitting:
+            return None
+        standby = next((s for s in fitting if s.warm), fitting[0])  # a warming one beats a cold start
+        kept.ready.remove(standby)
+        return standby
 
-    def refill(self, goal: Goal, up_to: int = PER_GOAL) -> None:
-        """Start the goal's next standbys, up to `up_to`, if it still keeps them."""
+    def refill(self, goal: Goal) -> None:
+        """Start the goal's next standby, if it keeps fewer than PER_GOAL and none is warming."""
         kept = self._kept.get(goal.id)
         if kept is None:
             return
-        kept.ready[:] = [standby for standby in kept.ready if standby.proc.poll() is None]
-        while len(kept.ready) < up_to and (standby := self._started(goal, kept.env)) is not None:
-            kept.ready.append(standby)
+        for standby in [s for s in kept.ready if s.proc.poll() is not None]:
+            kept.ready.remove(standby)
+            self.release(standby)
+        warming = not all(s.warm for s in kept.ready)
+        if len(kept.ready) < self.PER_GOAL and not warming and (made := self._started(goal, kept.env)):
+            kept.ready.append(made)
+
+    def _signalled(self, standby: Standby) -> None:
+        """Its channel is readable: `r`, its preload is done (the next may start); else it died."""
+        try:
+            said = standby.channel.recv(1)
+        except BlockingIOError:
+            return
+        except OSError:
+            said = b""
+        standby.unwatch()
+        kept = self._kept.get(standby.goal_id)
+        if said == b"r":
+            standby.warm = True
+        elif kept is not None and standby in kept.ready:
+            kept.ready.remove(standby)
+            self.release(standby)
+        if kept is not None:
+            self.refill(kept.goal)
 
     def release(self, standby: Standby) -> None:
         """A standby that will run nothing: killed and reaped in the background."""
@@ -236,7 +270,10 @@ class Standbys:
             theirs.close()
             return None
         ours.setblocking(False)
-        return Standby(goal.id, proc, launch, ours, env, self.sandbox.mounts(goal, env))
+        standby = Standby(goal.id, proc, launch, ours, env, self.sandbox.mounts(goal, env))
+        standby.loop = asyncio.get_running_loop()
+        standby.loop.add_reader(ours.fileno(), self._signalled, standby)
+        return standby
 
 
 async def discard(standby: Standby) -> None:

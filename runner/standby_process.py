@@ -10,7 +10,7 @@ or in __main__. It uses the standard library only, and imports nothing the comma
 differently (a module of the command's working directory shadowing a preloaded one): where that
 could happen it execs the command instead, a cold start in the same process.
 
-The hand-off on socket FD: a 4-byte length, then JSON {"argv", "cwd", "env"} (the late variables:
+On socket FD: `r` once the modules are imported; then the hand-off: a 4-byte length, then JSON {"argv", "cwd", "env"} (the late variables:
 a value, or null to unset), with the run's log as one SCM_RIGHTS descriptor. What the imports
 printed while waiting goes to that log first.
 """
@@ -42,7 +42,10 @@ def main(fd: int, preload: list[str]) -> None:
             importlib.import_module(name)
     loaded = {name.partition(".")[0] for name in set(sys.modules) - _AT_START}
 
-    handoff = _receive(socket.socket(fileno=fd))
+    channel = socket.socket(fileno=fd)
+    with contextlib.suppress(OSError):  # closed already: a hand-off may wait in it all the same
+        channel.sendall(b"r")  # warm: the runner may start the goal's next standby
+    handoff = _receive(channel)
     if handoff is None:
         os._exit(0)  # the runner let this standby go: nothing to run
     order, log = handoff

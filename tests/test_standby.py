@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -275,24 +276,40 @@ async def test_a_standbys_run_times_out_and_is_killed_like_any_other(start_runne
         assert not psutil.pid_exists(int(experiment.job_id))
 
 
-async def test_a_standby_that_died_is_replaced_by_a_cold_start(start_runner, connect, tmp_path):
+async def test_a_standby_that_dies_is_replaced_and_one_that_dies_at_hand_off_starts_the_run_cold(
+    start_runner, connect, tmp_path, monkeypatch
+):
     agent = write_agent(
         tmp_path,
         "agent.sh",
         "echo 'print(\"acc: 0.75\")' > ok.py\nwhile [ ! -e go ]; do sleep 0.05; done\n"
-        'env -i PATH="$PATH" true\n'  # nothing: the goal's own environment is what reaches the run
-        "goaltender experiment -d one --metric acc -- python ok.py\n",
+        "goaltender experiment -d one --metric acc -- python ok.py\n"
+        "goaltender experiment -d two --metric acc -- python ok.py\n",
     )
     runner = await start_runner(agents={"a": agent})
-    goal_id = await submit(await connect(runner), "ok, max 2 experiments", agent="a")
-    client = await connect(runner)
-    pids = await eventually(lambda: standby_pids(runner, goal_id))
-    for pid in pids:
-        os.killpg(pid, 9)
-    ledger, _ = await campaign(runner, connect, goal_id)
-    assert [(e.status, e.metric_value) for e in ledger] == [("keep", 0.75)]
-    assert int(ledger[0].job_id) not in pids
-    await client.close()
+    goal_id = await submit(await connect(runner), "ok, max 3 experiments", agent="a")
+    first = await eventually(lambda: standby_pids(runner, goal_id))
+    for pid in first:
+        os.killpg(pid, signal.SIGKILL)
+    # Dead, they are seen to be (their socket closes) and replaced.
+    await eventually(lambda: standby_pids(runner, goal_id) and not standby_pids(runner, goal_id) & first)
+
+    hand_off = Standby.hand_off
+    failed: list[int] = []
+
+    def dies_first(self, job):
+        if not failed:  # the first hand-off meets a standby that died since it was taken
+            failed.append(self.proc.pid)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        return hand_off(self, job)
+
+    monkeypatch.setattr(Standby, "hand_off", dies_first)
+    ledger, standbys = await campaign(runner, connect, goal_id)
+    assert [(e.status, e.metric_value) for e in ledger] == [("keep", 0.75), ("discard", 0.75)]
+    assert int(ledger[0].job_id) not in standbys  # started cold, after the failed hand-off
+    assert failed and failed[0] in standbys
+    assert int(ledger[1].job_id) in standbys
 
 
 # ---- the hand-off itself, property-tested against the interpreter's own words ----
