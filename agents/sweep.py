@@ -390,7 +390,11 @@ class CostThreshold:
         return CostThreshold(seconds=max(self.seconds or 0.0, estimate * COVER))
 
     def __str__(self) -> str:
-        return f"{self.times:g}× the baseline's time" if self.times is not None else f"{self.seconds:.0f}s"
+        return f"{self.times:.3g}×" if self.times is not None else f"{self.seconds:.0f}s"
+
+    def said(self) -> str:
+        """In a sentence: `60s`, `2× the baseline's time`."""
+        return f"{self} the baseline's time" if self.times is not None else str(self)
 
 
 CONFIRM_SEEDS = 3  # seeds a within-noise best is run with when the humans ask for a change of course
@@ -420,7 +424,7 @@ class SweepAgent(GoalAgent):
                 f"Plan: {self.task.name} sweep on {self.task.metric}",
                 f"{self.task.plan_text or self._plan_text()}\n"
                 f"Search space: {self._space_text()}\n"
-                f"Approval asked before any run estimated above {self.approve_above}.\n"
+                f"Approval asked before any run estimated above {self.approve_above.said()}.\n"
                 f"{summary.status.stop_status}",
             )
         while True:
@@ -513,7 +517,7 @@ class SweepAgent(GoalAgent):
             kind="cost",
             question=f"Run a costly experiment ({cost}, above the {self.approve_above} threshold)?",
             detail=f"Hypothesis: {proposal.description}\nConfig: {format_params(proposal.config)}\n"
-            f"Approving also covers later runs estimated up to {covered}.",
+            f"Approving also covers later runs estimated up to {covered.said()}.",
         )
         if reply.approval.state == "approved":
             self.approve_above = covered

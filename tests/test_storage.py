@@ -10,6 +10,8 @@ import textwrap
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from goaltender.storage.db import Database
 from goaltender.storage.records import Budget, MetricPoint, MilestoneReported, utcnow
 from goaltender.storage.runner_schema import MIGRATIONS
@@ -272,3 +274,32 @@ async def test_active_goals_and_their_ledgers_among_many_finished(tmp_path):
     assert [a.goal_id for a in ledger.pending_approvals] == [active]
     assert (await store.ledgers([finished[0]]))[finished[0]].attempted == 1
     await store.close()
+
+
+async def test_a_write_cancelled_while_its_commit_waits_raises_the_cancellation(tmp_path):
+    """Cancelled while its COMMIT waits for the connection's thread, a write cannot take the COMMIT
+    back: it runs all the same. The write raises CancelledError, not the failure of a ROLLBACK
+    queued behind it (which a bot shutting down mid-post once logged as an error)."""
+    db = await Database.open(tmp_path / "c.db", ["CREATE TABLE t (x INTEGER)"])
+    slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000) SELECT count(*) FROM c"
+    committing = asyncio.Event()
+    busy: list[asyncio.Future] = []
+
+    async def write() -> None:
+        async with db.write() as tx:
+            await tx.run("INSERT INTO t VALUES (1)")
+            busy.append(asyncio.ensure_future(db.fetchall(slow)))  # the thread's next job
+            await asyncio.sleep(0)  # it is queued first; the COMMIT waits behind it
+            committing.set()
+
+    task = asyncio.ensure_future(write())
+    await committing.wait()  # `task` ran on to the await of its COMMIT before this resumed
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await busy[0]
+    assert (await db.one("SELECT count(*) FROM t"))[0] == 1  # committed after all
+    assert not db.conn.in_transaction
+    async with db.write() as tx:  # and the next write goes on as usual
+        await tx.run("INSERT INTO t VALUES (2)")
+    await db.close()

@@ -3,14 +3,18 @@ sweep process's exits when it cannot work (no runner, no task)."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 
+import pytest
 from conftest import events_until_report, submit
+from hypothesis import given
+from hypothesis import strategies as st
 from toy_task import TASK
 
-from goaltender.agents.sweep import Constraints, Planner, SweepTask
+from goaltender.agents.sweep import Constraints, CostThreshold, Planner, SweepTask
 from goaltender.storage.records import Experiment
 
 SWEEP = [sys.executable, "-m", "goaltender.agents.sweep"]
@@ -172,3 +176,31 @@ def test_the_star_count_task_is_the_workloads_own_knobs():
     assert task.baseline == workload.BASELINE
     assert task.space == {knob: sorted(values) for knob, values in workload.SEARCH_SPACE.items()}
     assert task.estimate_cost(task.baseline) == workload.estimate_cost(workload.BASELINE)
+
+
+def test_a_cost_threshold_is_seconds_or_a_multiple_of_the_baseline():
+    assert CostThreshold.parse("60") == CostThreshold(seconds=60)
+    assert CostThreshold.parse(" 2X ") == CostThreshold(times=2)
+    for bad in ("", "x", "-1", "0", "0x", "nan", "infx", "2xx", "1e999", "two"):
+        with pytest.raises(ValueError):
+            CostThreshold.parse(bad)
+    relative = CostThreshold(times=2)
+    assert relative.limit(None) is None  # no baseline yet: the baseline itself is never asked about
+    assert relative.limit(0.5) == 1.0
+    assert relative.covering(1.5, 0.5) == CostThreshold(times=3.75)  # 1.25 times what was approved
+    assert CostThreshold(seconds=60).covering(100, 0.5) == CostThreshold(seconds=125)
+    assert (str(relative), relative.said(), CostThreshold(seconds=60).said()) == (
+        "2×",
+        "2× the baseline's time",
+        "60s",
+    )
+
+
+@given(st.text(max_size=12))
+def test_any_cost_threshold_text_is_a_positive_threshold_or_a_value_error(text):
+    try:
+        threshold = CostThreshold.parse(text)
+    except ValueError:
+        return
+    value = threshold.seconds if threshold.times is None else threshold.times
+    assert value is not None and math.isfinite(value) and value > 0
