@@ -89,11 +89,12 @@ def main() -> int:
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for (cache_state, standby), runs in seen.items():
-        column = lambda key, digits=2: spread([run[key] for run in runs], digits)  # noqa: E731
+        cells = [
+            spread([run[key] for run in runs]) for key in ("campaign", "train", "data", "other", "share")
+        ]
+        experiments = spread([run["experiments"] for run in runs], 0)
         print(
-            f"| {cache_state} | {'on' if standby else 'off (baseline)'} | {column('experiments', 0)} "
-            f"| {column('campaign')} | {column('train')} | {column('data')} | {column('other')} "
-            f"| {column('share')} |"
+            f"| {cache_state} | {'on' if standby else 'off (baseline)'} | {experiments} | {' | '.join(cells)} |"
         )
     print()
     for cache_state in ("cold", "warm"):
