@@ -1,16 +1,16 @@
-"""Standby interpreters: each running goal's next Python process, started before it is asked for.
+"""Standby interpreters: each running goal's next Python processes, started before they are asked for.
 
 A short experiment's run and its eval spend much of their time starting: the sandbox, the
-interpreter, and imports (numpy alone is 0.1-0.2 s). So while a goal runs, the runner keeps one
-process ready for it, sandboxed as its experiments are (the same mounts and environment), with
-GOALTENDER_PRELOAD's modules imported, waiting on a socket (runner/standby_process.py). An
-experiment's command that fits — the runner's own interpreter as `python -m module …` or `python
-script.py …`, in the same environment but for LATE_VARIABLES — is handed to it: its argv, working
-directory and late variables, and its log as stdout and stderr. From then on it is that run's
-process, supervised as any other: its own process group and sandbox, the timeout, wait4's CPU time
-and peak RSS (the imports done while it waited included). Anything else starts cold, as before;
-so does a command whose directory holds a module of a preloaded name (the standby execs it then).
-Each hand-off starts the goal's next standby, so a run's eval finds one too.
+interpreter, and imports (numpy alone is 0.1-0.2 s). So while a goal runs, the runner keeps two
+processes ready for it, sandboxed as its experiments are (the same mounts and environment), with
+GOALTENDER_PRELOAD's modules imported, waiting on a socket (runner/standby_process.py). A command
+that fits (the runner's own interpreter as `python -m module …` or `python script.py …`, in the
+same environment but for LATE_VARIABLES) is handed to one: its argv, working directory and late
+variables, and its log as stdout and stderr. From then on it is that run's process, supervised as
+any other: its own process group and sandbox, the timeout, wait4's CPU time and peak RSS (the
+imports done while it waited included). Anything else starts cold, as before; so does a command
+that would find another `python` on its PATH in the sandbox, or a module of a preloaded name in its
+directory (the standby execs it then).
 
 Only sandboxed (GOALTENDER_SANDBOX=bwrap): a sandbox dies with the runner, so no run that started
 before its experiment's record can outlive a restart unkilled.
@@ -78,9 +78,7 @@ class Standby:
     goal_id: int
     proc: subprocess.Popen
     launch: Launch
-    channel: (
-        socket.socket
-    )  # the runner's end: `r` comes up it once the preload is done, the hand-off goes down
+    channel: socket.socket  # the runner's end: `r` comes up it when warm, the hand-off goes down
     env: dict[str, str]  # its environment, late variables aside
     mounts: list[str]  # its sandbox
     warm: bool = False  # its preload is done
@@ -228,7 +226,7 @@ class Standbys:
         return {k: v for k, v in self.sandbox.environment(env).items() if k not in LATE_VARIABLES}
 
     def _python(self, argv: list[str], env: dict[str, str]) -> bool:
-        """Is `argv` this interpreter (by any of its names in its venv) as `python -m module …` or
+        """Is `argv` this interpreter (as sys.executable names it) as `python -m module …` or
         `python script.py …`, with an order that fits the socket at once?"""
         if len(argv) < 2 or (argv[1] == "-m" and (len(argv) < 3 or not _MODULE.fullmatch(argv[2]))):
             return False
@@ -236,13 +234,9 @@ class Standbys:
             return False  # interpreter options: only a fresh interpreter takes those
         if len(json.dumps(argv)) > MAX_ORDER // 2:
             return False
+        # As found here; the standby finds it again in the sandbox, whose /tmp is not this one.
         found = shutil.which(argv[0], path=env.get("PATH", os.defpath))
-        if found is None:
-            return False
-        found = os.path.abspath(found)
-        return os.path.dirname(found) == os.path.dirname(self.interpreter) and os.path.realpath(
-            found
-        ) == os.path.realpath(self.interpreter)
+        return found is not None and os.path.abspath(found) == self.interpreter
 
     def _started(self, goal: Goal, env: dict[str, str]) -> Standby | None:
         ours, theirs = socket.socketpair()

@@ -71,6 +71,8 @@ def main(fd: int, preload: list[str]) -> None:
         print(f"goaltender: cannot enter {order['cwd']}: {exc.strerror}", file=sys.stderr)
         os._exit(1)
 
+    if _which(argv[0]) != sys.executable:
+        _cold(argv)  # the sandbox's PATH names another interpreter than the runner saw
     if argv[1] == "-m":
         first = os.getcwd()
         script = None
@@ -130,6 +132,17 @@ def _receive(channel: socket.socket) -> tuple[dict, int] | None:
         data += more
     channel.close()
     return json.loads(data), fds[0]
+
+
+def _which(name: str) -> str | None:
+    """The file `name` runs, as execvp finds it on this process's PATH."""
+    if "/" in name:
+        return os.path.abspath(name)
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(directory or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+    return None
 
 
 def _cold(argv: list[str]) -> None:

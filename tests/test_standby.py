@@ -363,3 +363,28 @@ def test_any_argv_reaches_the_standbys_command_as_given(tmp_path_factory):
         assert json.loads(asyncio.run(hand_off(argv, next(counter)))) == argv
 
     check()
+
+
+PRIVATE_PATH_AGENT = """
+mkdir -p /tmp/private-bin
+printf '#!/bin/sh\\necho "the agent'"'"'s python: $*"\\n' > /tmp/private-bin/python
+chmod +x /tmp/private-bin/python
+echo 'print("the runner'"'"'s python")' > probe.py
+export PATH=/tmp/private-bin:$PATH
+goaltender experiment -d first -- python -m probe
+goaltender experiment -d again -- python -m probe
+"""
+
+
+async def test_a_python_found_first_on_the_sandboxs_own_tmp_runs_as_it_would_cold(
+    start_runner, connect, tmp_path
+):
+    """The runner looks `python` up outside the sandbox, where the goal's /tmp is not /tmp: the
+    standby looks again inside, and execs what the sandbox's PATH finds first."""
+    agent = write_agent(tmp_path, "agent.sh", PRIVATE_PATH_AGENT)
+    runner = await start_runner(agents={"a": agent})
+    goal_id = await submit(await connect(runner), "private python, max 3 experiments", agent="a")
+    ledger, standbys = await campaign(runner, connect, goal_id)
+    logs = [Path(e.log_path).read_text() for e in ledger]
+    assert logs == ["the agent's python: -m probe\n"] * 2
+    assert int(ledger[1].job_id) in standbys  # taken by a standby, which became the agent's python
