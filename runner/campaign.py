@@ -100,6 +100,7 @@ class Campaigns:
         self._agents: dict[int, subprocess.Popen] = {}  # goal id -> its agent
         self._experiments: dict[int, asyncio.Task] = {}  # experiment id -> supervising task
         self._experiment_goal: dict[int, int] = {}
+        self._concluding: set[int] = set()  # experiments whose processes are done: left to finish
         # experiment id -> how its row ends when its task is cancelled, and why
         self._cancel_reasons: dict[int, tuple[ExperimentStatus, str]] = {}
         self._approval_waiters: dict[int, asyncio.Future[Approval]] = {}
@@ -235,8 +236,9 @@ class Campaigns:
                 # A cluster job outlives the runner: it is followed again at the next start.
                 self.executor(experiment.executor).detach(experiment.job_id)
                 self._detached.add(experiment_id)
-            self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
-            task.cancel()
+            if experiment_id not in self._concluding:
+                self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
+                task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
@@ -467,6 +469,12 @@ class Campaigns:
                 gpus=wanted if executor != "local" else len(grant.devices) if grant else 0,
                 devices=grant.cuda_visible_devices if grant and grant.devices else None,
             )
+            if goal.id in self._ending:
+                # The goal began to end while this row was written, too late to find its run: it
+                # never starts (and does not count).
+                if grant is not None:
+                    self.slots.release(grant)
+                return await self._finish(experiment, "interrupted", "never started: its goal ended"), False
             task = asyncio.ensure_future(self._supervise(goal, experiment, req, grant, wanted))
             self._experiments[experiment.id] = task
             self._experiment_goal[experiment.id] = goal.id
@@ -667,6 +675,7 @@ class Campaigns:
     def _forget_experiment(self, experiment_id: int) -> None:
         self._experiments.pop(experiment_id, None)
         self._experiment_goal.pop(experiment_id, None)
+        self._concluding.discard(experiment_id)
 
     async def _supervise(
         self, goal: Goal, experiment: Experiment, req: p.RunExperiment, grant: Grant | None, wanted: int
@@ -815,6 +824,9 @@ class Campaigns:
             if watching is not None:
                 watching.cancel()
         done = _combined(attempts, metric, req.repeat)
+        # Its processes have ended: a goal's end or the runner's waits for its row, not cancels it
+        # (cancelled in the middle of its writes, the row stayed `running`).
+        self._concluding.add(experiment.id)
         return await self._conclude(goal, experiment, done, usage)
 
     async def _conclude(
@@ -1067,8 +1079,9 @@ class Campaigns:
         tasks = []
         for experiment_id, task in list(self._experiments.items()):
             if self._experiment_goal.get(experiment_id) == goal_id:
-                self._cancel_reasons[experiment_id] = ("crash", note)
-                task.cancel()
+                if experiment_id not in self._concluding:
+                    self._cancel_reasons[experiment_id] = ("crash", note)
+                    task.cancel()
                 tasks.append(task)
         await asyncio.gather(*tasks, return_exceptions=True)
 

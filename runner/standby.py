@@ -114,8 +114,9 @@ class Standby:
     def kill(self) -> None:
         self.unwatch()
         self.channel.close()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.returncode is None:  # not reaped, so its pid is still its own
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @dataclasses.dataclass
