@@ -79,7 +79,6 @@ class Standby:
     proc: subprocess.Popen
     launch: Launch
     channel: socket.socket  # the runner's end: `r` comes up it when warm, the hand-off goes down
-    env: dict[str, str]  # its environment, late variables aside
     mounts: list[str]  # its sandbox
     warm: bool = False  # its preload is done
     loop: asyncio.AbstractEventLoop | None = None  # watching the channel for `r` while set
@@ -265,7 +264,7 @@ class Standbys:
             theirs.close()
             return None
         ours.setblocking(False)
-        standby = Standby(goal.id, proc, launch, ours, env, self.sandbox.mounts(goal, env))
+        standby = Standby(goal.id, proc, launch, ours, self.sandbox.mounts(goal, env))
         standby.loop = asyncio.get_running_loop()
         standby.loop.add_reader(ours.fileno(), self._signalled, standby)
         return standby

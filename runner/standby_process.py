@@ -10,9 +10,9 @@ or in __main__. It uses the standard library only, and imports nothing the comma
 differently (a module of the command's working directory shadowing a preloaded one): where that
 could happen it execs the command instead, a cold start in the same process.
 
-On socket FD: `r` once the modules are imported; then the hand-off: a 4-byte length, then JSON {"argv", "cwd", "env"} (the late variables:
-a value, or null to unset), with the run's log as one SCM_RIGHTS descriptor. What the imports
-printed while waiting goes to that log first.
+On socket FD: `r` once the modules are imported; then the hand-off, a 4-byte length and JSON
+{"argv", "cwd", "env"} (the late variables: a value, or null to unset), with the run's log as one
+SCM_RIGHTS descriptor. What the imports printed while waiting goes to that log first.
 """
 
 import sys

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -93,29 +94,31 @@ def standby_pids(runner, goal_id: int) -> set[int]:
     return {standby.proc.pid for standby in kept.ready} if kept else set()
 
 
-async def campaign(runner, connect, goal_id: int, *, min_standbys: int = 1) -> tuple[list, set[int]]:
-    """Let the goal's agent go once its standbys are there; its ledger, and every standby pid seen."""
+@pytest.fixture(autouse=True)
+def started(monkeypatch) -> set[int]:
+    """The pid of every standby the runners here start, as they start them."""
+    pids: set[int] = set()
+    make = Standbys._started
+
+    def spy(self, goal, env):
+        standby = make(self, goal, env)
+        if standby is not None:
+            pids.add(standby.proc.pid)
+        return standby
+
+    monkeypatch.setattr(Standbys, "_started", spy)
+    return pids
+
+
+async def campaign(runner, connect, goal_id: int) -> list:
+    """Let the goal's agent go once it has a standby; its ledger at the end."""
     client = await connect(runner)
     status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-    seen: set[int] = set()
     if runner.campaigns.standbys.enabled:
-        seen |= await eventually(
-            lambda: len(standby_pids(runner, goal_id)) >= min_standbys and standby_pids(runner, goal_id)
-        )
+        await eventually(lambda: standby_pids(runner, goal_id))
     (Path(status.goal.workspace) / "go").touch()
-
-    async def watch() -> None:
-        while True:
-            seen.update(standby_pids(runner, goal_id))
-            await asyncio.sleep(0.01)
-
-    watching = asyncio.ensure_future(watch())
-    try:
-        await events_until_report(client, goal_id)
-    finally:
-        watching.cancel()
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
-    return summary.ledger, seen
+    await events_until_report(client, goal_id)
+    return (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
 
 
 def reports(ledger) -> dict[str, dict]:
@@ -141,7 +144,7 @@ async def test_a_run_handed_to_a_standby_is_the_run_a_fresh_interpreter_makes(
             home=tmp_path / mode, socket=short_dir / f"{mode}.sock", agents={"a": agent}, standby=standby
         )
         goal_id = await submit(await connect(runner), "probe, max 4 experiments", agent="a")
-        ledger, _ = await campaign(runner, connect, goal_id)
+        ledger = await campaign(runner, connect, goal_id)
         seen[mode] = (ledger, reports(ledger))
     # Warm, a standby took every process: the runs, and the eval.
     assert taken == ["001/run.log", "002/run.log", "002/eval.log", "003/run.log"]
@@ -190,12 +193,12 @@ done
 
 
 async def test_runs_and_their_evals_are_handed_to_standbys_and_none_outlives_the_goal(
-    start_runner, connect, tmp_path
+    start_runner, connect, tmp_path, started
 ):
     agent = write_agent(tmp_path, "agent.sh", EVAL_AGENT.format(probe=PROBE))
     runner = await start_runner(agents={"a": agent})
     goal_id = await submit(await connect(runner), "probe, max 5 experiments", agent="a")
-    ledger, standbys = await campaign(runner, connect, goal_id)
+    ledger, standbys = await campaign(runner, connect, goal_id), started
     assert [(e.status, e.metric_value, e.verified) for e in ledger] == [
         ("keep", 0.5, True),
         ("discard", 0.5, True),
@@ -229,13 +232,13 @@ goaltender experiment -d "the same again" -- python -m probe
 
 
 async def test_a_preloaded_module_the_command_would_find_in_its_directory_starts_it_cold(
-    start_runner, connect, tmp_path
+    start_runner, connect, tmp_path, started
 ):
     runner = await start_runner(
         agents={"a": write_agent(tmp_path, "agent.sh", SHADOW_AGENT)}, preload=["json"]
     )
     goal_id = await submit(await connect(runner), "shadows, max 6 experiments", agent="a")
-    ledger, standbys = await campaign(runner, connect, goal_id)
+    ledger, standbys = await campaign(runner, connect, goal_id), started
     logs = [Path(e.log_path).read_text() for e in ledger]
     warm = f"preloaded: True\njson from: {Path(json.__file__)}\n"
     cold = f"preloaded: False\njson from: {Path(json.__file__)}\n"
@@ -258,8 +261,8 @@ import time
 print("asleep", flush=True)
 time.sleep(60)
 EOF
-goaltender experiment -d first -- python -m sleeper --timeout 1s
-goaltender experiment -d second -- python -m sleeper --timeout 1s
+goaltender experiment -d first -- python -m sleeper
+goaltender experiment -d second -- python -m sleeper
 """
 
 
@@ -277,7 +280,7 @@ async def test_a_standbys_run_times_out_and_is_killed_like_any_other(start_runne
 
 
 async def test_a_standby_that_dies_is_replaced_and_one_that_dies_at_hand_off_starts_the_run_cold(
-    start_runner, connect, tmp_path, monkeypatch
+    start_runner, connect, tmp_path, monkeypatch, started
 ):
     agent = write_agent(
         tmp_path,
@@ -305,7 +308,7 @@ async def test_a_standby_that_dies_is_replaced_and_one_that_dies_at_hand_off_sta
         return hand_off(self, job)
 
     monkeypatch.setattr(Standby, "hand_off", dies_first)
-    ledger, standbys = await campaign(runner, connect, goal_id)
+    ledger, standbys = await campaign(runner, connect, goal_id), started
     assert [(e.status, e.metric_value) for e in ledger] == [("keep", 0.75), ("discard", 0.75)]
     assert int(ledger[0].job_id) not in standbys  # started cold, after the failed hand-off
     assert failed and failed[0] in standbys
@@ -377,14 +380,14 @@ goaltender experiment -d again -- python -m probe
 
 
 async def test_a_python_found_first_on_the_sandboxs_own_tmp_runs_as_it_would_cold(
-    start_runner, connect, tmp_path
+    start_runner, connect, tmp_path, started
 ):
     """The runner looks `python` up outside the sandbox, where the goal's /tmp is not /tmp: the
     standby looks again inside, and execs what the sandbox's PATH finds first."""
     agent = write_agent(tmp_path, "agent.sh", PRIVATE_PATH_AGENT)
     runner = await start_runner(agents={"a": agent})
     goal_id = await submit(await connect(runner), "private python, max 3 experiments", agent="a")
-    ledger, standbys = await campaign(runner, connect, goal_id)
+    ledger, standbys = await campaign(runner, connect, goal_id), started
     logs = [Path(e.log_path).read_text() for e in ledger]
     assert logs == ["the agent's python: -m probe\n"] * 2
     assert int(ledger[1].job_id) in standbys  # taken by a standby, which became the agent's python
