@@ -132,9 +132,10 @@ class Standbys:
     run's eval finds one warm, and so does the next run. They warm one at a time (each starts when
     the one before has imported its modules), and a standby taken is replaced once its process has
     ended: on a small box a warming standby takes CPU from whatever runs, the agent's start or a
-    training run. They are made in the environment of the goal's last Python run (at first, the
-    goal's own): an agent's `goaltender experiment` passes on what its shell exported, the same
-    from one run to the next."""
+    training run. Unless it was the last (a run took the one still warming): then its replacement
+    starts at once, or the run's eval would wait for one to warm after the run. They are made in
+    the environment of the goal's last Python run (at first, the goal's own): an agent's
+    `goaltender experiment` passes on what its shell exported, the same from one run to the next."""
 
     PER_GOAL = 2
 
@@ -171,6 +172,8 @@ class Standbys:
             return None
         standby = next((s for s in fitting if s.warm), fitting[0])  # a warming one beats a cold start
         kept.ready.remove(standby)
+        if not kept.ready:  # else this run's eval, or the next run, would wait for one to warm
+            self.refill(job.goal)
         return standby
 
     def refill(self, goal: Goal) -> None:

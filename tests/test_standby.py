@@ -7,6 +7,7 @@ runner that made them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Job
 from goaltender.runner.sandbox import Sandbox
-from goaltender.runner.standby import LATE_VARIABLES, Standby, Standbys
+from goaltender.runner.standby import LATE_VARIABLES, Standby, Standbys, discard
 from goaltender.runner.supervisor import wait_process
 from goaltender.storage.records import Goal
 
@@ -366,6 +367,48 @@ def test_any_argv_reaches_the_standbys_command_as_given(tmp_path_factory):
         assert json.loads(asyncio.run(hand_off(argv, next(counter)))) == argv
 
     check()
+
+
+async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_at_once(tmp_path):
+    """The goal's last standby taken (it had not yet said it was warm): the next starts with the
+    run, not after it, so that the run's eval finds one warm."""
+    settings_ = RunnerSettings(home=tmp_path, socket=tmp_path / "r.sock")
+    settings_.make_dirs()
+    (tmp_path / "agents").mkdir()
+    goal = Goal.model_construct(id=1, workspace=str(tmp_path / "workspaces" / "goal-1"))
+    workspace = Path(goal.workspace)
+    workspace.mkdir(parents=True)
+    settings_.agent_socket(1).touch()  # the sandbox binds the goal's socket: a file will do
+    (workspace / "ok.py").write_text("print('acc: 1')\n")
+    standbys = Standbys(Sandbox(settings_), settings_)
+    standbys.keep(goal)
+    kept = standbys._kept[goal.id]
+    [first] = kept.ready  # warming: its `r` is read by this loop, which has not run since
+    job = Job(
+        goal=goal,
+        command=[sys.executable, "ok.py"],
+        cwd=workspace,
+        env=dict(kept.env),
+        log_path=workspace / "run.log",
+        name="ok",
+        gpus=0,
+        timeout_s=None,
+        grace_s=1,
+    )
+    taken = [first]
+    try:
+        assert standbys.take(job) is first and not first.warm
+        [second] = kept.ready
+        assert second is not first and second.proc.poll() is None
+        status, _ = await wait_process(first.hand_off(job))
+        assert status == 0 and job.log_path.read_text() == "acc: 1\n"
+        await eventually(lambda: second.warm)
+        taken.append(second)
+        assert standbys.take(dataclasses.replace(job, log_path=workspace / "eval.log")) is second
+    finally:
+        await standbys.close()
+        for standby in taken:
+            await discard(standby)
 
 
 PRIVATE_PATH_AGENT = """
