@@ -13,6 +13,9 @@ could happen it execs the command instead, a cold start in the same process.
 On socket FD: `r` once the modules are imported; then the hand-off, a 4-byte length and JSON
 {"argv", "cwd", "env"} (the late variables: a value, or null to unset), with the run's log as one
 SCM_RIGHTS descriptor. What the imports printed while waiting goes to that log first.
+
+One difference from a fresh interpreter remains, on purpose: the objects the imports made are
+frozen (gc.freeze), so the collector never frees one of them that ends up in a cycle.
 """
 
 import sys
@@ -21,6 +24,7 @@ _AT_START = set(sys.modules)  # the loader imported nothing: what a fresh interp
 
 import builtins  # noqa: E402 - after _AT_START: these count among what the standby loaded
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import importlib  # noqa: E402
 import importlib.machinery  # noqa: E402
 import json  # noqa: E402
@@ -41,6 +45,10 @@ def main(fd: int, preload: list[str]) -> None:
         with contextlib.suppress(Exception):  # the command meets the same failure itself, and says it
             importlib.import_module(name)
     loaded = {name.partition(".")[0] for name in set(sys.modules) - _AT_START}
+    # As a server does before it forks workers: what the imports made is never walked by the
+    # cyclic GC again, in the run's collections or at its exit (numpy's and PIL's: 20 of 28 ms).
+    gc.collect()
+    gc.freeze()
 
     channel = socket.socket(fileno=fd)
     with contextlib.suppress(OSError):  # closed already: a hand-off may wait in it all the same
