@@ -9,8 +9,8 @@ same environment but for LATE_VARIABLES) is handed to one: its argv, working dir
 variables, and its log as stdout and stderr. From then on it is that run's process, supervised as
 any other: its own process group and sandbox, the timeout, wait4's CPU time and peak RSS (the
 imports done while it waited included). Anything else starts cold, as before; so does a command
-that would find another `python` on its PATH in the sandbox, or a module of a preloaded name in its
-directory (the standby execs it then).
+that would find another `python` on its PATH in the sandbox, a module of a preloaded name in its
+directory, or a preloaded module whose file was changed since (the standby execs it then).
 
 Only sandboxed (GOALTENDER_SANDBOX=bwrap): a sandbox dies with the runner, so no run that started
 before its experiment's record can outlive a restart unkilled.

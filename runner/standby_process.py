@@ -7,8 +7,9 @@ Started by the runner (runner/standby.py) as
 
 and never imported: it runs in a namespace of its own, so that nothing of it lands in sys.modules
 or in __main__. It uses the standard library only, and imports nothing the command might find
-differently (a module of the command's working directory shadowing a preloaded one): where that
-could happen it execs the command instead, a cold start in the same process.
+differently (a module of the command's working directory shadowing a preloaded one, or a preloaded
+module whose file changed while it waited): where that could happen it execs the command instead,
+a cold start in the same process.
 
 On socket FD: `r` once the modules are imported; then the hand-off, a 4-byte length and JSON
 {"argv", "cwd", "env"} (the late variables: a value, or null to unset), with the run's log as one
@@ -45,6 +46,7 @@ def main(fd: int, preload: list[str]) -> None:
         with contextlib.suppress(Exception):  # the command meets the same failure itself, and says it
             importlib.import_module(name)
     loaded = {name.partition(".")[0] for name in set(sys.modules) - _AT_START}
+    sources = _sources()
     # As a server does before it forks workers: what the imports made is never walked by the
     # cyclic GC again, in the run's collections or at its exit (numpy's and PIL's: 20 of 28 ms).
     gc.collect()
@@ -81,6 +83,8 @@ def main(fd: int, preload: list[str]) -> None:
 
     if _which(argv[0]) != sys.executable:
         _cold(argv)  # the sandbox's PATH names another interpreter than the runner saw
+    if any(_stat(path) != was for path, was in sources.items()):
+        _cold(argv)  # a preloaded module's file changed while this waited (one on a writable path)
     if argv[1] == "-m":
         first = os.getcwd()
         script = None
@@ -140,6 +144,21 @@ def _receive(channel: socket.socket) -> tuple[dict, int] | None:
         data += more
     channel.close()
     return json.loads(data), fds[0]
+
+
+def _sources() -> dict[str, tuple[int, int]]:
+    """The files of the modules the standby imported, each with its modification time and size:
+    what a fresh interpreter's import checks its cached bytecode against."""
+    paths = (getattr(sys.modules[name], "__file__", None) for name in set(sys.modules) - _AT_START)
+    return {path: _stat(path) for path in paths if isinstance(path, str)}
+
+
+def _stat(path: str) -> tuple[int, int]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return (stat.st_mtime_ns, stat.st_size)
 
 
 def _which(name: str) -> str | None:

@@ -256,6 +256,42 @@ async def test_a_preloaded_module_the_command_would_find_in_its_directory_starts
     assert logs[4] == warm and int(ledger[4].job_id) in standbys
 
 
+STALE_AGENT = """
+mkdir -p lib && echo 'VALUE = "old"' > lib/stale_probe.py
+echo 'import stale_probe; print("value:", stale_probe.VALUE)' > probe.py
+export PYTHONPATH=$PWD/lib
+while [ ! -e go ]; do sleep 0.05; done
+goaltender experiment -d "a new environment, cold" -- python -m probe
+goaltender experiment -d "preloaded" -- python -m probe
+while [ ! -e edit ]; do sleep 0.05; done
+echo 'VALUE = "new, longer"' > lib/stale_probe.py
+goaltender experiment -d "edited" -- python -m probe
+"""
+
+
+async def test_a_preloaded_module_edited_while_the_standby_waited_is_imported_anew(
+    start_runner, connect, tmp_path, started
+):
+    runner = await start_runner(
+        agents={"a": write_agent(tmp_path, "agent.sh", STALE_AGENT)}, preload=["stale_probe"]
+    )
+    client = await connect(runner)
+    goal_id = await submit(client, "stale, max 4 experiments", agent="a")
+    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    await eventually(lambda: standby_pids(runner, goal_id))
+    (workspace / "go").touch()
+    kept = runner.campaigns.standbys._kept[goal_id]
+    await eventually(lambda: (workspace / "experiments" / "002" / "run.log").exists())
+    # The goal's standbys, made in the PYTHONPATH it exported, have imported the old file.
+    await eventually(lambda: len(kept.ready) == 2 and all(s.warm for s in kept.ready))
+    (workspace / "edit").touch()
+    await events_until_report(client, goal_id)
+    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    logs = [Path(e.log_path).read_text() for e in ledger]
+    assert logs == ["value: old\n", "value: old\n", "value: new, longer\n"]
+    assert [int(e.job_id) in started for e in ledger] == [False, True, True]
+
+
 TIMEOUT_AGENT = """
 cat > sleeper.py <<'EOF'
 import time
