@@ -352,6 +352,61 @@ async def test_a_standby_that_dies_is_replaced_and_one_that_dies_at_hand_off_sta
     assert int(ledger[1].job_id) in standbys
 
 
+# ---- Standbys on their own: a goal's sandbox without a runner ----
+
+
+def lone_goal(home: Path) -> tuple[RunnerSettings, Goal]:
+    """Settings under `home` and goal #1 with its workspace: what a goal's sandbox binds."""
+    settings_ = RunnerSettings(home=home, socket=home / "r.sock")
+    settings_.make_dirs()
+    (home / "agents").mkdir()
+    goal = Goal.model_construct(id=1, workspace=str(home / "workspaces" / "goal-1"))
+    Path(goal.workspace).mkdir(parents=True)
+    settings_.agent_socket(1).touch()  # the sandbox binds the goal's socket: a file will do
+    return settings_, goal
+
+
+def job_for(goal: Goal, command: list[str], env: dict[str, str], log: str) -> Job:
+    workspace = Path(goal.workspace)
+    return Job(
+        goal=goal,
+        command=command,
+        cwd=workspace,
+        env=env,
+        log_path=workspace / log,
+        name="probe",
+        gpus=0,
+        timeout_s=None,
+        grace_s=1,
+    )
+
+
+async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_at_once(tmp_path):
+    """The goal's last standby taken (it had not yet said it was warm): the next starts with the
+    run, not after it, so that the run's eval finds one warm."""
+    settings_, goal = lone_goal(tmp_path)
+    (Path(goal.workspace) / "ok.py").write_text("print('acc: 1')\n")
+    standbys = Standbys(Sandbox(settings_), settings_)
+    standbys.keep(goal)
+    kept = standbys._kept[goal.id]
+    [first] = kept.ready  # warming: its `r` is read by this loop, which has not run since
+    job = job_for(goal, [sys.executable, "ok.py"], dict(kept.env), "run.log")
+    taken = [first]
+    try:
+        assert standbys.take(job) is first and not first.warm
+        [second] = kept.ready
+        assert second is not first and second.proc.poll() is None
+        status, _ = await wait_process(first.hand_off(job))
+        assert status == 0 and job.log_path.read_text() == "acc: 1\n"
+        await eventually(lambda: second.warm)
+        taken.append(second)
+        assert standbys.take(dataclasses.replace(job, log_path=job.log_path.with_name("eval.log"))) is second
+    finally:
+        await standbys.close()
+        for standby in taken:
+            await discard(standby)
+
+
 # ---- the hand-off itself, property-tested against the interpreter's own words ----
 
 ARGV_PROBE = "import json, sys; print(json.dumps(sys.argv[1:]))\n"
@@ -362,32 +417,15 @@ WORDS = st.lists(
 
 
 def test_any_argv_reaches_the_standbys_command_as_given(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    settings_ = RunnerSettings(home=home, socket=home / "r.sock")
-    settings_.make_dirs()
-    (home / "agents").mkdir()
-    goal = Goal.model_construct(id=1, workspace=str(home / "workspaces" / "goal-1"))
-    workspace = Path(goal.workspace)
-    workspace.mkdir(parents=True)
-    settings_.agent_socket(1).touch()  # the sandbox binds the goal's socket: a file will do
-    (workspace / "argv_probe.py").write_text(ARGV_PROBE)
+    settings_, goal = lone_goal(tmp_path_factory.mktemp("home"))
+    (Path(goal.workspace) / "argv_probe.py").write_text(ARGV_PROBE)
     sandbox = Sandbox(settings_)
 
     async def hand_off(argv: list[str], n: int) -> str:
         standbys = Standbys(sandbox, settings_)
         standbys.keep(goal)
-        kept = standbys._kept[goal.id]
-        job = Job(
-            goal=goal,
-            command=[sys.executable, "-m", "argv_probe", *argv],
-            cwd=workspace,
-            env=dict(kept.env) | {name: "x" for name in LATE_VARIABLES},
-            log_path=workspace / f"run-{n}.log",
-            name="probe",
-            gpus=0,
-            timeout_s=None,
-            grace_s=1,
-        )
+        env = dict(standbys._kept[goal.id].env) | {name: "x" for name in LATE_VARIABLES}
+        job = job_for(goal, [sys.executable, "-m", "argv_probe", *argv], env, f"run-{n}.log")
         standby = standbys.take(job)
         assert standby is not None
         status, _ = await wait_process(standby.hand_off(job))
@@ -403,48 +441,6 @@ def test_any_argv_reaches_the_standbys_command_as_given(tmp_path_factory):
         assert json.loads(asyncio.run(hand_off(argv, next(counter)))) == argv
 
     check()
-
-
-async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_at_once(tmp_path):
-    """The goal's last standby taken (it had not yet said it was warm): the next starts with the
-    run, not after it, so that the run's eval finds one warm."""
-    settings_ = RunnerSettings(home=tmp_path, socket=tmp_path / "r.sock")
-    settings_.make_dirs()
-    (tmp_path / "agents").mkdir()
-    goal = Goal.model_construct(id=1, workspace=str(tmp_path / "workspaces" / "goal-1"))
-    workspace = Path(goal.workspace)
-    workspace.mkdir(parents=True)
-    settings_.agent_socket(1).touch()  # the sandbox binds the goal's socket: a file will do
-    (workspace / "ok.py").write_text("print('acc: 1')\n")
-    standbys = Standbys(Sandbox(settings_), settings_)
-    standbys.keep(goal)
-    kept = standbys._kept[goal.id]
-    [first] = kept.ready  # warming: its `r` is read by this loop, which has not run since
-    job = Job(
-        goal=goal,
-        command=[sys.executable, "ok.py"],
-        cwd=workspace,
-        env=dict(kept.env),
-        log_path=workspace / "run.log",
-        name="ok",
-        gpus=0,
-        timeout_s=None,
-        grace_s=1,
-    )
-    taken = [first]
-    try:
-        assert standbys.take(job) is first and not first.warm
-        [second] = kept.ready
-        assert second is not first and second.proc.poll() is None
-        status, _ = await wait_process(first.hand_off(job))
-        assert status == 0 and job.log_path.read_text() == "acc: 1\n"
-        await eventually(lambda: second.warm)
-        taken.append(second)
-        assert standbys.take(dataclasses.replace(job, log_path=workspace / "eval.log")) is second
-    finally:
-        await standbys.close()
-        for standby in taken:
-            await discard(standby)
 
 
 PRIVATE_PATH_AGENT = """
