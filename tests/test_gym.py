@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -133,9 +134,18 @@ def answer_from(answers: dict[str, str]) -> Callable[[dict], Turn]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port for Gym's head server, below the kernel's ephemeral range (32768 up), as Gym
+    picks its own servers' (10001-20000): a port from bind(0) is an ephemeral one, which any
+    connection the other test workers open may be given between this check and Gym's bind."""
+    for _ in range(100):
+        port = random.randint(20001, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))  # all interfaces, as Gym checks its ports
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20001 and 32000")
 
 
 def lay_out_workspace(ws: Path, venv: Path) -> None:
