@@ -78,8 +78,9 @@ from pathlib import Path
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, socket_from_env
 
-async def main(count, pace, flag):
+async def main(count, pace):
     goal = int(os.environ["GOALTENDER_GOAL_ID"])
+    flag = Path(os.environ["GOALTENDER_WORKSPACE"], "go")  # the sandbox shows it the workspace, not /tmp
     async with await RunnerClient.connect_unix(socket_from_env(), client="bench-agent") as runner:
         while not flag.exists():
             await asyncio.sleep(0.01)
@@ -88,7 +89,7 @@ async def main(count, pace, flag):
             await asyncio.sleep(pace)
         await asyncio.sleep(3600)
 
-asyncio.run(main(int(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])))
+asyncio.run(main(int(sys.argv[1]), float(sys.argv[2])))
 """
 MILESTONE_TITLE = re.compile(r"bench-(\d{4})")
 
@@ -244,14 +245,14 @@ async def bench_event_to_post(
 ) -> list[float]:
     script = tmp / "milestone_agent.py"
     script.write_text(MILESTONE_AGENT)
-    flag = tmp / f"{name}.go"
-    settings = runner_settings(tmp, name, [sys.executable, str(script), str(n), str(pace), str(flag)])
+    settings = runner_settings(tmp, name, [sys.executable, str(script), str(n), str(pace)])
     async with bot_stack(tmp, name, settings, interval=interval, box=box) as (fake, runner, bot):
         res = await fake.slash_command("/goal", "report milestones", fake.general, ALICE)
         await res.wait_for_response(timeout=30)
         await settled(bot, runner)  # the card and its first updates are out
         await asyncio.sleep(interval + 0.3)  # and the channel's write gate is open again
-        flag.touch()
+        [goal] = await runner.store.list_goals()
+        (Path(goal.workspace) / "go").touch()
 
         def milestone_posts() -> dict[int, float]:
             found = {}
