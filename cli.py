@@ -1216,7 +1216,7 @@ def cmd_nemo_rl(args):
 
 def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitable[int]]:
     """Run the experiment and print its ledger row."""
-    from goaltender.runner.report import format_params
+    from goaltender.display.params import format_params
 
     async def body(runner: RunnerClient) -> int:
         reply = await runner.call(p.RunExperiment, p.ExperimentReply, **fields)

@@ -1,4 +1,5 @@
-"""How every agent process starts and ends: the sweep, the built-in agent and the Codex agent.
+"""How an asyncio agent process starts and ends: the built-in agent and the Codex agent (the
+sweep keeps the same contract without asyncio or pydantic: agents/blocking.py).
 
 The runner starts an agent in the goal's workspace with GOALTENDER_GOAL_ID, GOALTENDER_SOCKET,
 GOALTENDER_WORKSPACE and, after a runner restart, GOALTENDER_RESUMED. `run_agent` connects to the
@@ -29,32 +30,21 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 from pydantic import ValidationError
 
+from goaltender.agents.blocking import EXIT_DONE as EXIT_DONE
+from goaltender.agents.blocking import EXIT_FAILED as EXIT_FAILED
+from goaltender.agents.blocking import EXIT_MISCONFIGURED as EXIT_MISCONFIGURED
+from goaltender.agents.blocking import EXIT_NO_RUNNER as EXIT_NO_RUNNER
+from goaltender.agents.blocking import AgentFailure as AgentFailure
+from goaltender.agents.blocking import Misconfigured as Misconfigured
+from goaltender.agents.blocking import agent_log as agent_log
 from goaltender.agents.tool_output import one_line
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
 
-if TYPE_CHECKING:  # the agents that read settings import pydantic-settings; the sweep need not (~0.1 s)
+if TYPE_CHECKING:  # only the agents that read settings import pydantic-settings (~0.1 s)
     from pydantic_settings import BaseSettings
 
-EXIT_DONE = 0
-EXIT_FAILED = 1
-EXIT_MISCONFIGURED = 2
-EXIT_NO_RUNNER = 4
-
 S = TypeVar("S", bound="BaseSettings")
-
-
-class Misconfigured(ValueError):
-    """Settings the agent cannot run with; the message says which and what is wrong."""
-
-
-class AgentFailure(Exception):
-    """The agent cannot go on: `title` (and `detail`) go into a milestone, the process exits 1."""
-
-    def __init__(self, title: str, detail: str = ""):
-        super().__init__(title)
-        self.title = title
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -98,11 +88,6 @@ class GoalAgent:
 
     async def submit_report(self, text: str) -> None:
         await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=text[:50_000])
-
-
-def agent_log(name: str) -> logging.Logger:
-    """The agent's lines in agent.log (the runner keeps an agent's stderr there)."""
-    return logging.getLogger(f"{name}-agent")
 
 
 def read_settings(settings: type[S]) -> S:

@@ -10,14 +10,14 @@ up where it left off; a final report with the best config and what to try next.
     python -m goaltender.agents.sweep [--task module:attr] [--approve-above SECONDS]
     python -m goaltender.agents.sweep --nemo-rl [CHECKOUT] --eval CMD   # SFT with NeMo RL
 
-Without --task the workload is star count: the CPU model, or, when the goal asks for SFT (or
+It starts on the standard library alone (agents/blocking.py): its start-up is part of every
+campaign. Without --task the workload is star count: the CPU model, or, when the goal asks for SFT (or
 --nemo-rl is given), Qwen3-VL-2B fine-tuned with NeMo RL (agents/sft_sweep.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import json
 import math
@@ -28,13 +28,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from goaltender.agents.bootstrap import Goal, GoalAgent, Misconfigured, run_agent
-from goaltender.runner import protocol as p
+from goaltender.agents.blocking import BlockingAgent, Misconfigured, PlainGoal, run_blocking_agent
+from goaltender.display.params import format_params
 from goaltender.runner.noise import LOW_SIGNAL_ANSWER
-from goaltender.runner.report import format_params
-from goaltender.storage.records import Experiment
+from goaltender.runner.quick_client import RunnerRefused
+
+TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @dataclass
@@ -138,7 +140,38 @@ class Constraints:
         return value <= bound if op == "<=" else value >= bound
 
 
-def kept_scores(ledger: list[Experiment]) -> list[tuple[Experiment, float]]:
+@dataclass(frozen=True)
+class Row:
+    """A ledger row as the planner reads it: the fields of storage/records.py's Experiment it uses,
+    from the runner's replies as they came (the runner validated them)."""
+
+    index: int
+    params: dict[str, Any]
+    status: str
+    description: str = ""
+    metric_value: float | None = None
+    wall_seconds: float | None = None
+    within_noise: bool = False
+
+    @property
+    def counted(self) -> bool:
+        """Does it count as attempted? Not when it was interrupted."""
+        return self.status != "interrupted"
+
+    @classmethod
+    def from_reply(cls, experiment: dict[str, Any]) -> Row:
+        return cls(
+            index=experiment["index"],
+            params=experiment.get("params") or {},
+            status=experiment["status"],
+            description=experiment.get("description", ""),
+            metric_value=experiment.get("metric_value"),
+            wall_seconds=experiment.get("wall_seconds"),
+            within_noise=bool(experiment.get("within_noise")),
+        )
+
+
+def kept_scores(ledger: list[Row]) -> list[tuple[Row, float]]:
     """The kept rows with their headline values."""
     return [(e, e.metric_value) for e in ledger if e.status == "keep" and e.metric_value is not None]
 
@@ -153,21 +186,21 @@ class Planner:
     def key(config: dict[str, Any]) -> str:
         return json.dumps(config, sort_keys=True)
 
-    def best(self, ledger: list[Experiment]) -> Experiment | None:
+    def best(self, ledger: list[Row]) -> Row | None:
         scored = self.best_scored(ledger)
         return scored[0] if scored else None
 
-    def best_scored(self, ledger: list[Experiment]) -> tuple[Experiment, float] | None:
+    def best_scored(self, ledger: list[Row]) -> tuple[Row, float] | None:
         """The best kept row, with its headline value."""
         return self._pick(kept_scores(ledger))
 
-    def _pick(self, scored: list[tuple[Experiment, float]]) -> tuple[Experiment, float] | None:
+    def _pick(self, scored: list[tuple[Row, float]]) -> tuple[Row, float] | None:
         if not scored:
             return None
         pick = max if self.task.direction == "maximize" else min
         return pick(scored, key=lambda pair: pair[1])
 
-    def search_best(self, ledger: list[Experiment]) -> Experiment | None:
+    def search_best(self, ledger: list[Row]) -> Row | None:
         """The config the next move starts from: the best kept row. After an untrained run, the
         best trained run, kept or not: training that scores below the untrained model is still
         where the search goes on from."""
@@ -184,7 +217,7 @@ class Planner:
         found = self._pick(trained)
         return found[0] if found else None
 
-    def propose(self, ledger: list[Experiment]) -> Proposal | None:
+    def propose(self, ledger: list[Row]) -> Proposal | None:
         """The next experiment: the untrained model (if the task has one) and the baseline first,
         then a one-knob move from the best config. A run the runner interrupted (it crashed, say)
         is not tried: it is proposed again."""
@@ -223,7 +256,7 @@ class Planner:
                 moved = self._move(moved, knob, step) or moved
         return moved if sum(moved[k] != config.get(k) for k in moved) >= 2 else None
 
-    def _striding(self, ledger: list[Experiment]) -> bool:
+    def _striding(self, ledger: list[Row]) -> bool:
         """Stride while strides pay: from the baseline, and again after a stride whose gain was
         beyond noise (the next one costs several times more, and may overshoot)."""
         counted = [e for e in ledger if e.counted]
@@ -237,12 +270,12 @@ class Planner:
         moves = [f"{k} {base[k]} → {config[k]}" for k in self.task.space if base.get(k) != config.get(k)]
         return "together, each a step its believed way: " + ", ".join(moves)
 
-    def _failed(self, config: dict[str, Any], ledger: list[Experiment]) -> bool:
+    def _failed(self, config: dict[str, Any], ledger: list[Row]) -> bool:
         """Was `config` run to its end without a headline value?"""
         runs = [e for e in ledger if e.counted and self.key(e.params) == self.key(config)]
         return bool(runs) and all(e.metric_value is None for e in runs)
 
-    def _move_order(self, ledger: list[Experiment], best: Experiment) -> list[tuple[str, int]]:
+    def _move_order(self, ledger: list[Row], best: Row) -> list[tuple[str, int]]:
         knobs = [
             k
             for k in self.task.space
@@ -264,7 +297,7 @@ class Planner:
             order.insert(0, move)
         return order
 
-    def _move_between(self, ledger: list[Experiment], best: Experiment) -> tuple[str, int] | None:
+    def _move_between(self, ledger: list[Row], best: Row) -> tuple[str, int] | None:
         earlier = [e for e in ledger if e.index < best.index and e.status == "keep"]
         if not earlier:
             return None
@@ -294,7 +327,7 @@ class Planner:
         why = self.task.reasons.get((knob, step), "")
         return f"{knob} {base[knob]} → {config[knob]}" + (f": {why}" if why else "")
 
-    def untried_moves(self, ledger: list[Experiment], limit: int = 3) -> list[str]:
+    def untried_moves(self, ledger: list[Row], limit: int = 3) -> list[str]:
         best = self.search_best(ledger)
         if best is None:
             return []
@@ -400,38 +433,38 @@ class CostThreshold:
 CONFIRM_SEEDS = 3  # seeds a within-noise best is run with when the humans ask for a change of course
 
 
-class SweepAgent(GoalAgent):
+class SweepAgent(BlockingAgent):
     stop_within_s = 3.0
 
-    def __init__(self, goal: Goal, task: SweepTask, approve_above: CostThreshold):
+    def __init__(
+        self, goal: PlainGoal, task: SweepTask, approve_above: CostThreshold, summary: dict[str, Any]
+    ):
         super().__init__(goal)
         self.task = task
         self.planner = Planner(task)
         self.approve_above = approve_above
-        self.ledger: list[Experiment] = []
-        self.goal_target: float | None = None
+        self.summary = summary  # the goal as it stood when the agent started (a `summary` reply)
+        self.ledger: list[Row] = [Row.from_reply(e) for e in summary["ledger"]]
+        self.goal_target: float | None = summary["status"]["goal"].get("target")
         self.end_note = ""
         self.confirm_best = False  # the humans answered a low-signal prompt with "change course"
 
-    async def run(self) -> None:
-        summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
-        self.ledger = summary.ledger
-        self.goal_target = summary.status.goal.target
+    def run(self) -> None:
         if self.goal.resumed:
-            await self._resume()
+            self._resume()
         else:
-            await self.milestone(
+            self.milestone(
                 f"Plan: {self.task.name} sweep on {self.task.metric}",
                 f"{self.task.plan_text or self._plan_text()}\n"
                 f"Search space: {self._space_text()}\n"
                 f"Approval asked before any run estimated above {self.approve_above.said()}.\n"
-                f"{summary.status.stop_status}",
+                f"{self.summary['status']['stop_status']}",
             )
         while True:
-            await self._read_inbox()
+            self._read_inbox()
             if self.confirm_best:
                 self.confirm_best = False
-                if await self._confirm():
+                if self._confirm():
                     continue
             if self._target_reached():
                 self.end_note = f"target {self.goal_target:g} reached"
@@ -444,26 +477,25 @@ class SweepAgent(GoalAgent):
                     else "the baseline produced no metric, so there is nothing to build on (see its log)"
                 )
                 break
-            if not await self._approved(proposal):
+            if not self._approved(proposal):
                 continue
-            await self._prepare(proposal.config)
+            self._prepare(proposal.config)
             try:
-                await self._run(proposal.config, proposal.description)
-            except p.ProtocolError as exc:
-                if exc.error.code in ("budget_exhausted", "conflict"):
-                    self.end_note = exc.error.message
+                self._run(proposal.config, proposal.description)
+            except RunnerRefused as exc:
+                if exc.code in ("budget_exhausted", "conflict"):
+                    self.end_note = exc.message
                     break
-                if exc.error.code == "disk_full":
+                if exc.code == "disk_full":
                     continue  # the goal is paused until there is room: the next request waits for it
                 raise
-        await self.finish()
+        self.finish()
 
-    async def _run(self, config: dict[str, Any], description: str, repeat: int = 1) -> None:
+    def _run(self, config: dict[str, Any], description: str, repeat: int = 1) -> None:
         """One experiment of `config` through the runner, entered in the ledger and reported."""
-        reply = await self.runner.call(
-            p.RunExperiment,
-            p.ExperimentReply,
-            goal_id=self.goal_id,
+        reply = self.call(
+            "run_experiment",
+            "experiment",
             command=self.task.command(config),
             description=description,
             params=config,
@@ -472,33 +504,33 @@ class SweepAgent(GoalAgent):
             eval_command=self.task.eval_command,
             repeat=repeat,
         )
-        self.ledger.append(reply.experiment)
-        await self._after_run(reply)
+        self.ledger.append(Row.from_reply(reply["experiment"]))
+        self._after_run(reply)
 
-    async def _confirm(self) -> bool:
+    def _confirm(self) -> bool:
         """The humans asked for a change of course on gains within noise: run the best config
         again with CONFIRM_SEEDS seeds (the runner records their mean ± sd) before going on."""
         best = self.planner.best(self.ledger)
         if best is None:
             return False
-        await self.milestone(
+        self.milestone(
             f"Confirming #{best.index} with {CONFIRM_SEEDS} seeds",
             "Its gain lies within noise; its mean over seeds says whether it is real before the "
             "search goes on.",
         )
         try:
-            await self._run(
+            self._run(
                 best.params,
                 f"confirm #{best.index} with {CONFIRM_SEEDS} seeds: its gain lies within noise",
                 repeat=CONFIRM_SEEDS,
             )
-        except p.ProtocolError as exc:
-            if exc.error.code in ("budget_exhausted", "conflict", "disk_full"):
+        except RunnerRefused as exc:
+            if exc.code in ("budget_exhausted", "conflict", "disk_full"):
                 return False
             raise
         return True
 
-    async def _approved(self, proposal: Proposal) -> bool:
+    def _approved(self, proposal: Proposal) -> bool:
         estimate = self._estimate(proposal.config)
         baseline_s = self._baseline_seconds()
         limit = self.approve_above.limit(baseline_s)
@@ -510,33 +542,33 @@ class SweepAgent(GoalAgent):
             else f"~{estimate:.0f}s"
         )
         covered = self.approve_above.covering(estimate, baseline_s)
-        reply = await self.runner.call(
-            p.Ask,
-            p.DecisionReply,
-            goal_id=self.goal_id,
+        reply = self.call(
+            "ask",
+            "decision",
             kind="cost",
             question=f"Run a costly experiment ({cost}, above the {self.approve_above} threshold)?",
             detail=f"Hypothesis: {proposal.description}\nConfig: {format_params(proposal.config)}\n"
             f"Approving also covers later runs estimated up to {covered.said()}.",
         )
-        if reply.approval.state == "approved":
+        approval = reply["approval"]
+        if approval["state"] == "approved":
             self.approve_above = covered
             return True
         self.planner.rejected.add(self.planner.key(proposal.config))
-        await self.milestone(
-            f"Skipped: {proposal.description.split(':')[0]} ({reply.approval.state})",
-            f"{reply.approval.decided_by or 'nobody'} said no"
-            + (f": {reply.approval.comment}" if reply.approval.comment else "")
+        self.milestone(
+            f"Skipped: {proposal.description.split(':')[0]} ({approval['state']})",
+            f"{approval.get('decided_by') or 'nobody'} said no"
+            + (f": {approval['comment']}" if approval.get("comment") else "")
             + ". Trying the next hypothesis.",
         )
         return False
 
-    async def _prepare(self, config: dict[str, Any]) -> None:
+    def _prepare(self, config: dict[str, Any]) -> None:
         if self.task.prepare is None:
             return
-        made = await asyncio.to_thread(self.task.prepare, config)
+        made = self.task.prepare(config)
         if made is not None:
-            await self.milestone(*made)
+            self.milestone(*made)
 
     def _baseline_seconds(self) -> float | None:
         """The wall time of the campaign's first finished run: what a relative threshold scales."""
@@ -556,36 +588,38 @@ class SweepAgent(GoalAgent):
         ]
         return raw * statistics.median(ratios) if ratios else raw
 
-    async def _after_run(self, reply: p.ExperimentReply) -> None:
-        e = reply.experiment
-        if reply.new_best:
+    def _after_run(self, reply: dict[str, Any]) -> None:
+        e = self.ledger[-1]
+        stop_status = reply.get("stop_status", "")
+        if reply.get("new_best"):
             previous = [x for x in self.ledger[:-1] if x.status == "keep"]
             before = f" (was {previous[-1].metric_value:.4g})" if previous else ""
-            await self.milestone(
+            self.milestone(
                 f"New best: {self.task.metric} {e.metric_value:.4g}{before}",
-                f"#{e.index} {e.description}\nConfig: {format_params(e.params)}\n{reply.stop_status}",
+                f"#{e.index} {e.description}\nConfig: {format_params(e.params)}\n{stop_status}",
             )
-        await self._handoff(reply.stop_status)
+        self._handoff(stop_status)
 
-    async def _read_inbox(self) -> None:
-        inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)
-        for message in inbox.messages:
-            if message.text.startswith(LOW_SIGNAL_ANSWER):
-                if "change course" in message.text:
+    def _read_inbox(self) -> None:
+        messages = self.call("read_inbox", "inbox")["messages"]
+        for message in messages:
+            text = message["text"]
+            if text.startswith(LOW_SIGNAL_ANSWER):
+                if "change course" in text:
                     self.confirm_best = True
                 continue  # the runner's own prompt, answered: not a steer of the search space
-            applied = self.planner.apply_steer(message.text)
+            applied = self.planner.apply_steer(text)
             if applied:
-                text = "Applied: " + "; ".join(applied) + f".\nSearch space now: {self._space_text()}"
+                said = "Applied: " + "; ".join(applied) + f".\nSearch space now: {self._space_text()}"
             else:
-                text = (
+                said = (
                     "I could not map this onto the search space, so the plan is unchanged. I understand "
                     "'only <knob>', 'freeze <knob>', '<knob>=<value>', '<knob> under <value>'; budget "
                     "changes ('+2m', 'max 10 experiments') are applied by the runner."
                 )
-            await self.milestone(f"Steer from {message.author}: “{message.text}”", text)
-        if inbox.messages:
-            await self._handoff("after steering")
+            self.milestone(f"Steer from {message['author']}: “{text}”", said)
+        if messages:
+            self._handoff("after steering")
 
     def _target_reached(self) -> bool:
         best = self.planner.best_scored(self.ledger)
@@ -618,7 +652,7 @@ class SweepAgent(GoalAgent):
                 parts.append(f"{knob} ∈ {allowed}")
         return "; ".join(parts)
 
-    async def _handoff(self, stop_status: str) -> None:
+    def _handoff(self, stop_status: str) -> None:
         best = self.planner.best(self.ledger)
         state = {
             "constraints": self.planner.constraints.to_json(),
@@ -629,27 +663,19 @@ class SweepAgent(GoalAgent):
             "attempted": sum(e.counted for e in self.ledger),
             "stop_status": stop_status,
         }
-        await self.runner.call(
-            p.WriteDiary,
-            p.Done,
-            goal_id=self.goal_id,
-            kind="handoff",
-            text="sweep state: " + json.dumps(state),
-        )
+        self.call("write_diary", kind="handoff", text="sweep state: " + json.dumps(state))
 
-    async def _resume(self) -> None:
-        entries = await self.runner.call(
-            p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=1, kind="handoff"
-        )
+    def _resume(self) -> None:
+        entries = self.call("read_diary", "diary", last=1, kind="handoff")["entries"]
         restored = "no handoff found; rebuilt from the ledger alone"
-        if entries.entries and entries.entries[-1].text.startswith("sweep state: "):
-            state = json.loads(entries.entries[-1].text.removeprefix("sweep state: "))
+        if entries and entries[-1]["text"].startswith("sweep state: "):
+            state = json.loads(entries[-1]["text"].removeprefix("sweep state: "))
             self.planner.constraints = Constraints.from_json(state["constraints"])
             self.planner.rejected = set(state["rejected"])
             restored = f"handoff restored ({state['attempted']} attempted at the time)"
         best = self.planner.best(self.ledger)
         interrupted = [f"#{e.index}" for e in self.ledger if not e.counted]
-        await self.milestone(
+        self.milestone(
             "Resumed after a restart",
             f"{restored}; the ledger has {len(self.ledger)} rows"
             + (f", best #{best.index} {self.task.metric} {best.metric_value:.4g}" if best else "")
@@ -661,10 +687,10 @@ class SweepAgent(GoalAgent):
             ),
         )
 
-    async def stop(self) -> None:
-        await self.finish(stopped=True)
+    def stop(self) -> None:
+        self.finish(stopped=True)
 
-    async def finish(self, stopped: bool = False) -> None:
+    def finish(self, stopped: bool = False) -> None:
         best = self.planner.best(self.ledger)
         lines = [f"**Why it ended:** {'stopped by a person' if stopped else self.end_note}."]
         if best is not None:
@@ -679,9 +705,9 @@ class SweepAgent(GoalAgent):
         crashes = [e for e in self.ledger if e.status == "crash"]
         if crashes:
             lines.append(f"**Crashes:** {len(crashes)} (see the ledger notes and the run logs).")
-        await self.submit_report("\n\n".join(lines))
+        self.submit_report("\n\n".join(lines))
         if not stopped:
-            await self.milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
+            self.milestone("Campaign finished", lines[0] + "\n" + (lines[1] if len(lines) > 1 else ""))
 
     def _effects(self) -> list[str]:
         """The metric change of each one-knob move and stride, measured from the kept config it
@@ -771,9 +797,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    async def build(goal: Goal) -> SweepAgent:
-        summary = await goal.runner.call(p.Summary, p.SummaryReply, goal_id=goal.id)
-        task = choose_task(args, summary.status.goal.text, goal.workspace)
+    def build(goal: PlainGoal) -> SweepAgent:
+        summary = goal.runner.call("summary", "summary", goal_id=goal.id)
+        task = choose_task(args, summary["status"]["goal"]["text"], goal.workspace)
         approve_above = args.approve_above
         if approve_above is None:
             try:
@@ -782,9 +808,9 @@ def main() -> None:
                 )
             except ValueError as exc:
                 raise Misconfigured(f"GOALTENDER_SWEEP_APPROVE_ABOVE: {exc}") from exc
-        return SweepAgent(goal, task, approve_above)
+        return SweepAgent(goal, task, approve_above, summary)
 
-    run_agent("sweep", "The sweep agent", build)
+    run_blocking_agent("sweep", "The sweep agent", build)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from goaltender.agents.sweep import Planner, SweepTask, star_count_task
+from goaltender.agents.sweep import Planner, Row, SweepTask, star_count_task
 from goaltender.environments import text_sentiment
 from goaltender.environments.star_count import workload as star_workload
 from goaltender.runner import noise
-from goaltender.storage.records import Experiment
 
 TARGETS = {"star_count": (0.85, 0.95, 0.98), "text_sentiment": (0.85, 0.95, 0.98)}
 HELDOUT = {"star_count": 64, "text_sentiment": text_sentiment.HELDOUT_SIZE}  # examples a score is on
@@ -112,7 +111,7 @@ def planner(task: SweepTask, seed: int, measure: Measure, budget: int) -> None:
     """The sweep agent's planner on a ledger kept as the runner keeps it: keep a new best, else
     discard, and flag a gain inside the new result's Wilson interval as within noise."""
     plan = Planner(task)
-    ledger: list[Experiment] = []
+    ledger: list[Row] = []
     best: float | None = None
     while len(ledger) < budget and (proposal := plan.propose(ledger)) is not None:
         value = measure(proposal.config)
@@ -121,15 +120,11 @@ def planner(task: SweepTask, seed: int, measure: Measure, budget: int) -> None:
         noisy = better and noise.within_noise(found, best, task.direction)
         best = value if better else best
         ledger.append(
-            Experiment(
-                id=len(ledger) + 1,
-                goal_id=1,
+            Row(
                 index=len(ledger) + 1,
-                description=proposal.description,
-                command=["bench"],
                 params=proposal.config,
                 status="keep" if better else "discard",
-                metric_name=task.metric,
+                description=proposal.description,
                 metric_value=value,
                 within_noise=noisy,
             )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from goaltender.runner.report import format_params as _report_params
+from goaltender.display.params import format_params as _one_line_params
 from goaltender.storage.records import Approval, Budget, Experiment, Goal
 
 EMOJI = {
@@ -107,7 +107,7 @@ def format_metric(name: str | None, value: float | None) -> str:
 
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
     """``train_size=2048 hidden=64 lr=0.001`` on one line, cut whole with " …" past ``max_len``."""
-    return clean(_report_params(params, max_len)).replace("\n", " ")
+    return clean(_one_line_params(params, max_len)).replace("\n", " ")
 
 
 def format_bar(fraction: float, width: int = BAR_WIDTH) -> str:

@@ -7,6 +7,11 @@ the JSON of a plain dict shaped as runner/protocol.py's model encodes it; the ru
 
     [reply] = exchange(socket_from_env(), "cli:milestone", [encode({"type": "milestone", ...})])
 
+An agent that talks to the runner all campaign long without asyncio (the sweep) keeps a Session:
+
+    runner = Session(socket_from_env(), "agent:sweep:3")
+    summary = runner.call("summary", "summary", goal_id=3)
+
 Also here, for both clients: where the socket is, how a long path is reached, and the errors.
 """
 
@@ -16,6 +21,7 @@ import contextlib
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -102,8 +108,98 @@ def exchange(path: Path, client: str, requests: Sequence[str], expect: str = "do
     return [replies[number] for number in range(1, len(lines))]
 
 
-@contextlib.contextmanager
-def _connect(path: Path) -> Iterator[socket.socket]:
+class Session:
+    """One connection for many requests, each waited for in turn. A call that is interrupted (a
+    signal's exception, a timeout) leaves the stream mid-line, so the connection is dropped and the
+    next call opens another: the runner answers what the old one asked all the same."""
+
+    def __init__(self, path: Path, client: str):
+        self.path = path
+        self.client = client
+        self.deadline: float | None = None  # time.monotonic() by which every call must be answered
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+        self._ids = 0
+
+    def call(self, kind: str, expect: str, /, **fields: Any) -> dict[str, Any]:
+        """Send a `kind` request with `fields` and return its `expect` reply (a dict as the runner
+        sent it). An `error` reply raises RunnerRefused; a lost link RunnerUnavailable; a reply
+        after the `deadline` TimeoutError."""
+        try:
+            self.open()
+            return self._exchange({"type": kind, **fields}, expect)
+        except BaseException:
+            self.close()
+            raise
+
+    def open(self) -> None:
+        """Connect and say hello, unless connected."""
+        if self._sock is None:
+            self._sock = _connect_socket(self.path)
+            self._buffer = b""
+            try:
+                self._exchange(
+                    {"type": "hello", "version": PROTOCOL_VERSION, "client": self.client}, "welcome"
+                )
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _exchange(self, request: dict[str, Any], expect: str) -> dict[str, Any]:
+        assert self._sock is not None
+        self._ids += 1
+        self._wait()
+        try:
+            self._sock.sendall(encode({"id": self._ids, **request}).encode() + b"\n")
+        except OSError as exc:
+            raise RunnerUnavailable(f"lost the runner: {exc}") from exc
+        while True:
+            reply = self._next_reply()
+            if reply.get("id") == self._ids or (reply.get("type") == "error" and "id" not in reply):
+                break  # else an answer to a call interrupted on an earlier connection: not ours
+        if reply.get("type") == "error":
+            raise RunnerRefused(str(reply.get("code")), str(reply.get("message")))
+        if reply.get("type") != expect:
+            raise RunnerRefused("internal", f"expected {expect}, got {reply.get('type')}")
+        return reply
+
+    def _next_reply(self) -> dict[str, Any]:
+        assert self._sock is not None
+        while b"\n" not in self._buffer:
+            self._wait()
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                raise RunnerUnavailable(f"lost the runner: {exc}") from exc
+            if not chunk:
+                raise RunnerUnavailable("the runner closed the connection")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            raise RunnerUnavailable(f"the runner sent a line that is not JSON: {exc}") from exc
+        return reply if isinstance(reply, dict) else {}
+
+    def _wait(self) -> None:
+        """Give the socket's next send or receive what is left before the deadline."""
+        assert self._sock is not None
+        if self.deadline is None:
+            self._sock.settimeout(None)
+        elif (left := self.deadline - time.monotonic()) > 0:
+            self._sock.settimeout(left)
+        else:
+            raise TimeoutError("the runner did not answer in time")
+
+
+def _connect_socket(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with unix_address(path) as address:
@@ -111,7 +207,12 @@ def _connect(path: Path) -> Iterator[socket.socket]:
     except OSError as exc:
         sock.close()
         raise unreachable(path, exc) from exc
-    with sock:
+    return sock
+
+
+@contextlib.contextmanager
+def _connect(path: Path) -> Iterator[socket.socket]:
+    with _connect_socket(path) as sock:
         yield sock
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
+from goaltender.display.params import format_params
 from goaltender.runner.budget import stop_status
 from goaltender.storage.records import Experiment, Goal, HubFetch
 
@@ -47,28 +47,6 @@ def error_classes(experiment: Experiment) -> str:
     if ranked[0][1] > 0:
         parts[0] += " (dominant)"
     return ", ".join(parts)
-
-
-def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:
-    """`train_size=2048 hidden=64 lr=0.001`; with max_len, whole params only, then " …"."""
-    tokens = [f"{k}={_format_value(v)}" for k, v in params.items()]
-    text = " ".join(tokens)
-    if max_len is not None and len(text) > max_len:
-        kept: list[str] = []  # a value cut in half would read as another value
-        for token in tokens:
-            if len(" ".join([*kept, token])) > max_len - 2:
-                break
-            kept.append(token)
-        text = " ".join([*kept, "…"])
-    return text
-
-
-def _format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list | tuple):
-        return ",".join(_format_value(v) for v in value)
-    return str(value)
 
 
 def ledger_table(experiments: list[Experiment], metric: str | None) -> str:

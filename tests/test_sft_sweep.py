@@ -18,9 +18,9 @@ from conftest import events_until_report, submit, write_agent
 from goaltender.agents import sft_sweep
 from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.sft_sweep import FIRST_SFT, UNTRAINED
-from goaltender.agents.sweep import Planner
+from goaltender.agents.sweep import Planner, Row
 from goaltender.runner import protocol as p
-from goaltender.storage.records import Experiment, MilestoneReported
+from goaltender.storage.records import MilestoneReported
 
 TESTS = Path(__file__).parent
 TRAINER = f"{sys.executable} {TESTS / 'fake_nemo_rl_trainer.py'}"
@@ -35,18 +35,8 @@ def task(tmp_path, monkeypatch):
     return sft_sweep.star_count_sft_task(tmp_path, EVAL, None, {"GOALTENDER_NEMO_RL_COMMAND": TRAINER})
 
 
-def row(index: int, params: dict, status: str, value: float | None) -> Experiment:
-    return Experiment(
-        id=index,
-        goal_id=1,
-        index=index,
-        description="",
-        command=["x"],
-        params=params,
-        status=status,
-        metric_name="exact_accuracy",
-        metric_value=value,
-    )
+def row(index: int, params: dict, status: str, value: float | None) -> Row:
+    return Row(index=index, params=params, status=status, metric_value=value)
 
 
 # ---- through the runner ----

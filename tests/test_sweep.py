@@ -14,24 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from toy_task import TASK
 
-from goaltender.agents.sweep import Constraints, CostThreshold, Planner, SweepTask
-from goaltender.storage.records import Experiment
+from goaltender.agents.sweep import Constraints, CostThreshold, Planner, Row, SweepTask
 
 SWEEP = [sys.executable, "-m", "goaltender.agents.sweep"]
 
 
 def row(index, params, status, value):
-    return Experiment(
-        id=index,
-        goal_id=1,
-        index=index,
-        description="",
-        command=["x"],
-        params=params,
-        status=status,
-        metric_name="score",
-        metric_value=value,
-    )
+    return Row(index=index, params=params, status=status, metric_value=value)
 
 
 def test_baseline_first_then_one_knob_moves():
@@ -152,8 +141,8 @@ def test_a_stride_respects_frozen_pinned_and_limited_knobs():
 
 
 def test_the_star_count_sweep_starts_without_the_workloads_libraries():
-    # Issue 13: numpy and Pillow (the workload's), pydantic-settings and the SFT module were a
-    # good part of the agent's start-up, before its first milestone; the runs import them.
+    # Issue 13: numpy and Pillow (the workload's), pydantic, asyncio and the SFT module were most
+    # of the agent's start-up, before its first milestone; the runs import the workload's.
     script = (
         "import argparse, sys\n"
         "from pathlib import Path\n"
@@ -161,7 +150,7 @@ def test_the_star_count_sweep_starts_without_the_workloads_libraries():
         "args = argparse.Namespace(task=None, nemo_rl=None, eval=None)\n"
         "task = sweep.choose_task(args, 'Train the star-count model to 98%, budget 3m', Path('.'))\n"
         "print(task.name, task.estimate_cost(task.baseline) > 0)\n"
-        "heavy = ['numpy', 'PIL', 'pydantic_settings', 'goaltender.agents.sft_sweep']\n"
+        "heavy = ['numpy', 'PIL', 'pydantic', 'asyncio', 'goaltender.agents.sft_sweep']\n"
         "print(' '.join(m for m in heavy if m in sys.modules) or 'none')\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
