@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from goaltender.runner.wire import PROTOCOL_VERSION
+from goaltender.runner.wire import MAX_LINE, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
@@ -156,6 +156,8 @@ class Session:
         self._wait()
         try:
             self._sock.sendall(encode({"id": self._ids, **request}).encode() + b"\n")
+        except TimeoutError:
+            raise
         except OSError as exc:
             raise RunnerUnavailable(f"lost the runner: {exc}") from exc
         while True:
@@ -181,6 +183,8 @@ class Session:
             if not chunk:
                 raise RunnerUnavailable("the runner closed the connection")
             self._buffer += chunk
+            if len(self._buffer) > MAX_LINE and b"\n" not in self._buffer:
+                raise RunnerUnavailable(f"the runner sent a line over {MAX_LINE} bytes")
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
             reply = json.loads(line)

@@ -21,6 +21,7 @@ from test_cli_quick import agent_goal, stored  # noqa: F401 - agent_goal is a fi
 
 from goaltender.runner import protocol as p
 from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, Session
+from goaltender.runner.wire import MAX_LINE
 
 ASKING_SWEEP = [
     sys.executable,
@@ -150,3 +151,9 @@ def test_any_answer_is_a_reply_or_a_clear_error(line_server, answer):
         assert reply["type"] == "done" and reply["id"] == 2
     finally:
         session.close()
+
+
+def test_a_line_longer_than_the_protocol_allows_ends_the_call(line_server):
+    line_server.answer = b"x" * (MAX_LINE + 1)
+    with pytest.raises(RunnerUnavailable, match=f"a line over {MAX_LINE} bytes"):
+        Session(line_server.path, "agent:test:1").call("milestone", "done", goal_id=1, title="x")
