@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from goaltender.agents.blocking import EXIT_NO_RUNNER as EXIT_NO_RUNNER
 from goaltender.agents.blocking import AgentFailure as AgentFailure
 from goaltender.agents.blocking import Misconfigured as Misconfigured
 from goaltender.agents.blocking import agent_log as agent_log
+from goaltender.agents.blocking import process_exit, process_goal
 from goaltender.agents.tool_output import one_line
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
@@ -124,22 +124,8 @@ def run_agent(name: str, label: str, build: Build) -> NoReturn:
     ("openai" -> client `agent:openai:<goal>`, lines `openai-agent: ...`), `label` how people do
     ("The built-in agent"); `build` makes the agent once the runner is connected (a coroutine when
     it must ask the runner first, e.g. for the goal's words), and may raise Misconfigured."""
-    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
-    agent_log(name).setLevel(logging.INFO)
-    raw_goal = os.environ.get("GOALTENDER_GOAL_ID", "")
-    if not raw_goal.isdigit():
-        agent_log(name).error(
-            "GOALTENDER_GOAL_ID is not set (to a goal number); the runner starts this agent for a goal"
-        )
-        sys.exit(EXIT_MISCONFIGURED)
-    code = asyncio.run(_serve(name, label, build, int(raw_goal)))
-    # Nothing is left to do but the interpreter's own teardown (finalising every module and
-    # object), which was ~0.1 s of each goal's end: the logs are flushed, and the agent has closed
-    # what it opened (its sessions, files and child processes) in close().
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _, goal_id = process_goal(name)
+    process_exit(asyncio.run(_serve(name, label, build, goal_id)))
 
 
 async def _serve(name: str, label: str, build: Build, goal_id: int) -> int:

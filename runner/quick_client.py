@@ -92,8 +92,7 @@ def exchange(path: Path, client: str, requests: Sequence[str], expect: str = "do
     """Say hello as `client`, send `requests` (JSON objects from encode()) and return their `expect`
     replies in order: everything in one write, one round trip. The hello's error, else the first
     request's, raises RunnerRefused; a lost link raises RunnerUnavailable."""
-    hello = encode({"type": "hello", "version": PROTOCOL_VERSION, "client": client})
-    lines = [f'{{"id":{number},{request[1:]}' for number, request in enumerate([hello, *requests])]
+    lines = [f'{{"id":{n},{request[1:]}' for n, request in enumerate([encode(_hello(client)), *requests])]
     with _connect(path) as sock:
         with contextlib.suppress(OSError):  # the runner hung up (a refused hello): its reply says why
             sock.sendall("\n".join(lines).encode() + b"\n")
@@ -101,11 +100,21 @@ def exchange(path: Path, client: str, requests: Sequence[str], expect: str = "do
     for number in range(len(lines)):
         if (reply := replies.get(number)) is None:
             raise RunnerUnavailable("the runner closed the connection")
-        if reply.get("type") == "error":
-            raise RunnerRefused(str(reply.get("code")), str(reply.get("message")))
-        if reply.get("type") != (expect if number else "welcome"):
-            raise RunnerRefused("internal", f"expected {expect}, got {reply.get('type')}")
+        _answer(reply, expect if number else "welcome")
     return [replies[number] for number in range(1, len(lines))]
+
+
+def _hello(client: str) -> dict[str, Any]:
+    return {"type": "hello", "version": PROTOCOL_VERSION, "client": client}
+
+
+def _answer(reply: dict[str, Any], expect: str) -> dict[str, Any]:
+    """`reply` if it is the `expect` reply; an `error` raises RunnerRefused with its words."""
+    if reply.get("type") == "error":
+        raise RunnerRefused(str(reply.get("code")), str(reply.get("message")))
+    if reply.get("type") != expect:
+        raise RunnerRefused("internal", f"expected {expect}, got {reply.get('type')}")
+    return reply
 
 
 class Session:
@@ -138,9 +147,7 @@ class Session:
             self._sock = _connect_socket(self.path)
             self._buffer = b""
             try:
-                self._exchange(
-                    {"type": "hello", "version": PROTOCOL_VERSION, "client": self.client}, "welcome"
-                )
+                self._exchange(_hello(self.client), "welcome")
             except BaseException:
                 self.close()
                 raise
@@ -164,11 +171,7 @@ class Session:
             reply = self._next_reply()
             if reply.get("id") == self._ids or (reply.get("type") == "error" and "id" not in reply):
                 break  # else an answer to a call interrupted on an earlier connection: not ours
-        if reply.get("type") == "error":
-            raise RunnerRefused(str(reply.get("code")), str(reply.get("message")))
-        if reply.get("type") != expect:
-            raise RunnerRefused("internal", f"expected {expect}, got {reply.get('type')}")
-        return reply
+        return _answer(reply, expect)
 
     def _next_reply(self) -> dict[str, Any]:
         assert self._sock is not None
