@@ -38,7 +38,8 @@ from goaltender.storage.records import Event, MetricPoint, UnreadableEvent, utcn
 R = TypeVar("R", bound=p.Reply)
 # A raw log fetch's chunk: big enough that a request's own cost is small beside its bytes, small
 # enough that the buffers it passes through are reused rather than paged in afresh each time.
-RAW_LOG_CHUNK = 1024 * 1024
+RAW_LOG_CHUNK = 2 * 1024 * 1024
+_READ_PIECE = 256 * 1024  # bytes: SocketStream.readexactly of more takes them as they come
 log = logging.getLogger("goaltender.client")
 
 
@@ -61,7 +62,7 @@ class LineStream(LineWriter, Protocol):
 
     async def readline(self) -> bytes: ...
 
-    async def readexactly(self, n: int) -> bytes: ...
+    async def readexactly(self, n: int) -> bytes | bytearray: ...
 
     def close(self) -> None: ...
 
@@ -91,11 +92,23 @@ class SocketStream:
     async def readline(self) -> bytes:
         return await self._reader.readline()
 
-    async def readexactly(self, n: int) -> bytes:
-        try:
-            return await self._reader.readexactly(n)
-        except asyncio.IncompleteReadError as exc:
-            raise ConnectionError(f"the link ended {n - len(exc.partial)} bytes into a raw reply") from exc
+    async def readexactly(self, n: int) -> bytes | bytearray:
+        """The next n bytes, taken as they come into one buffer: asyncio's readexactly would first
+        gather all n in the reader's buffer (megabytes for a log chunk) and then copy them out."""
+        if n <= _READ_PIECE:
+            try:
+                return await self._reader.readexactly(n)
+            except asyncio.IncompleteReadError as exc:
+                got = len(exc.partial)
+        else:
+            received = bytearray(n)
+            view, got = memoryview(received), 0
+            while got < n and (piece := await self._reader.read(min(n - got, _READ_PIECE))):
+                view[got : got + len(piece)] = piece
+                got += len(piece)
+            if got == n:
+                return received  # not copied again into bytes
+        raise ConnectionError(f"the link ended {n - got} bytes into a raw reply")
 
     def write(self, data: bytes) -> None:
         self._writer.write(data)

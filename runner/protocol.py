@@ -572,10 +572,11 @@ class LogReply(Reply):
     #: empty, and the chunk is `data`.
     raw_bytes: int | None = Field(default=None, ge=0, le=MAX_RAW_BYTES)
     added_fields = frozenset({"raw_bytes"})
-    _chunk: bytes = PrivateAttr(default=b"")  # a raw reply's bytes: read by the client, to send by the runner
+    #: A raw reply's bytes: read by the client, to send by the runner.
+    _chunk: bytes | bytearray = PrivateAttr(default=b"")
 
     @property
-    def data(self) -> bytes:
+    def data(self) -> bytes | bytearray:
         """The chunk as UTF-8, raw or not: what `goaltender log` writes out."""
         return self._chunk if self.raw_bytes is not None else self.text.encode()
 

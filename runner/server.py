@@ -41,6 +41,7 @@ from goaltender.storage.runner_store import RunnerStore, stored_events_json
 log = logging.getLogger("goaltender.runner")
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
 ANSWER_AFTER_EOF_S = 30.0  # how long requests in flight when a client stops sending are still answered
+RAW_SLICE = 256 * 1024  # bytes of a raw log chunk written at a time (_Connection._send_raw)
 
 # Each handler takes its own request type and who asks; the table is keyed by that type.
 Handler = Callable[[Any, Principal], Awaitable[p.Reply]]
@@ -311,28 +312,40 @@ class _Connection:
 
     def _line(self, message: p.Message) -> bytes:
         if isinstance(message, p.LogReply):  # a chunk of a log may start or end inside a secret
-            message = message.model_copy(update={"text": self.redactor.redact_edges(message.text)})
+            if message.text:  # a raw reply's text is empty: its chunk is redacted by _raw_log
+                message = message.model_copy(update={"text": self.redactor.redact_edges(message.text)})
             if not isinstance(message.id, str):  # its one string is redacted: not scanned twice
                 return p.encode(message)
         return self.redactor.redact_line(p.encode(message))
 
     def _raw_log(self, reply: p.LogReply) -> tuple[bytes, bytes]:
         """A raw log reply's line and the bytes that follow it: the chunk, redacted as its text
-        would be in a line."""
-        chunk = self.redactor.redact_edges_utf8(reply._chunk)
-        return self._line(reply.model_copy(update={"raw_bytes": len(chunk)})), chunk
+        would be in a line. The reply is this connection's to send, so it is counted in place."""
+        chunk = self.redactor.redact_edges_utf8(bytes(reply._chunk))  # bytes already (pread): no copy
+        reply.raw_bytes = len(chunk)
+        return self._line(reply), chunk
 
     async def send(self, message: p.Message) -> None:
         """Write one message. Everything that leaves the runner passes here, and is redacted here."""
-        parts: tuple[bytes, ...]
         if isinstance(message, p.LogReply) and message.raw_bytes is not None:
-            parts = self._raw_log(message)
-        else:
-            parts = (self._line(message),)
-        async with self._write_lock:  # a raw reply's line and its bytes go out together
-            for part in parts:
-                self.writer.write(part)
+            await self._send_raw(*self._raw_log(message))
+            return
+        line = self._line(message)
+        async with self._write_lock:
+            self.writer.write(line)
             await self.writer.drain()
+
+    async def _send_raw(self, line: bytes, chunk: bytes) -> None:
+        """A raw reply's line and its bytes, together, the bytes a slice at a time: the transport's
+        buffer then holds at most a slice, not the megabytes a whole chunk would leave in it to
+        copy (benchmarks/bench_history.py)."""
+        view = memoryview(chunk)
+        async with self._write_lock:
+            self.writer.write(line)
+            for start in range(0, len(view), RAW_SLICE):
+                self.writer.write(view[start : start + RAW_SLICE])
+                await self.writer.drain()
+            await self.writer.drain()  # an empty chunk: the line alone
 
     async def send_all(self, messages: list[p.Message]) -> None:
         """Write several messages, one line each, with one drain."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 
 import pytest
 from conftest import eventually
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from goaltender.bot.links import RunnerLink
 from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.runner.client import RunnerClient, RunnerUnavailable, SocketStream
 from goaltender.storage.records import Budget, Event, MilestoneReported
 from goaltender.storage.runner_store import INSERT_EVENT
 
@@ -232,6 +234,28 @@ async def test_a_pipelined_log_fetch_returns_the_file(start_runner, connect, tmp
     assert await fetch(p.MAX_LOG_CHUNK, 4) == "é" * 100_000 + "end"
     assert await fetch(p.MAX_LOG_CHUNK, 4, raw=False) == "é" * 100_000 + "end"
     assert await fetch(1001, 3, offset=1) == "é" * 99_999 + "end"  # from inside a character: the next
+
+
+@pytest.mark.parametrize("size", [100, 3 * 256 * 1024 + 5])
+async def test_a_raw_chunk_is_read_whole_over_a_socket_or_the_loss_says_how_much_was_missing(size):
+    """SocketStream.readexactly, as the client reads a raw reply's bytes from a Unix socket: a
+    chunk past its piece size (taken as it comes into one buffer) or within it (asyncio's own read)
+    is exactly the bytes sent, the next line is intact, and a link that ends inside a chunk is a
+    ConnectionError that says how many bytes never came."""
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair(socket.AF_UNIX)
+    theirs.setblocking(False)
+    reader, writer = await asyncio.open_unix_connection(sock=ours, limit=p.MAX_LINE)
+    stream = SocketStream(reader, writer)
+    data = os.urandom(size)
+    sending = asyncio.ensure_future(loop.sock_sendall(theirs, data + b"next line\n" + data[: size // 2]))
+    assert await stream.readexactly(size) == data
+    assert await stream.readline() == b"next line\n"
+    await sending
+    theirs.close()
+    with pytest.raises(ConnectionError, match=f"the link ended {size - size // 2} bytes into a raw reply"):
+        await stream.readexactly(size)
+    stream.close()
 
 
 class _ByteStream:

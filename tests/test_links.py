@@ -194,7 +194,7 @@ async def test_a_raw_log_fetch_over_ssh_returns_the_log(start_runner, ssh_box, t
     assert len(expected) > 2 * 1024 * 1024 and "✓".encode() in expected
 
     replies = [reply async for reply in client.fetch_log(experiment.id)]
-    assert all(reply.raw_bytes is not None for reply in replies) and len(replies) > 2
+    assert all(reply.raw_bytes is not None for reply in replies) and len(replies) > 1
     assert b"".join(reply.data for reply in replies) == expected
     await client.close()
 
