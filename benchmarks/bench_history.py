@@ -10,7 +10,8 @@
    raw 2 MiB chunks, the bytes after their reply lines, two in flight), and as it used to (64 KiB
    of JSON text, one at a time). Baseline: a raw read over a local socket, a bare Unix-socket
    server streaming the file's bytes to a client (the floor of moving those bytes through a
-   socket), measured in turns with the pipelined fetch (best of 15 each: a fetch is ~40 ms, and on this box the best of 7 still wandered by a third).
+   socket), measured in turns with the pipelined fetch (best of 15 each: a fetch is ~40 ms, and
+   on this box the best of 7 still wandered by a third).
 
     python benchmarks/bench_history.py [--events 50000] [--log-mib 32]
 """
