@@ -13,7 +13,10 @@ a cold start in the same process.
 
 On socket FD: `r` once the modules are imported; then the hand-off, a 4-byte length and JSON
 {"argv", "cwd", "env"} (the late variables: a value, or null to unset), with the run's log as one
-SCM_RIGHTS descriptor. What the imports printed while waiting goes to that log first.
+SCM_RIGHTS descriptor. What the imports printed while waiting goes to that log first. A hand-off
+that comes while the modules are still being imported (a run took a standby still warming) stops
+the imports there: the run imports what it needs of the rest itself, as a cold start would, so the
+modules are best listed in the order runs need them.
 
 One difference from a fresh interpreter remains, on purpose: the objects the imports made are
 frozen (gc.freeze), so the collector never frees one of them that ends up in a cycle.
@@ -42,7 +45,10 @@ def main(fd: int, preload: list[str]) -> None:
     waiting_output = os.memfd_create("goaltender-standby-output")
     os.dup2(waiting_output, 1)
     os.dup2(waiting_output, 2)
+    channel = socket.socket(fileno=fd)
     for name in preload:
+        if _handed_off(channel):
+            break  # a run waits for this standby: it imports what it needs of the rest itself
         with contextlib.suppress(Exception):  # the command meets the same failure itself, and says it
             importlib.import_module(name)
     loaded = {name.partition(".")[0] for name in set(sys.modules) - _AT_START}
@@ -52,7 +58,6 @@ def main(fd: int, preload: list[str]) -> None:
     gc.collect()
     gc.freeze()
 
-    channel = socket.socket(fileno=fd)
     with contextlib.suppress(OSError):  # closed already: a hand-off may wait in it all the same
         channel.sendall(b"r")  # warm: the runner may start the goal's next standby
     handoff = _receive(channel)
@@ -125,6 +130,18 @@ def main(fd: int, preload: list[str]) -> None:
             __loader__=importlib.machinery.SourceFileLoader("__main__", script),
         )
         exec(code, main_module.__dict__)
+
+
+def _handed_off(channel: socket.socket) -> bool:
+    """Has the hand-off come, or has the runner let this standby go? Looked at, not taken: the
+    hand-off (its descriptor too) stays for _receive."""
+    try:
+        channel.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 def _receive(channel: socket.socket) -> tuple[dict, int] | None:

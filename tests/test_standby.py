@@ -407,6 +407,44 @@ async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_a
             await discard(standby)
 
 
+async def test_a_hand_off_that_comes_while_the_standby_imports_stops_its_imports_there(tmp_path, monkeypatch):
+    """A run that takes a standby still importing its preload need not wait for the modules it
+    may never use: the standby stops at the hand-off (its log descriptor intact) and runs it, with
+    what it had imported by then."""
+    settings_, goal = lone_goal(tmp_path)
+    workspace = Path(goal.workspace)
+    lib = workspace / "lib"
+    lib.mkdir()
+    go = workspace / "go"
+    (lib / "slow_first.py").write_text(
+        f"import os, time\nopen({str(workspace / 'importing')!r}, 'w').close()\n"
+        f"deadline = time.monotonic() + 60\nwhile not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+    )
+    (lib / "later_probe.py").write_text("")
+    (workspace / "ok.py").write_text(
+        "import sys\nfor name in ('slow_first', 'later_probe'): print(name, name in sys.modules)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    settings_.preload = ["slow_first", "later_probe"]
+    standbys = Standbys(Sandbox(settings_), settings_)
+    standbys.keep(goal)
+    kept = standbys._kept[goal.id]
+    [first] = kept.ready
+    job = job_for(goal, [sys.executable, "ok.py"], dict(kept.env), "run.log")
+    try:
+        await eventually(lambda: (workspace / "importing").exists())
+        assert standbys.take(job) is first and not first.warm
+        proc = first.hand_off(job)  # waits in the socket while slow_first imports
+        go.touch()
+        status, _ = await wait_process(proc)
+        assert status == 0
+        assert job.log_path.read_text() == "slow_first True\nlater_probe False\n"
+    finally:
+        await standbys.close()
+        await discard(first)
+
+
 # ---- the hand-off itself, property-tested against the interpreter's own words ----
 
 ARGV_PROBE = "import json, sys; print(json.dumps(sys.argv[1:]))\n"

@@ -39,21 +39,23 @@ HYPOTHESES: dict[tuple[str, int], str] = {
 #: The way each knob is believed to raise accuracy: the planner's prior (HYPOTHESES says why).
 EXPECT: dict[str, int] = {"train_size": 1, "hidden": 1, "iters": 1, "lr": 1, "resolution": 1}
 
-#: What a run and its evaluation import before their own code does anything: a box that runs star
+#: What a run and its evaluation import before their own code does anything, in the order a run
+#: needs them (a run that takes a standby still warming stops its imports): a box that runs star
 #: count may have its standby interpreters import these while they wait (GOALTENDER_PRELOAD,
 #: runner/standby.py; the demo does). None reads the environment on import but numpy, which takes
 #: its BLAS threads from it: set OPENBLAS_NUM_THREADS in the runner's environment then, as the
 #: workload's own default (set before it imports numpy) comes too late for a preloaded numpy.
 PRELOAD = (
     "numpy",
-    "PIL.Image",
-    "PIL.ImageDraw",
-    "PIL.ImageFont",
-    "PIL.PngImagePlugin",
     *(
         f"goaltender.environments.star_count.{name}"
         for name in ("generate", "mlp", "prompt", "verify", "errors")
     ),
+    "numpy.random",  # a run's weights start random; the evaluation's never do
+    "PIL.Image",  # the evaluation's gallery; a run renders only canvases its cache lacks
+    "PIL.ImageDraw",
+    "PIL.ImageFont",
+    "PIL.PngImagePlugin",
 )
 
 #: Words people use in steering messages, mapped to knobs.
