@@ -104,7 +104,7 @@ def save_gallery(cases: list[Case], examples: list[Example], path: Path) -> None
     # Named *.png, not given format="PNG": Pillow then loads its PNG plugin alone, not its five
     # usual ones (BMP, GIF, JPEG, PPM, PNG: a tenth of the evaluation).
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    sheet.save(tmp)
+    sheet.save(tmp, compress_level=3)  # a third faster than the default 6; ~30% more bytes, ~17 KB
     os.replace(tmp, path)
 
 

@@ -46,10 +46,15 @@ EXPECT: dict[str, int] = {"train_size": 1, "hidden": 1, "iters": 1, "lr": 1, "re
 #: its BLAS threads from it: set OPENBLAS_NUM_THREADS in the runner's environment then, as the
 #: workload's own default (set before it imports numpy) comes too late for a preloaded numpy.
 PRELOAD = (
+    # What a run and an evaluation import of the standard library besides numpy's: half of what
+    # they have left to import with numpy warm (~15 ms of each).
+    "argparse",
+    "tempfile",
+    "zipfile",  # numpy's .npz: the cached canvases, the saved model
     "numpy",
     *(
         f"goaltender.environments.star_count.{name}"
-        for name in ("generate", "mlp", "prompt", "verify", "errors")
+        for name in ("generate", "mlp", "prompt", "verify", "errors", "space")
     ),
     "numpy.random",  # a run's weights start random; the evaluation's never do
     "PIL.Image",  # the evaluation's gallery; a run renders only canvases its cache lacks
