@@ -257,6 +257,10 @@ class Campaigns:
         command = self.settings.agents[goal.agent]
         try:
             await self.sockets.open_agent_socket(goal.id, self.settings.agent_socket(goal.id))
+            if (goal.executor or self.settings.executor) == "local":
+                # Before the agent, whose start is shorter than the first run's standby's (numpy):
+                # that run waits on it. (The standby's sandbox binds the goal's socket, there now.)
+                self.standbys.keep(goal)
             launch = self.sandbox.launch(goal, command, cwd=workspace, env=env, agent=True)
             proc = spawn(launch, log_path=workspace / "agent.log", beneath=workspace)
         except OSError as exc:
@@ -268,8 +272,6 @@ class Campaigns:
             await self.store.set_goal_state(goal.id, "running", f"agent {goal.agent} started")
         self._spawn(self._watch_agent(goal.id, proc, launch))
         self._arm_deadline(goal)
-        if (goal.executor or self.settings.executor) == "local":
-            self.standbys.keep(goal)
 
     async def _watch_agent(self, goal_id: int, proc: subprocess.Popen, launch: Launch) -> None:
         status, _ = await wait_process(proc)
