@@ -173,7 +173,8 @@ class Standbys:
         standby = next((s for s in fitting if s.warm), fitting[0])  # a warming one beats a cold start
         kept.ready.remove(standby)
         if not kept.ready:  # else this run's eval, or the next run, would wait for one to warm
-            self.refill(job.goal)
+            # Started once this one has its job: a sandbox's spawn holds the runner ~6 ms.
+            asyncio.get_running_loop().call_soon(self.refill, job.goal)
         return standby
 
     def refill(self, goal: Goal) -> None:

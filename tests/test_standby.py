@@ -394,9 +394,12 @@ async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_a
     taken = [first]
     try:
         assert standbys.take(job) is first and not first.warm
+        assert not kept.ready  # its replacement's spawn (~6 ms) waits for the hand-off, not the run
+        proc = first.hand_off(job)
+        await eventually(lambda: len(kept.ready) == 1)
         [second] = kept.ready
         assert second is not first and second.proc.poll() is None
-        status, _ = await wait_process(first.hand_off(job))
+        status, _ = await wait_process(proc)
         assert status == 0 and job.log_path.read_text() == "acc: 1\n"
         await eventually(lambda: second.warm)
         taken.append(second)
