@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from types import ModuleType
 
 from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, encode, exchange, socket_from_env
 from goaltender.runner.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
@@ -18,30 +15,29 @@ from goaltender.runner.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 
 
-def _on_first_use(name: str) -> ModuleType:
-    """Module `name`, imported when one of its attributes is first read (importlib's LazyLoader)."""
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.loader is not None, name
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    parent, _, child = name.rpartition(".")
-    setattr(sys.modules[parent], child, module)  # as an import would
-    return module
+class _OnFirstUse:
+    """The protocol module, imported when one of its names is first read."""
+
+    def __getattr__(self, name: str) -> object:
+        from goaltender.runner import protocol
+
+        return getattr(protocol, name)
 
 
 # Every agent verb is a process of its own, so this module imports only what each verb needs:
-# the rest (asyncio and the client, budget words, reports, preflight, training) is imported by the
-# commands that use it (tests/test_cli_speed.py checks the heavy ones stay out). So is the protocol
-# (pydantic): the hottest verbs talk through runner/quick_client.py with plain JSON (test_cli_quick.py).
+# the rest (asyncio and the client, budget words, reports, preflight, training; pathlib and
+# importlib too, a sixth of a quick verb's start-up) is imported by the commands that use it
+# (tests/test_cli_speed.py checks the heavy ones stay out). So is the protocol (pydantic): the
+# hottest verbs talk through runner/quick_client.py with plain JSON (test_cli_quick.py).
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
     from goaltender.runner import protocol as p
     from goaltender.runner.client import RunnerClient
     from goaltender.storage.records import HubFetch
 else:
-    p = sys.modules.get("goaltender.runner.protocol") or _on_first_use("goaltender.runner.protocol")
+    p = _OnFirstUse()
 
 EXIT_OK = 0
 EXIT_NO = 1  # rejected approval, crashed experiment, failed fetch
@@ -177,6 +173,45 @@ class _Unused:
         return lambda *args, **kwargs: self
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, as every verb builds it and few show it: without shutil and textwrap (a
+    fifteenth of a quick verb's start-up), as argparse makes a formatter for every argument.
+    The width is the terminal's as shutil.get_terminal_size() tells it; descriptions, written
+    indented, are dedented when shown."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ):
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return super()._fill_text(textwrap.dedent(text), width, indent)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's, with _Formatter; its subparsers are made of this class too."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(**kwargs)
+
+
+def _columns() -> int:
+    """The terminal's width: $COLUMNS, else the width of stdout's terminal, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 LISTING = ""  # build_parser(LISTING): every command named (for --help), none of their arguments
 
 
@@ -191,14 +226,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]:
-    parser = argparse.ArgumentParser(
-        prog="goaltender",
-        description=DESCRIPTION,
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = _Parser(prog="goaltender", description=DESCRIPTION, epilog=EXIT_CODES)
     parser.add_argument(
-        "--socket", type=Path, help="runner socket (default: $GOALTENDER_SOCKET or ~/.goaltender)"
+        "--socket", type=_path, help="runner socket (default: $GOALTENDER_SOCKET or ~/.goaltender)"
     )
     sub = parser.add_subparsers(metavar="command")
     built: list[str] = []
@@ -211,16 +241,8 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
                 sub.add_parser(name, help=help)
             unused: Any = _Unused()
             return unused
-        import textwrap  # only for a command being built
-
         built.append(name)
-        cmd = sub.add_parser(
-            name,
-            help=help,
-            description=textwrap.dedent(description or help),
-            epilog=EXIT_CODES,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        cmd = sub.add_parser(name, help=help, description=description or help, epilog=EXIT_CODES)
         cmd.set_defaults(func=func)
         return cmd
 
@@ -235,8 +257,10 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
                                    whose sshd forbids stream forwarding: the bot runs this command)""",
     )
     cmd.add_argument("action", nargs="?", choices=["attach"], help="attach: the stdio bridge")
-    cmd.add_argument("--socket", type=Path, default=argparse.SUPPRESS, help="the runner socket")
-    cmd.add_argument("--home", type=Path, help="state directory (default: $GOALTENDER_HOME or ~/.goaltender)")
+    cmd.add_argument("--socket", type=_path, default=argparse.SUPPRESS, help="the runner socket")
+    cmd.add_argument(
+        "--home", type=_path, help="state directory (default: $GOALTENDER_HOME or ~/.goaltender)"
+    )
 
     cmd = command(
         "demo",
@@ -249,9 +273,7 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     )
     cmd.add_argument("goal", nargs="?", help="the goal's text (default: the star-count campaign)")
     cmd.add_argument("--yes", action="store_true", help="approve every prompt (for scripts)")
-    cmd.add_argument(
-        "--dir", type=Path, default=Path("goaltender-demo"), help="where state, plots and logs go"
-    )
+    cmd.add_argument("--dir", type=_path, default="goaltender-demo", help="where state, plots and logs go")
     cmd.add_argument(
         "--agent",
         choices=["sweep", "openai", "codex"],
@@ -481,8 +503,8 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         Experiments start in the stage named `campaign`.""",
     )
     cmd.add_argument("summary", nargs="?", help="what the stage did and found (or --file)")
-    cmd.add_argument("--file", type=Path, help="the summary, from a file")
-    cmd.add_argument("--attach", type=Path, help="a document for the humans to review, e.g. plan.md")
+    cmd.add_argument("--file", type=_path, help="the summary, from a file")
+    cmd.add_argument("--attach", type=_path, help="a document for the humans to review, e.g. plan.md")
     goal_arg(cmd)
 
     cmd = command(
@@ -524,7 +546,7 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
 
     cmd = command("report", cmd_report, "hand in your words for the final report (findings, next steps)")
     cmd.add_argument("text", nargs="?", help="markdown text (or use --file)")
-    cmd.add_argument("--file", type=Path)
+    cmd.add_argument("--file", type=_path)
     goal_arg(cmd)
 
     cmd = command(
@@ -649,7 +671,14 @@ def _check_requests(requests: list[str]) -> None:
         _checked(p.REQUEST_MODELS[fields.pop("type")], **fields)
 
 
-def _socket(args: argparse.Namespace) -> Path:
+def _path(text: str) -> Path:
+    """An argparse type: a path."""
+    from pathlib import Path
+
+    return Path(text)
+
+
+def _socket(args: argparse.Namespace) -> str | Path:
     return args.socket or socket_from_env()
 
 
@@ -1032,7 +1061,7 @@ def cmd_metrics(args):
 def _read_points_file(name: str) -> str:
     if name == "-":
         return _read_text(sys.stdin.buffer.read, "stdin")
-    return _read_text(Path(name).read_bytes, name)
+    return _read_text(_path(name).read_bytes, name)
 
 
 def _points_from_lines(text: str, step: float | None) -> list[str]:
@@ -1183,7 +1212,7 @@ def cmd_nemo_rl(args):
             args.recipe,
             args.config,
             overrides,
-            cwd=Path(cwd),
+            cwd=_path(cwd),
             env=os.environ,
             checkout=args.checkout,
             script=args.script,
@@ -1454,7 +1483,7 @@ def cmd_skill_edit(args):
     if args.file == "-":
         content = _read_text(sys.stdin.buffer.read, "stdin")
     else:
-        content = _read_text(Path(args.file).read_bytes, args.file)
+        content = _read_text(_path(args.file).read_bytes, args.file)
     fields = _checked(
         p.SkillEdit,
         goal_id=_goal_id(args),

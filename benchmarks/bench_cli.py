@@ -88,13 +88,23 @@ async def main(runs: int) -> None:
                 await medians([GOALTENDER, "milestone", "step done"], env, runs),
             ),
             (
+                "goaltender metrics loss=1 (one point)",
+                await medians([GOALTENDER, "metrics", "loss=1"], env, runs),
+            ),
+            (
                 f"goaltender metrics --file - ({POINTS:,} points)",
                 await medians([GOALTENDER, "metrics", "--file", "-"], env, runs, points.encode()),
             ),
         ]
         await runner.close()
+    editable = any(name.startswith("__editable__") for name in sys.modules)
     print(
         f"CLI start-up, median of {runs} runs; baseline `python -c pass`: {base[0]:.3f} CPU-s, {base[1]:.3f} s wall"
+    )
+    print(
+        "install: "
+        + ("editable (its import hook in every interpreter, the baseline's too)" if editable else "installed")
+        + f", {sys.prefix}"
     )
     print(f"{'figure':44} {'CPU-s':>7} {'ratio':>6} {'wall s':>7}")
     for name, (cpu, wall) in figures:

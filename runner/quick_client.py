@@ -23,13 +23,15 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from goaltender.runner.wire import MAX_LINE, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeAlias
+
+    # A path as str or pathlib.Path: pathlib's import is a tenth of a quick verb's start-up.
+    SocketPath: TypeAlias = str | os.PathLike[str]
 
 
 class RunnerUnavailable(ConnectionError):
@@ -45,30 +47,32 @@ class RunnerRefused(Exception):
         self.message = message
 
 
-def socket_from_env() -> Path:
+def socket_from_env() -> str:
     """The runner socket an agent should use: GOALTENDER_SOCKET, else <GOALTENDER_HOME>/runner.sock."""
     if path := os.environ.get("GOALTENDER_SOCKET"):
-        return Path(path)
+        return path
     from goaltender.runner.config import RunnerSettings  # the home may come from GOALTENDER_CONFIG
 
-    return RunnerSettings().socket_path
+    return str(RunnerSettings().socket_path)
 
 
 @contextlib.contextmanager
-def unix_address(path: Path) -> Iterator[str]:
+def unix_address(path: SocketPath) -> Iterator[str]:
     """`path` as bind() and connect() take it: a path longer than a socket address may be (~107
     bytes; a runner home on a deep directory) is reached through /proc/self/fd/<its directory>."""
-    if len(os.fsencode(str(path))) < 100:
-        yield str(path)
+    path = os.fspath(path)
+    if len(os.fsencode(path)) < 100:
+        yield path
         return
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parent, name = os.path.split(path)
+    directory = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        yield f"/proc/self/fd/{directory}/{path.name}"
+        yield f"/proc/self/fd/{directory}/{name}"
     finally:
         os.close(directory)
 
 
-def unreachable(path: str | Path, exc: OSError) -> RunnerUnavailable:
+def unreachable(path: SocketPath, exc: OSError) -> RunnerUnavailable:
     """What to say when connecting to `path` failed with `exc`."""
     if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
         return RunnerUnavailable(
@@ -88,7 +92,9 @@ def encode(request: dict[str, Any]) -> str:
     return json.dumps(request, separators=(",", ":"))
 
 
-def exchange(path: Path, client: str, requests: Sequence[str], expect: str = "done") -> list[dict[str, Any]]:
+def exchange(
+    path: SocketPath, client: str, requests: Sequence[str], expect: str = "done"
+) -> list[dict[str, Any]]:
     """Say hello as `client`, send `requests` (JSON objects from encode()) and return their `expect`
     replies in order: everything in one write, one round trip. The hello's error, else the first
     request's, raises RunnerRefused; a lost link raises RunnerUnavailable."""
@@ -122,7 +128,7 @@ class Session:
     signal's exception, a timeout) leaves the stream mid-line, so the connection is dropped and the
     next call opens another: the runner answers what the old one asked all the same."""
 
-    def __init__(self, path: Path, client: str):
+    def __init__(self, path: SocketPath, client: str):
         self.path = path
         self.client = client
         self.deadline: float | None = None  # time.monotonic() by which every call must be answered
@@ -206,7 +212,7 @@ class Session:
             raise TimeoutError("the runner did not answer in time")
 
 
-def _connect_socket(path: Path) -> socket.socket:
+def _connect_socket(path: SocketPath) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with unix_address(path) as address:
@@ -218,7 +224,7 @@ def _connect_socket(path: Path) -> socket.socket:
 
 
 @contextlib.contextmanager
-def _connect(path: Path) -> Iterator[socket.socket]:
+def _connect(path: SocketPath) -> Iterator[socket.socket]:
     with _connect_socket(path) as sock:
         yield sock
 

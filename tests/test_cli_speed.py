@@ -34,6 +34,32 @@ def test_an_agent_verb_imports_nothing_heavy():
     assert out.stdout.strip() == ""
 
 
+# Nor what the interpreter itself does not import: a tenth of a quick verb's start-up, measured
+# against a bare `python -c pass` (an editable install's import hook loads them in every process,
+# so the interpreter here runs without site, the package reached through a link of its name).
+UNNEEDED = ["pathlib", "shutil", "importlib.util", "textwrap", "typing"]
+
+
+@pytest.mark.parametrize("argv", [["milestone", "done"], ["metrics", "loss=1"], ["diary", "write", "x"]])
+def test_a_quick_verb_imports_only_what_it_uses(tmp_path, argv):
+    (tmp_path / "goaltender").symlink_to(Path(cli_module_dir()))
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from goaltender import cli\n"
+        f"cli.build_parser({argv[0]!r}).parse_args({argv!r})\n"
+        f"print(' '.join(m for m in {UNNEEDED!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def cli_module_dir() -> str:
+    import goaltender
+
+    return str(Path(goaltender.__file__).parent)
+
+
 def test_the_models_are_built_on_first_use():
     script = (
         "from goaltender.runner import protocol as p\n"
