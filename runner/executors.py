@@ -9,6 +9,7 @@ runner restart: `attach` follows it again from its Placement.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import subprocess
 from collections.abc import Awaitable, Callable
@@ -119,8 +120,10 @@ class LocalExecutor:
         finally:
             # The goal's next standby warms once this process is done, not while it runs: on a
             # small box it would take the run's CPU (a training run's BLAS threads use every core).
+            # Spawned after its result is passed on (a sandbox's spawn holds the runner ~3 ms), so
+            # the run's eval, or the experiment's row, does not wait for it.
             if self.standbys is not None:
-                self.standbys.refill(job.goal)
+                asyncio.get_running_loop().call_soon(self.standbys.refill, job.goal)
 
     async def attach(self, job: Job, placement: Placement, *, on_points: OnPoints) -> ProcessResult:
         # A local process dies with its sandbox when the runner goes (--die-with-parent): there is

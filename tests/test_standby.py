@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.executors import Job
+from goaltender.runner.executors import Job, LocalExecutor
 from goaltender.runner.sandbox import Sandbox
 from goaltender.runner.standby import LATE_VARIABLES, Standby, Standbys, discard
 from goaltender.runner.supervisor import wait_process
@@ -396,8 +396,8 @@ async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_a
         assert standbys.take(job) is first and not first.warm
         assert not kept.ready  # its replacement's spawn (~6 ms) waits for the hand-off, not the run
         proc = first.hand_off(job)
-        await eventually(lambda: len(kept.ready) == 1)
-        [second] = kept.ready
+        await eventually(lambda: kept.ready)
+        second = kept.ready[0]  # oldest first: a third may follow it once it is warm
         assert second is not first and second.proc.poll() is None
         status, _ = await wait_process(proc)
         assert status == 0 and job.log_path.read_text() == "acc: 1\n"
@@ -408,6 +408,30 @@ async def test_a_run_that_takes_the_standby_still_warming_has_the_next_started_a
         await standbys.close()
         for standby in taken:
             await discard(standby)
+
+
+async def test_a_finished_runs_result_is_passed_on_before_the_next_standby_spawns(tmp_path):
+    """A standby taken is replaced once its process has ended, but after its result has gone on:
+    the spawn holds the runner a few ms, which the run's eval (or its row) need not wait for."""
+    settings_, goal = lone_goal(tmp_path)
+    (Path(goal.workspace) / "ok.py").write_text("print('acc: 1')\n")
+    standbys = Standbys(Sandbox(settings_), settings_)
+    executor = LocalExecutor(standbys.sandbox, "box", standbys)
+    standbys.keep(goal)
+    kept = standbys._kept[goal.id]
+    try:
+        await eventually(lambda: len(kept.ready) == 2 and all(s.warm for s in kept.ready))
+        job = job_for(goal, [sys.executable, "ok.py"], dict(kept.env), "run.log")
+
+        async def ignore(_: object) -> None:
+            return None
+
+        result = await executor.run(job, on_points=ignore, on_start=ignore)
+        assert result.exit_code == 0 and job.log_path.read_text() == "acc: 1\n"
+        assert len(kept.ready) == 1  # the replacement is not spawned yet: the result came first
+        await eventually(lambda: len(kept.ready) == 2)
+    finally:
+        await standbys.close()
 
 
 async def test_a_hand_off_that_comes_while_the_standby_imports_stops_its_imports_there(tmp_path, monkeypatch):
