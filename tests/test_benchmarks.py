@@ -35,9 +35,11 @@ SMALL = {
 def test_make_bench_runs_every_benchmark_here():
     makefile = (REPO / "Makefile").read_text()
     assert sorted(SMALL) == sorted(
-        line.split("benchmarks/")[1].removesuffix(".py")
-        for line in makefile.split("\nbench:")[1].split("\n\n")[0].splitlines()
-        if "benchmarks/" in line
+        {  # bench_cli runs twice: from the editable .venv and from the wheel's
+            line.split("benchmarks/")[1].split()[0].removesuffix(".py")
+            for line in makefile.split("\nbench:")[1].split("\n\n")[0].splitlines()
+            if "benchmarks/" in line
+        }
     )
 
 
