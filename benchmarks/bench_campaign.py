@@ -77,7 +77,7 @@ def main() -> int:
                         f"turn {turn + 1}: {cache_state}, standbys {'on' if standby else 'off'}: "
                         f"campaign {figures['campaign']:.2f}s, training {figures['train']:.2f}s, "
                         f"data {figures['data']:.2f}s, other {figures['other']:.2f}s, "
-                        f"training / campaign {figures['share']:.2f}",
+                        f"training / campaign {figures['share']:.3f}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -90,7 +90,9 @@ def main() -> int:
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for (cache_state, standby), runs in seen.items():
         cells = [
-            spread([run[key] for run in runs]) for key in ("campaign", "train", "data", "other", "share")
+            # The share to three places: issue 13's line is at 0.8, and 0.795 is not over it.
+            spread([run[key] for run in runs], 3 if key == "share" else 2)
+            for key in ("campaign", "train", "data", "other", "share")
         ]
         experiments = spread([run["experiments"] for run in runs], 0)
         print(
