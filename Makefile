@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml
 	# which imports pathlib and importlib in every interpreter: 11 ms of each process's start (the
 	# agent's, each standby's, each verb's) that an installed wheel does not pay. A path entry to a
 	# link named goaltender finds the same files for nothing.
-	mkdir -p $(VENV)/src && ln -sfn $(CURDIR) $(VENV)/src/goaltender
-	$(BIN)/python -c "import pathlib, sysconfig; [p.write_text('$(CURDIR)/$(VENV)/src\n') for p in \
-		pathlib.Path(sysconfig.get_path('purelib')).glob('__editable__.goaltender-*.pth')]"
+	mkdir -p $(VENV)/src && ln -sfn "$(CURDIR)" $(VENV)/src/goaltender
+	$(BIN)/python -c "import pathlib, sys, sysconfig; [p.write_text(sys.argv[1] + '\n') for p in \
+		pathlib.Path(sysconfig.get_path('purelib')).glob('__editable__.goaltender-*.pth')]" "$(CURDIR)/$(VENV)/src"
 	touch $(STAMP)
 
 demo: $(STAMP)
