@@ -5,10 +5,22 @@ import sys
 
 from goaltender.agents.sweep import SweepTask
 
+#: Runs of x above ASKED_AFTER_X wait for the file ANSWERED in their working directory (the goal's
+#: workspace): the low-signal prompt comes after the run of x = 3, and a test that answers it makes
+#: the file once the answer is in the agent's inbox, so that the agent reads it before its budget
+#: runs out (without, five quick runs could all end before the answer came).
+ANSWERED = "answered"
+ASKED_AFTER_X = 3
+
 
 def command(config):
     accuracy = 0.5 + config["x"] / 100
-    code = f"import os; print('accuracy: {accuracy}'); print('n: 64'); print('seed:', os.environ.get('GOALTENDER_SEED'))"
+    code = "import os, time\n"
+    if config["x"] > ASKED_AFTER_X:
+        code += f"while not os.path.exists({ANSWERED!r}): time.sleep(0.01)\n"
+    code += (
+        f"print('accuracy: {accuracy}'); print('n: 64'); print('seed:', os.environ.get('GOALTENDER_SEED'))"
+    )
     return [sys.executable, "-c", code]
 
 

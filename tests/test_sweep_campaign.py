@@ -40,6 +40,9 @@ async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
 ):
     from conftest import eventually, pending_approval
     from noisy_task import AGENT as NOISY_AGENT
+    from noisy_task import ANSWERED
+
+    from goaltender.storage.records import SteerReceived
 
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
     runner = await start_runner(agents={"noisy": NOISY_AGENT}, noise_ask_after=2)
@@ -50,6 +53,15 @@ async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
     await client.call(
         p.Decide, p.DecisionReply, approval_id=asked.id, approve=False, by="ana", comment="check the seeds"
     )
+
+    async def answer_in_inbox() -> bool:
+        events = await runner.store.events_since(0, goal_id=goal_id)
+        return any(isinstance(e.data, SteerReceived) for e in events)
+
+    await eventually(answer_in_inbox)
+    goal = await runner.store.get_goal(goal_id)
+    assert goal is not None
+    (Path(goal.workspace) / ANSWERED).touch()  # the run waiting for it ends; the agent reads its inbox next
     events = await events_until_report(client, goal_id, timeout=60)
     rows = [e.data.experiment for e in events if isinstance(e.data, ExperimentFinished)]
     confirm = next(row for row in rows if row.description.startswith("confirm #"))
