@@ -12,6 +12,7 @@ import pytest
 from conftest import events_until_report, submit, write_agent
 from test_cli_input import assert_refused, run_cli
 
+import goaltender
 from goaltender.runner import protocol as p
 from goaltender.runner.client import MetricBuffer
 
@@ -42,7 +43,7 @@ UNNEEDED = ["pathlib", "shutil", "importlib.util", "textwrap", "typing"]
 
 @pytest.mark.parametrize("argv", [["milestone", "done"], ["metrics", "loss=1"], ["diary", "write", "x"]])
 def test_a_quick_verb_imports_only_what_it_uses(tmp_path, argv):
-    (tmp_path / "goaltender").symlink_to(Path(cli_module_dir()))
+    (tmp_path / "goaltender").symlink_to(Path(goaltender.__file__).parent)
     script = (
         "import sys\n"
         f"sys.path.insert(0, {str(tmp_path)!r})\n"
@@ -52,12 +53,6 @@ def test_a_quick_verb_imports_only_what_it_uses(tmp_path, argv):
     )
     out = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
-
-
-def cli_module_dir() -> str:
-    import goaltender
-
-    return str(Path(goaltender.__file__).parent)
 
 
 def test_the_models_are_built_on_first_use():
