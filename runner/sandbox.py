@@ -147,17 +147,23 @@ class Sandbox:
         resolver = Path(os.path.realpath("/etc/resolv.conf")).parent
         if _under(resolver, [Path("/run")]) and resolver != Path("/run"):
             args += ["--ro-bind", str(resolver), str(resolver)]
-        args += ["--bind", str(settings.agent_socket(goal.id)), str(SANDBOX_SOCKET)]
-        args += ["--bind", str(tmp), "/tmp"]
+        # Applied parents first, whatever their kind: a bind inside a hidden directory (a goal's
+        # workspace in the home) shows through it, and a hidden directory inside a readable one
+        # (a demo's home in its checkout under /tmp) stays hidden. At one depth, hiding goes last.
+        mounts: list[tuple[Path, bool, list[str]]] = []  # (where, hides, bwrap's words)
+        mounts.append(
+            (SANDBOX_SOCKET, False, ["--bind", str(settings.agent_socket(goal.id)), str(SANDBOX_SOCKET)])
+        )
+        mounts.append((Path("/tmp"), True, ["--bind", str(tmp), "/tmp"]))
         if ssh.is_dir():
-            args += ["--tmpfs", str(ssh)]
-        args += ["--tmpfs", str(home)]
+            mounts.append((ssh, True, ["--tmpfs", str(ssh)]))
+        mounts.append((home, True, ["--tmpfs", str(home)]))
         writable = [Path(goal.workspace).resolve(), settings.cache_dir.resolve()]
         for var in CACHE_DIRS:  # caches the box keeps elsewhere (not containing the home)
             if (value := env.get(var)) and not _under(home, [Path(value).resolve()]) and _made(Path(value)):
                 writable.append(Path(value).resolve())
         for path in dict.fromkeys(writable):
-            args += ["--bind", str(path), str(path)]
+            mounts.append((path, False, ["--bind", str(path), str(path)]))
         readable = [settings.home / "command-policy.toml", settings.home / "command-policy.json"]
         readable.append(settings.skill_folder)  # the box's skills: agents read them, only the runner writes
         readable += [Path(sys.prefix), Path(goaltender.__file__).parent]
@@ -165,10 +171,13 @@ class Sandbox:
         readable += nemo_rl_checkout(home)
         for path in dict.fromkeys(p.resolve() for p in readable if p.exists()):
             if _under(path, hidden) and not _under(path, writable):
-                args += ["--ro-bind", str(path), str(path)]
+                mounts.append((path, False, ["--ro-bind", str(path), str(path)]))
         operator_socket = settings.socket_path.resolve()
         if operator_socket.exists() and not _under(operator_socket, hidden):
-            args += ["--ro-bind", "/dev/null", str(operator_socket)]  # wherever it lives: nothing answers
+            # Wherever it lives: nothing answers.
+            mounts.append((operator_socket, True, ["--ro-bind", "/dev/null", str(operator_socket)]))
+        for _, _, words in sorted(mounts, key=lambda mount: (len(mount[0].parts), mount[1])):
+            args += words
         return args
 
 

@@ -511,3 +511,25 @@ async def test_a_cache_the_box_configured_but_never_made_is_made_and_shared(
     assert row.status == "keep", row.note
     assert (cache / "made").read_text() == "kept\n"
     shutil.rmtree(cache.parent.parent)
+
+
+async def test_a_runner_home_inside_a_directory_the_sandbox_shows_stays_hidden(
+    start_runner, connect, tmp_path
+):
+    """A checkout under /tmp with the demo's state inside it: the agent's command names a directory
+    that holds the runner's home (as the package's own directory held a demo's), which the sandbox
+    shows read-only. The home in it stays hidden, and the goal's workspace in that stays writable."""
+    script = (
+        'if [ -e "$1/home/runner.db" ]; then seen=yes; else seen=no; fi\n'
+        "if echo x > made 2>/dev/null; then wrote=yes; else wrote=no; fi\n"
+        'goaltender milestone "runner.db seen: $seen; workspace written: $wrote"\n'
+    )
+    agent = [*write_agent(tmp_path, "a.sh", script), str(tmp_path)]  # a word naming a directory: shown
+    runner = await start_runner(agents={"a": agent})
+    assert (tmp_path / "home" / "runner.db").exists() and tmp_path.resolve().is_relative_to("/tmp")
+    client = await connect(runner)
+    goal = await submit(client, "look around, max 1 experiments", agent="a")
+    await eventually(lambda: _state(runner, goal, lambda g: g.state == "finished"))
+    events = await runner.store.events_since(0, goal_id=goal)
+    titles = [e.data.title for e in events if e.data.kind == "milestone"]
+    assert titles == ["runner.db seen: no; workspace written: yes"]
