@@ -66,6 +66,34 @@ def test_the_models_are_built_on_first_use():
     assert out.stdout.split() == ["0", "1"]
 
 
+def test_a_started_runner_has_built_every_model(tmp_path, short_dir):
+    """The runner builds them before it serves: not inside its first goal's campaign."""
+    script = (
+        "import asyncio, sys\n"
+        "from pydantic import BaseModel\n"
+        "from goaltender.runner.config import RunnerSettings\n"
+        "from goaltender.runner.daemon import Runner\n"
+        "def models(base):\n"
+        "    for model in base.__subclasses__():\n"
+        "        yield model\n"
+        "        yield from models(model)\n"
+        "def unbuilt():\n"
+        "    return sorted({m.__name__ for m in models(BaseModel)\n"
+        "                   if m.__module__.startswith('goaltender.') and not m.__pydantic_complete__})\n"
+        "async def main():\n"
+        "    print(len(unbuilt()) > 10)\n"
+        "    settings = RunnerSettings(home=sys.argv[1], socket=sys.argv[2], sandbox='none', min_free_mb=1)\n"
+        "    runner = await Runner.start(settings)\n"
+        "    print(unbuilt())\n"
+        "    await runner.close()\n"
+        "asyncio.run(main())\n"
+    )
+    argv = [sys.executable, "-c", script, str(tmp_path / "home"), str(short_dir / "r.sock")]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["True", "[]"]
+
+
 def points_file(count: int) -> str:
     return "".join(json.dumps({"name": "loss", "value": 1 / (i + 1), "step": i}) + "\n" for i in range(count))
 

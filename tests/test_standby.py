@@ -10,8 +10,10 @@ import asyncio
 import dataclasses
 import json
 import os
+import py_compile
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Job, LocalExecutor
 from goaltender.runner.sandbox import Sandbox
-from goaltender.runner.standby import LATE_VARIABLES, Standby, Standbys, discard
+from goaltender.runner.standby import LATE_VARIABLES, LOADER, Standby, Standbys, discard
 from goaltender.runner.supervisor import wait_process
 from goaltender.storage.records import Goal
 
@@ -531,3 +533,17 @@ async def test_a_python_found_first_on_the_sandboxs_own_tmp_runs_as_it_would_col
     logs = [Path(e.log_path).read_text() for e in ledger]
     assert logs == ["the agent's python: -m probe\n"] * 2
     assert int(ledger[1].job_id) in standbys  # taken by a standby, which became the agent's python
+
+
+def test_the_standby_program_runs_from_its_cached_bytecode(tmp_path):
+    """The loader takes standby_process.py's code as an import would: from the bytecode cached for
+    it, when that is current (a standby's start does not compile it anew)."""
+    source = tmp_path / "program.py"
+    source.write_text("print(__name__, 'cached')\n")
+    py_compile.compile(str(source), doraise=True)  # __pycache__/, stamped with the source's mtime and size
+    stamp = source.stat()
+    # The same size and times: the cache still counts as current, so its code is what runs.
+    source.write_text("print(__name__, 'edited')\n")
+    os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    done = subprocess.run([sys.executable, "-c", LOADER, str(source)], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "goaltender_standby cached\n"), done.stderr
