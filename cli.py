@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
 
+from goaltender.display.plain import clean
 from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, encode, exchange, socket_from_env
 from goaltender.runner.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
 
@@ -74,6 +76,36 @@ fetch failed; 2 bad arguments; 3 approval expired; 4 runner unreachable or reque
 LARGEST_ID = 2**63 - 1  # ids are SQLite integers
 
 
+OWN_DISPLAY = {"demo", "runner", "bot"}  # long-running: they style their own output, and clean what they show
+
+
+class PlainTerminal:
+    """A terminal's stream that shows text without its control characters (display/plain.py)."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(clean(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _plain_terminal() -> None:
+    """What the runner sends back (goal texts, agents' questions, notes and reports, Slack users'
+    messages, runs' logs) reaches a terminal without control characters, which it would obey; piped
+    or redirected, output stays exact, as ls's does."""
+    for name in ("stdout", "stderr"):
+        try:
+            shown = getattr(sys, name).isatty()
+        except (AttributeError, ValueError):  # none, or closed
+            shown = False
+        if shown:
+            setattr(sys, name, PlainTerminal(getattr(sys, name)))
+
+
 class UsageError(Exception):
     """Bad input on the command line: said in one line on stderr, exit code 2 (as argparse does).
 
@@ -82,6 +114,8 @@ class UsageError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     command = _command_in(sys.argv[1:] if argv is None else argv)
+    if command not in OWN_DISPLAY:
+        _plain_terminal()
     parser = build_parser(only=LISTING if command is None else command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -1028,6 +1062,17 @@ def cmd_log(args):
     _checked(p.GetLog, experiment_id=args.experiment_id, offset=args.offset)
 
     async def body(runner: RunnerClient):
+        out = sys.stdout
+        if isinstance(out, PlainTerminal):  # shown, not saved: decoded and cleaned as it comes
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            held = ""  # a chunk's last CR, which may be half of a CRLF
+            async for reply in runner.fetch_log(args.experiment_id, args.offset):
+                text = held + decoder.decode(reply.data)
+                held = "\r" if text.endswith("\r") else ""
+                out.write(text[: len(text) - len(held)])
+            out.write(held + decoder.decode(b"", final=True))
+            out.flush()
+            return
         async for reply in runner.fetch_log(args.experiment_id, args.offset):  # requests pipelined
             sys.stdout.buffer.write(reply.data)
         sys.stdout.buffer.flush()

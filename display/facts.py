@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from goaltender.display.params import format_params as _one_line_params
+from goaltender.display.plain import clean
 from goaltender.storage.records import Approval, Budget, Experiment, Goal
 
 EMOJI = {
@@ -49,14 +50,6 @@ STATE_EMOJI = {
     "failed": "❌",
 }
 BAR_WIDTH = 10
-
-# Control characters other than newline and tab (ESC among them, so user text can't inject colour).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def clean(text: str) -> str:
-    """User or agent text made safe to print: CRLF to LF, control characters removed."""
-    return _CONTROL.sub("", text.replace("\r\n", "\n"))
 
 
 def is_percent_metric(name: str | None) -> bool:

@@ -24,7 +24,6 @@ from goaltender.display.facts import (
     approval_verdict,
     budget_bars,
     budget_summary,
-    clean,
     clock,
     crash_text,
     experiment_cost,
@@ -37,6 +36,7 @@ from goaltender.display.facts import (
     reported_mark,
     state_label,
 )
+from goaltender.display.plain import clean
 from goaltender.runner.report import fetch_summary
 from goaltender.storage.records import (
     Approval,
