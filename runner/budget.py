@@ -157,14 +157,27 @@ _PATTERNS = {
     "with": re.compile(r"\bwith\s++([\w-]++)", re.I),
     "executor": re.compile(r"\bvia\s++(local|ray|slurm)\b", re.I),
     "gpus": re.compile(r"\b(\d{1,3})\s*+gpus?\s++(?:each|per\s++(?:experiments?|runs?))\b", re.I),
+    # A minus where a limit's number goes ("budget -2h", "max -3 experiments", "-10m each"): read
+    # as no limit at all, it would quietly be none.
+    "negative": re.compile(
+        rf"\b(?:budget|within|timeout)\s*+(?:of\s++)?-\s*+{_NUM}\s*+{_UNITS}"
+        rf"|\b(?:max(?:imum)?|up\s++to|at\s++most)\s++-\s*+\d++\s*+(?:experiments?|runs?|[km]?\s*+tokens?)\b"
+        rf"|\b(?:gpu|cpu|compute)[- ]hours?\s*+(?:of\s++)?-\s*+\d"
+        rf"|(?<![\w.-])-\s*+{_NUM}\s*+(?:(?:gpu|cpu|compute)[- ]hours?\b|{_UNITS}\s*+(?:each|per\s++(?:experiments?|runs?))\b)",
+        re.I,
+    ),
 }
+NO_WORDS = "a goal needs words: say what to reach, e.g. `reach 90% accuracy, budget 2h`"
 _AGENTS = ("sweep", "codex", "openai")  # built in; any other is named `<something>-agent`
 
 
 def parse_goal_text(text: str) -> GoalSpec:
     """Find budget and stop-rule phrases in free text ("... budget 5h, max 20 experiments").
 
-    GoalTextError when a phrase asks for a limit that cannot be (see `GoalTextError`)."""
+    GoalTextError when there are no words, or a phrase asks for a limit that cannot be (see
+    `GoalTextError`)."""
+    if not text.strip():
+        raise GoalTextError(NO_WORDS)
     spec = _read_limits(text)
     spec.target = _target(text)
     if m := _PATTERNS["runner"].search(text):
@@ -180,6 +193,12 @@ def parse_goal_text(text: str) -> GoalSpec:
 def _read_limits(text: str) -> GoalSpec:
     """The budget phrases alone (what a budget change reads too), each checked."""
     spec = GoalSpec(text=text.strip())
+    if m := _PATTERNS["negative"].search(text):
+        _refuse(
+            m.group(0),
+            "a budget or limit is never negative (e.g. `budget 2h`, `max 8 experiments`, `gpu-hours 8`; "
+            "to shorten a running goal's, give the new one: `budget 1h`)",
+        )
     if m := _PATTERNS["wall"].search(text) or _PATTERNS["within"].search(text):
         spec.wall_seconds = check_duration(
             _seconds(m.group(1)),

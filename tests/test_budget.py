@@ -146,11 +146,32 @@ def test_budget_changes():
         ("x, 99999999 gpu-hours", "at most 100,000"),
         ("reach 101% accuracy", "a percentage target is at most 100%"),
         ("x, target " + "9" * 400, "a target is a value of the goal's metric"),
+        # A minus was read as no limit at all: the goal ran without the one it was given.
+        ("reach 90%, budget -2h", "`budget -2h`: a budget or limit is never negative"),
+        ("x within - 30 min", "`within - 30 min`: a budget"),
+        ("x, max -3 experiments", "`max -3 experiments`: a budget"),
+        ("x, up to -2 runs", "`up to -2 runs`"),
+        ("x, gpu-hours -8", "`gpu-hours -8`"),
+        ("x, -8 gpu-hours", "`-8 gpu-hours`"),
+        ("x, timeout -5m", "`timeout -5m`"),
+        ("x, -10m each", "`-10m each`"),
+        ("x, max -2M tokens", "`max -2M tokens`"),
+        ("   ", "a goal needs words"),
     ],
 )
 def test_zero_and_absurd_limits_are_refused_saying_what_is_accepted(text, says):
     with pytest.raises(GoalTextError, match=re.escape(says)):
         parse_goal_text(text)
+
+
+def test_a_minus_that_is_no_limits_is_words():
+    spec = parse_goal_text("push the loss from 2 to -3 (lr 1e-3, steps -5 to 5, 2h-3h runs), budget 2h")
+    assert spec.wall_seconds == 7200 and spec.max_experiments is None and spec.experiment_timeout_s is None
+
+
+def test_a_negative_budget_change_is_refused_not_ignored():
+    with pytest.raises(GoalTextError, match="give the new one: `budget 1h`"):
+        apply_budget_change(Budget(max_experiments=4), "budget -1h", NOW)
 
 
 def test_limits_at_their_bounds_are_accepted():

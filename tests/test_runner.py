@@ -239,6 +239,11 @@ async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
         await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="more please")
     with pytest.raises(p.ProtocolError, match="unknown agent 'nope'"):
         await client.call(p.SubmitGoal, p.GoalReply, text="x", agent="nope")
+    with pytest.raises(p.ProtocolError, match="a budget or limit is never negative"):
+        await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="budget -1h")
+    with pytest.raises(p.ProtocolError, match="a goal needs words"):
+        await client.call(p.SubmitGoal, p.GoalReply, text=" \n ", agent="a")
+    assert len((await client.call(p.Status, p.StatusReply)).goals) == 1  # none made
     await client.call(p.Stop, p.Done, goal_id=goal_id)
 
 
