@@ -138,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     except RunnerUnavailable as exc:
         print(f"goaltender: {exc}", file=sys.stderr)
         return EXIT_RUNNER
+    except Exception as exc:
+        from goaltender.runner.config import settings_problem  # on this path only: it imports pydantic
+
+        if (problem := settings_problem(exc)) is None:
+            raise
+        print(f"goaltender: {problem}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _whole_number(low: int) -> Callable[[str], int]:

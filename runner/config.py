@@ -6,15 +6,17 @@ import json
 import os
 import shlex
 import sys
+import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -30,6 +32,52 @@ def _default_agents() -> dict[str, list[str]]:
         name: [sys.executable, "-m", f"goaltender.agents.{module}"]
         for name, module in (("sweep", "sweep"), ("openai", "openai_agent"), ("codex", "codex_agent"))
     }
+
+
+class ConfigError(ValueError):
+    """A setting this machine cannot honour (an operator with no account here); the message names
+    its variable."""
+
+
+_SECRET_WORDS = ("token", "secret", "key", "password")
+
+
+def settings_problem(exc: BaseException) -> str | None:
+    """What is wrong with the configuration, when `exc` says so (a settings model refused a value, a
+    variable is not the JSON it must be, a ConfigError): one line, each mistake naming its variable
+    and what it held (not for secrets). None when `exc` is about something else."""
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    if isinstance(exc, SettingsError):  # a JSON-valued variable that does not parse
+        field = (
+            str(exc).split('"')[1] if str(exc).count('"') >= 2 else "?"
+        )  # 'error parsing value for field "x" …'
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        return f"bad configuration: GOALTENDER_{field.upper()} is not the JSON it must be{cause}"
+    if not isinstance(exc, ValidationError) or exc.title not in _settings_models(GoaltenderSettings):
+        return None
+    mistakes = []
+    for error in exc.errors():
+        field, *inner = [str(part) for part in error["loc"]] or ["?"]
+        name = field if field.isupper() else f"GOALTENDER_{field.upper()}"
+        if name not in os.environ and (config := os.environ.get("GOALTENDER_CONFIG")):
+            name = f"{field} in {config}"
+        where = name + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in inner)
+        held = error.get("input")
+        shown = (
+            ""
+            if any(word in field.lower() for word in _SECRET_WORDS) or isinstance(held, dict)
+            else f" (got {str(held)[:60]!r})"
+        )
+        mistakes.append(f"{where}: {error['msg']}{shown}")
+    return "bad configuration: " + "; ".join(mistakes)
+
+
+def _settings_models(cls: type[BaseSettings]) -> set[str]:
+    names = {cls.__name__}
+    for sub in cls.__subclasses__():
+        names |= _settings_models(sub)
+    return names
 
 
 class GoaltenderSettings(BaseSettings):
@@ -48,7 +96,12 @@ class GoaltenderSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if config := os.environ.get("GOALTENDER_CONFIG"):
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
+            if not Path(config).is_file():  # a typo in the path would quietly run on the defaults
+                raise ConfigError(f"GOALTENDER_CONFIG is {config}, which is no file")
+            try:
+                sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config))
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"GOALTENDER_CONFIG {config} is not TOML: {exc}") from None
         return tuple(sources)
 
 

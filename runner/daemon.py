@@ -31,7 +31,7 @@ from goaltender.runner.budget import (
     stop_status,
 )
 from goaltender.runner.campaign import Campaigns
-from goaltender.runner.config import RunnerSettings
+from goaltender.runner.config import ConfigError, RunnerSettings
 from goaltender.runner.disk_usage import goal_usage
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.report import best_experiment, summary_text
@@ -116,6 +116,10 @@ class Runner:
     async def start(cls, settings: RunnerSettings) -> Runner:
         """Open runner.db, bind the socket, recover the goals, serve. Raises StartupFailed (with
         everything it opened closed again) when the home, the database or the disk will not do."""
+        try:
+            operator_uids(settings.operators)  # a name with no account here: said before anything opens
+        except ConfigError as exc:
+            raise StartupFailed(str(exc)) from None
         try:
             settings.make_dirs()
             store = await RunnerStore.open(settings.db_path)
@@ -606,8 +610,14 @@ def main(settings: RunnerSettings | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
     )
+    settings = settings or RunnerSettings()
     try:
-        asyncio.run(run_forever(settings or RunnerSettings()))
+        if settings.default_agent not in settings.agents:  # else each goal that names none is refused
+            raise StartupFailed(
+                f"GOALTENDER_DEFAULT_AGENT is {settings.default_agent!r}, which is none of this runner's "
+                f"agents ({', '.join(settings.agents)}; GOALTENDER_AGENTS sets them)"
+            )
+        asyncio.run(run_forever(settings))
     except StartupFailed as failed:
         print(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", file=sys.stderr)
         sys.exit(EXIT_STARTUP_FAILED)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from goaltender.runner import protocol as p
+from goaltender.runner.config import ConfigError
 from goaltender.storage.runner_store import RunnerStore
 
 R = TypeVar("R", bound=p.Request)
@@ -83,7 +84,7 @@ def operator_uids(entries: list[int | str]) -> frozenset[int]:
         try:
             uids.add(pwd.getpwnam(text).pw_uid)
         except KeyError:
-            raise ValueError(
+            raise ConfigError(
                 f"GOALTENDER_OPERATORS: there is no user named {text!r} on this machine"
             ) from None
     return frozenset(uids) if uids else frozenset({os.getuid()})

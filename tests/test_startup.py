@@ -81,3 +81,64 @@ async def test_a_second_runner_on_the_same_socket(tmp_path, short_dir):
     finally:
         first.terminate()
         first.wait(timeout=20)
+
+
+def start_configured(
+    home: Path, socket: Path, env: dict[str, str], command: str = "runner"
+) -> subprocess.CompletedProcess:
+    """`goaltender runner` (or another command) with `env` added to its environment."""
+    argv = [sys.executable, "-m", "goaltender.cli", "--socket", str(socket), command]
+    argv += ["--home", str(home)] if command == "runner" else ["--check"]
+    environment = {**os.environ, **env}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=PROMPTLY_S, env=environment)
+
+
+def test_a_bad_setting_is_named_with_what_it_held_not_a_traceback(tmp_path, short_dir):
+    config = tmp_path / "goaltender.toml"
+    config.write_text('min_free_mb = "plenty"\n')
+    broken = tmp_path / "broken.toml"
+    broken.write_text("min_free_mb = [\n")
+    cases = [
+        (
+            {"GOALTENDER_MIN_FREE_MB": "-5"},
+            "GOALTENDER_MIN_FREE_MB: Input should be greater than or equal to 0 (got '-5')",
+        ),
+        (
+            {"GOALTENDER_SANDBOX": "docker"},
+            "GOALTENDER_SANDBOX: Input should be 'bwrap' or 'none' (got 'docker')",
+        ),
+        (
+            {"GOALTENDER_AGENTS": "{mine: [x]}"},
+            "GOALTENDER_AGENTS is not the JSON it must be (Expecting property name",
+        ),
+        ({"GOALTENDER_CONFIG": str(config)}, f"min_free_mb in {config}: Input should be a valid number"),
+        ({"GOALTENDER_CONFIG": str(broken)}, f"GOALTENDER_CONFIG {broken} is not TOML: Invalid value"),
+        # A typo in the file's path used to run the runner on its defaults, the file unread.
+        ({"GOALTENDER_CONFIG": str(tmp_path / "goaltender.tom")}, "GOALTENDER_CONFIG is "),
+    ]
+    for env, says in cases:
+        done = start_configured(tmp_path / "home", short_dir / "runner.sock", env)
+        assert done.returncode == 2, (env, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert line.startswith("goaltender: ") and says in line, (env, line)
+    # The bot reads its settings the same way.
+    done = start_configured(
+        tmp_path, short_dir / "runner.sock", {"GOALTENDER_RUNNERS": '[{"name": 1}]'}, "bot"
+    )
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "goaltender: bad configuration: GOALTENDER_RUNNERS[0].name: Input should be a valid string (got '1')"
+    ], done.stderr
+    assert not (short_dir / "runner.sock").exists()
+
+
+def test_a_setting_this_box_cannot_honour_stops_the_runner_at_start(tmp_path, short_dir):
+    for env, says in [
+        ({"GOALTENDER_OPERATORS": "no-such-user-here"}, "there is no user named 'no-such-user-here'"),
+        # Each goal that names no agent would have been refused, the runner up and looking well.
+        ({"GOALTENDER_DEFAULT_AGENT": "mine"}, "GOALTENDER_DEFAULT_AGENT is 'mine', which is none of"),
+    ]:
+        done = start_configured(tmp_path / "home", short_dir / "runner.sock", env)
+        assert done.returncode == 1, (env, done.stderr)
+        [line] = done.stderr.splitlines()
+        assert line.startswith("goaltender runner: cannot start: ") and says in line, line
+    assert not (short_dir / "runner.sock").exists()
