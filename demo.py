@@ -19,7 +19,7 @@ from goaltender.environments.star_count import space
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.daemon import Runner
+from goaltender.runner.daemon import Runner, StartupFailed
 from goaltender.storage.records import (
     ApprovalRequested,
     Event,
@@ -128,7 +128,11 @@ class Demo:
 
     async def run(self) -> int:
         settings = self.settings()
-        runner = await Runner.start(settings)
+        try:
+            runner = await Runner.start(settings)
+        except StartupFailed as failed:  # a --dir that is a file, a demo already running there
+            print(f"goaltender demo: cannot start its runner: {failed}", file=sys.stderr)
+            return 1
         serving = asyncio.ensure_future(runner.serve_forever())
         print(f"Goaltender demo — runner state, logs and plots in {self.directory}\n")
         if self.auto_note:

@@ -98,6 +98,20 @@ def test_demo_asks_at_the_terminal(tmp_path):
     assert "📋 Final report" in text
 
 
+def test_a_demo_that_cannot_start_its_runner_says_why_in_a_line(tmp_path):
+    taken = tmp_path / "a-file"
+    taken.write_text("not a directory\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "demo", "--yes", "--dir", str(taken)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        f"goaltender demo: cannot start its runner: cannot write the runner's home {taken}/runner: Not a directory"
+    ], done.stderr
+
+
 def test_llm_demo_fails_fast_without_an_endpoint(tmp_path):
     env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "GOALTENDER_MODEL": "m"}
     for agent in ("openai", "codex"):
