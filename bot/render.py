@@ -215,7 +215,22 @@ def fit(blocks: list[dict], what: str = "message") -> list[dict]:
 
 def payload(text: str, blocks: list[dict], what: str = "message") -> Payload:
     fallback = text if len(text) <= FALLBACK_MAX else text[: FALLBACK_MAX - 1] + "…"
-    return {"text": fallback, "blocks": fit(blocks, what)}
+    return {"text": _plain_fallback(fallback), "blocks": fit(blocks, what)}
+
+
+_MENTION = re.compile(r"(<@[UW][A-Z0-9]+>)")
+_BARE_AMPERSAND = re.compile(r"&(?!(?:amp|lt|gt);)")
+
+
+def _plain_fallback(text: str) -> str:
+    """The notification text, built from what people and agents wrote: Slack parses it too, so
+    their `<!channel>`, `<!here>` and links are escaped; the user mentions made here stay."""
+    return "".join(
+        part
+        if _MENTION.fullmatch(part)
+        else _BARE_AMPERSAND.sub("&amp;", part).replace("<", "&lt;").replace(">", "&gt;")
+        for part in _MENTION.split(text)
+    )
 
 
 # ---- the status card ----

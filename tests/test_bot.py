@@ -18,7 +18,7 @@ from goaltender.bot import render
 from goaltender.bot.approvals import normalise_reaction
 from goaltender.bot.transports import RunnerTarget
 from goaltender.runner import protocol as p
-from goaltender.storage.records import Approval, FinalReport, utcnow
+from goaltender.storage.records import Approval, FinalReport, InboxMessage, MilestoneReported, utcnow
 
 # The agent leaves what it saw in its workspace (a sandboxed agent can write nowhere else).
 AGENT = """
@@ -241,3 +241,23 @@ def test_render_limits_and_reactions():
     buttons = prompt["blocks"][-2]["elements"]
     assert [(b["action_id"], b["value"]) for b in buttons] == [("approve", "box:7"), ("reject", "box:7")]
     assert "&lt;big&gt;" in prompt["blocks"][0]["text"]["text"]
+
+
+def test_notification_text_carries_no_markup_from_agents_or_people():
+    """The fallback `text` is what notifications show, and Slack parses it as it does blocks: an
+    agent's `<!channel>` there pinged the whole channel, its `<url|label>` made a link."""
+    hostile = "done <!channel> <!here> <https://evil.example|docs> R&D slack:U0ALICE1"
+    when = utcnow()
+    payloads = [
+        render.milestone(MilestoneReported(title=hostile)),
+        render.approval_prompt(Approval(id=7, goal_id=1, question=hostile, expires_at=when), "box"),
+        render.final_report(FinalReport(end_reason=hostile, text="x"), 1),
+        render.queued_card(3, hostile, ALICE, None, hostile),
+        render.steer_ack(InboxMessage(id=1, goal_id=1, author=f"slack:{BOB}", text=hostile)),
+    ]
+    for payload in payloads:
+        text = payload["text"]
+        assert "<!" not in text and "<http" not in text, text
+        assert "&lt;!channel&gt;" in text and "R&amp;D" in text, text
+    assert "<@U0ALICE1>" in payloads[0]["text"]  # a person it names is still a mention
+    assert f"<@{BOB}>" in payloads[-1]["text"]
