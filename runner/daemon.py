@@ -269,7 +269,7 @@ class Runner:
 
     async def _on_stop(self, req: p.Stop, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        reason = f"stopped by {who.actor(req.by)}" + (f": {req.reason}" if req.reason else "")
+        reason = f"stopped by {who.actor(req.by)}" + (f": {req.reason.strip()}" if req.reason.strip() else "")
         await self.campaigns.end_goal(goal.id, "stopped", reason)
         return p.Done(message=f"goal #{goal.id} {reason}; final report written")
 

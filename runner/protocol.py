@@ -78,6 +78,17 @@ def _no_nul(text: str) -> str:
 OsText = Annotated[str, AfterValidator(_no_nul)]  # passed to the OS: argv, paths, environment
 
 
+def _said(text: str) -> str:
+    if not text.strip():
+        raise ValueError("is blank: it must say something")
+    return text
+
+
+# What people read: a goal, a steer, a milestone's title, an agent's question, a report. Blank, it
+# reached the thread as an empty prompt ("Approval needed: ") or an empty message.
+Words = Annotated[str, AfterValidator(_said)]
+
+
 def _env_name(name: str) -> str:
     if not name or "=" in name:
         raise ValueError(f"{name[:40]!r} is not an environment variable name")
@@ -139,7 +150,7 @@ class SubmitGoal(Request):
     """A new goal. Budget phrases in `text` ("budget 5h", "max 20 experiments", ...) are honoured."""
 
     type: Literal["submit_goal"] = "submit_goal"
-    text: str = Field(min_length=1, max_length=4000)
+    text: str = Field(min_length=1, max_length=4000)  # blank: refused by parse_goal_text, with an example
     owner: str | None = None  # default: the authenticated operator
     agent: str | None = None
     budget: Annotated[Budget, AfterValidator(_sensible_budget)] | None = None  # overrides the text
@@ -148,7 +159,7 @@ class SubmitGoal(Request):
 class Steer(Request):
     type: Literal["steer"] = "steer"
     goal_id: RowId
-    text: str = Field(min_length=1, max_length=4000)
+    text: Words = Field(min_length=1, max_length=4000)
     author: str | None = None
 
 
@@ -157,7 +168,7 @@ class ChangeBudget(Request):
 
     type: Literal["change_budget"] = "change_budget"
     goal_id: RowId
-    change: str = Field(min_length=1, max_length=200)
+    change: Words = Field(min_length=1, max_length=200)
     by: str | None = None
 
 
@@ -296,7 +307,7 @@ class DiskUsage(Request):
 class ReportMilestone(Request):
     type: Literal["milestone"] = "milestone"
     goal_id: RowId
-    title: str = Field(min_length=1, max_length=300)
+    title: Words = Field(min_length=1, max_length=300)
     text: str = Field(default="", max_length=20_000)
     curves: Curves | None = None  # training curves to show with it (the bot draws them)
 
@@ -314,7 +325,7 @@ class RunExperiment(Request):
     type: Literal["run_experiment"] = "run_experiment"
     goal_id: RowId
     command: list[OsText] = Field(min_length=1)
-    description: str = Field(min_length=1, max_length=2000)
+    description: Words = Field(min_length=1, max_length=2000)
     params: dict[str, Any] = Field(default_factory=dict)
     metric: str | None = None  # the headline metric; defaults to the goal's
     direction: Literal["maximize", "minimize"] | None = None
@@ -336,7 +347,7 @@ class Ask(Request):
 
     type: Literal["ask"] = "ask"
     goal_id: RowId
-    question: str = Field(min_length=1, max_length=3000)
+    question: Words = Field(min_length=1, max_length=3000)
     detail: str = Field(default="", max_length=20_000)
     kind: str = "generic"
     timeout_s: Seconds | None = None
@@ -347,7 +358,7 @@ class StageDone(Request):
 
     type: Literal["stage_done"] = "stage_done"
     goal_id: RowId
-    summary: str = Field(min_length=1, max_length=20_000)
+    summary: Words = Field(min_length=1, max_length=20_000)
     document: str | None = Field(default=None, max_length=200_000)  # the plan, say
     document_name: str | None = Field(default=None, max_length=200)
 
@@ -357,7 +368,7 @@ class CrossCheck(Request):
 
     type: Literal["cross_check"] = "cross_check"
     goal_id: RowId
-    description: str = Field(min_length=1, max_length=2000)
+    description: Words = Field(min_length=1, max_length=2000)
     a: list[OsText] = Field(min_length=1)
     b: list[OsText] = Field(min_length=1)
     rtol: float = Field(default=1e-5, ge=0, le=1)
@@ -375,7 +386,7 @@ class ReadInbox(Request):
 class WriteDiary(Request):
     type: Literal["write_diary"] = "write_diary"
     goal_id: RowId
-    text: str = Field(min_length=1, max_length=50_000)
+    text: Words = Field(min_length=1, max_length=50_000)
     kind: Literal["note", "handoff"] = "note"
 
 
@@ -391,7 +402,7 @@ class SubmitReport(Request):
 
     type: Literal["submit_report"] = "submit_report"
     goal_id: RowId
-    text: str = Field(min_length=1, max_length=50_000)
+    text: Words = Field(min_length=1, max_length=50_000)
 
 
 class RecordFetch(Request):

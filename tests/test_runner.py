@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -244,7 +245,10 @@ async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
     with pytest.raises(p.ProtocolError, match="a goal needs words"):
         await client.call(p.SubmitGoal, p.GoalReply, text=" \n ", agent="a")
     assert len((await client.call(p.Status, p.StatusReply)).goals) == 1  # none made
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    with pytest.raises(ValueError, match="is blank: it must say something"):  # the model the runner reads too
+        await client.call(p.Steer, p.Done, goal_id=goal_id, text=" \n\t", author="ana")
+    stopped = await client.call(p.Stop, p.Done, goal_id=goal_id, reason="   ")
+    assert re.fullmatch(r"goal #\d+ stopped by [^:]+; final report written", stopped.message), stopped.message
 
 
 def test_cli_help_for_every_verb(capsys):
