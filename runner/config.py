@@ -49,9 +49,8 @@ def settings_problem(exc: BaseException) -> str | None:
     if isinstance(exc, ConfigError):
         return str(exc)
     if isinstance(exc, SettingsError):  # a JSON-valued variable that does not parse
-        field = (
-            str(exc).split('"')[1] if str(exc).count('"') >= 2 else "?"
-        )  # 'error parsing value for field "x" …'
+        quoted = str(exc).split('"')  # 'error parsing value for field "agents" from source …'
+        field = quoted[1] if len(quoted) > 2 else "?"
         cause = f" ({exc.__cause__})" if exc.__cause__ else ""
         return f"bad configuration: GOALTENDER_{field.upper()} is not the JSON it must be{cause}"
     if not isinstance(exc, ValidationError) or exc.title not in _settings_models(GoaltenderSettings):
@@ -64,11 +63,8 @@ def settings_problem(exc: BaseException) -> str | None:
             name = f"{field} in {config}"
         where = name + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in inner)
         held = error.get("input")
-        shown = (
-            ""
-            if any(word in field.lower() for word in _SECRET_WORDS) or isinstance(held, dict)
-            else f" (got {str(held)[:60]!r})"
-        )
+        secret = any(word in part.lower() for part in (field, *inner) for word in _SECRET_WORDS)
+        shown = "" if secret or isinstance(held, dict) else f" (got {str(held)[:60]!r})"
         mistakes.append(f"{where}: {error['msg']}{shown}")
     return "bad configuration: " + "; ".join(mistakes)
 
