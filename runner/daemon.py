@@ -408,7 +408,10 @@ class Runner:
         )
 
     async def _on_audit(self, req: p.Audit, who: Principal) -> p.Reply:
-        return p.AuditReply(entries=await self.store.audit_entries(req.goal_id, req.limit))
+        entries = await self.store.audit_entries(req.goal_id, req.limit)
+        if not entries and req.goal_id is not None:
+            await self.campaigns.goal(req.goal_id)  # a goal id mistyped is said so, not "(no entries)"
+        return p.AuditReply(entries=entries)
 
     async def _on_skill_log(self, req: p.SkillLog, who: Principal) -> p.Reply:
         try:

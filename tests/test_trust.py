@@ -320,6 +320,9 @@ async def test_operators_are_recorded_as_who_they_vouch_for(start_runner, connec
     ]
     lines = (await _cli(runner, "audit", str(goal), "--limit", "1")).stdout.splitlines()
     assert len(lines) == 1 and f"{me}  approve  goal #{goal}  done  approval #{second.id} (two?)" in lines[0]
+    mistyped = await _cli(runner, "audit", str(goal + 41))  # no such goal: said so, not "(no entries)"
+    assert (mistyped.returncode, mistyped.stdout) == (4, "") and f"no goal #{goal + 41}" in mistyped.stderr
+    assert (await _cli(runner, "audit")).returncode == 0  # every goal's trail: there is no goal to miss
 
 
 async def test_the_sandbox_keeps_supervision_working(start_runner, connect, tmp_path):
