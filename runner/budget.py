@@ -374,9 +374,13 @@ def experiment_timeout(budget: Budget, requested: float | None, now: datetime) -
     return min(limits) if limits else None
 
 
-def stop_status(budget: Budget, attempted: int, compute_used: float, now: datetime) -> str:
-    """One line, as the autoresearch skill asks after every run: '3/8 attempted, 1m52s left'."""
-    parts, met = [], []
+def stop_status(
+    budget: Budget, attempted: int, compute_used: float, now: datetime, *, target_reached: bool = False
+) -> str:
+    """One line, as the autoresearch skill asks after every run: '3/8 attempted, 1m52s left'. The
+    goal's target (a stop rule of the goal's text, not a budget) counts as met when `target_reached`."""
+    parts: list[str] = []
+    met = ["target"] if target_reached else []
     if budget.max_experiments is not None:
         parts.append(f"{attempted}/{budget.max_experiments} attempted")
         if attempted >= budget.max_experiments:

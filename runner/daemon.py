@@ -28,13 +28,12 @@ from goaltender.runner.budget import (
     apply_budget_change,
     explicit_budget,
     parse_goal_text,
-    stop_status,
 )
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import ConfigError, RunnerSettings
 from goaltender.runner.disk_usage import goal_usage
 from goaltender.runner.mlflow_mirror import MlflowMirror
-from goaltender.runner.report import best_experiment, summary_text
+from goaltender.runner.report import best_experiment, goal_stop_status, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.server import Handler, Refused, SocketServer
@@ -518,19 +517,15 @@ class Runner:
 
     async def _on_run_experiment(self, req: p.RunExperiment, who: Principal) -> p.Reply:
         finished, new_best = await self.campaigns.run_experiment(req)
-        attempted, compute_used = await self.store.usage(req.goal_id)
-        goal = await self.campaigns.goal(req.goal_id)
-        return p.ExperimentReply(
-            experiment=finished,
-            new_best=new_best,
-            stop_status=stop_status(goal.budget, attempted, compute_used, utcnow()),
-        )
+        status = await self._status(req.goal_id)
+        return p.ExperimentReply(experiment=finished, new_best=new_best, stop_status=status.stop_status)
 
     async def _status(self, goal_id: int) -> p.GoalStatus:
         goal = await self.campaigns.goal(goal_id)
         experiments = await self.store.experiments(goal_id)
         attempted = sum(e.counted for e in experiments)
         compute_used = sum(e.compute_hours or 0 for e in experiments)
+        best = best_experiment(experiments, goal.direction)
         running = next((e for e in reversed(experiments) if e.status == "running"), None) or next(
             (e for e in experiments if e.status == "queued"), None
         )
@@ -539,10 +534,10 @@ class Runner:
             attempted=attempted,
             compute_hours_used=compute_used,
             tokens_used=(await self.store.tokens_used([goal_id])).get(goal_id, 0),
-            best=best_experiment(experiments, goal.direction),
+            best=best,
             running=running,
             pending_approvals=await self.store.pending_approvals(goal_id),
-            stop_status=stop_status(goal.budget, attempted, compute_used, utcnow()),
+            stop_status=goal_stop_status(goal, attempted, compute_used, best, utcnow()),
         )
 
 
@@ -555,7 +550,7 @@ def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:
         best=ledger.best,
         running=ledger.running,
         pending_approvals=ledger.pending_approvals,
-        stop_status=stop_status(goal.budget, ledger.attempted, ledger.compute_hours_used, now),
+        stop_status=goal_stop_status(goal, ledger.attempted, ledger.compute_hours_used, ledger.best, now),
     )
 
 

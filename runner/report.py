@@ -125,10 +125,11 @@ def summary_text(
     else:
         lines.append("**Best:** no successful experiment yet.")
     if goal.target is not None:
-        reached = best is not None and _reached(best.metric_value, goal.target, goal.direction)
-        lines.append(f"**Target:** {goal.target:g} — {'reached' if reached else 'not reached'}")
+        lines.append(
+            f"**Target:** {goal.target:g} — {'reached' if target_reached(goal, best) else 'not reached'}"
+        )
     lines += [
-        f"**Stop status:** {stop_status(goal.budget, sum(e.counted for e in experiments), compute_used, now)}",
+        f"**Stop status:** {goal_stop_status(goal, sum(e.counted for e in experiments), compute_used, best, now)}",
         f"**Compute used:** {compute_used:.4f} compute-hours",
         "",
         "## Ledger",
@@ -157,7 +158,19 @@ def final_report(
     return text
 
 
-def _reached(value: float | None, target: float, direction: str) -> bool:
-    if value is None:
+def target_reached(goal: Goal, best: Experiment | None) -> bool:
+    """Has the goal's best experiment reached the target its text set (`to 95%`)?"""
+    if goal.target is None or best is None or best.metric_value is None:
         return False
-    return value >= target if direction == "maximize" else value <= target
+    return (
+        best.metric_value >= goal.target if goal.direction == "maximize" else best.metric_value <= goal.target
+    )
+
+
+def goal_stop_status(
+    goal: Goal, attempted: int, compute_used: float, best: Experiment | None, now: datetime
+) -> str:
+    """The goal's stop status: its budgets and its target; an ended goal's as it ended (its time
+    left does not run on, nor run out, after it)."""
+    at = goal.ended_at or now
+    return stop_status(goal.budget, attempted, compute_used, at, target_reached=target_reached(goal, best))

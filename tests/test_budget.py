@@ -18,7 +18,8 @@ from goaltender.runner.budget import (
     parse_goal_text,
     stop_status,
 )
-from goaltender.storage.records import Budget
+from goaltender.runner.report import goal_stop_status
+from goaltender.storage.records import Budget, Goal
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -106,6 +107,24 @@ def test_experiment_timeout_is_the_tightest_limit():
     assert experiment_timeout(budget, 120, NOW) == 120  # asked for less
     assert experiment_timeout(Budget(experiment_timeout_s=300), None, NOW) == 300
     assert experiment_timeout(Budget(), None, NOW) is None
+
+
+def test_an_ended_goals_stop_status_is_as_it_ended():
+    """Its time left does not run on after it, nor run out: a goal that finished with 10 minutes
+    left says so hours later, not "stop condition met (deadline)"."""
+    ended = NOW - timedelta(hours=3)
+    goal = Goal(
+        id=1,
+        text="t",
+        state="finished",
+        budget=Budget(deadline=ended + timedelta(minutes=10)),
+        workspace="/w",
+        created_at=ended,
+        ended_at=ended,
+    )
+    assert goal_stop_status(goal, 2, 0, None, NOW) == "stop condition not yet met: 2 attempted, 10m00s left"
+    running = goal.model_copy(update={"state": "running", "ended_at": None})
+    assert goal_stop_status(running, 2, 0, None, NOW).startswith("stop condition met (deadline)")
 
 
 def test_stop_status_line():

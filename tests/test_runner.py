@@ -91,6 +91,27 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
         await client.call(p.Steer, p.Done, goal_id=goal_id, text="one more?")
 
 
+async def test_the_stop_status_counts_the_target_and_stops_with_the_goal(start_runner, connect, tmp_path):
+    """A best run at the goal's target meets its stop rule (it said "not yet met" then, beside a
+    report saying "reached")."""
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        "goaltender experiment -d base --metric acc -- python -c 'print(\"acc: 0.96\")' > said\n",
+    )
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "reach 95% acc, budget 1h, max 5 experiments", agent="a")
+    report = (await events_until_report(client, goal_id))[-1].data
+    workspace = Path((await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.workspace)
+    assert "stop condition met (target): 1/5 attempted, " in (workspace / "said").read_text()
+    [line] = [line for line in report.text.splitlines() if line.startswith("**Stop status:**")]
+    assert line.startswith("**Stop status:** stop condition met (target): 1/5 attempted, ")
+
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    assert status.stop_status == line.removeprefix("**Stop status:** ")  # as it ended, not as of now
+
+
 async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_path):
     agent = write_agent(
         tmp_path, "a.sh", "goaltender experiment -d slow --metric acc -- sleep 60\necho rc=$? > rc\n"
