@@ -438,6 +438,10 @@ class Runner:
 
     async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
+        if req.experiment_id is not None:
+            experiment = await self.store.get_experiment(req.experiment_id)
+            if experiment is None or experiment.goal_id != goal.id:  # not a way into another goal's run
+                raise Refused("not_found", f"goal #{goal.id} has no experiment #{req.experiment_id}")
         await self.store.add_metrics(goal.id, req.experiment_id, req.points)
         limit = goal.budget.max_tokens
         if limit is not None and any(point.name in TOKEN_METRICS for point in req.points):

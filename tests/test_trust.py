@@ -266,6 +266,38 @@ async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
     assert f"{vouched('ana', 'operator')}  steer  goal #{b}  done" in cli.stdout
 
 
+async def test_an_agent_cannot_log_metrics_into_another_goals_run(start_runner, connect, tmp_path):
+    """Its request names its own goal but another goal's experiment: refused, nothing stored (the
+    MLflow mirror showed the points in the other goal's run)."""
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 60\n")})
+    operator = await connect(runner)
+    a = await submit(operator, "a, max 5 experiments", agent="idle")
+    b = await submit(operator, "b, max 5 experiments", agent="idle")
+    await eventually(
+        lambda: runner.settings.agent_socket(b).exists() and runner.settings.agent_socket(a).exists()
+    )
+    agent_b = await RunnerClient.connect_unix(runner.settings.agent_socket(b), client="agent")
+    ran = await agent_b.call(
+        p.RunExperiment,
+        p.ExperimentReply,
+        goal_id=b,
+        command=["sh", "-c", "echo acc: 0.5"],
+        description="b's run",
+    )
+    await agent_b.close()
+    agent_a = await RunnerClient.connect_unix(runner.settings.agent_socket(a), client="agent")
+    point = {"name": "injected", "value": 12345.0, "step": 1}
+    with pytest.raises(p.ProtocolError, match=rf"goal #{a} has no experiment #{ran.experiment.id}"):
+        await agent_a.call(p.LogMetrics, p.Done, goal_id=a, experiment_id=ran.experiment.id, points=[point])
+    with pytest.raises(p.ProtocolError, match=rf"goal #{a} has no experiment #999"):
+        await agent_a.call(p.LogMetrics, p.Done, goal_id=a, experiment_id=999, points=[point])
+    await agent_a.call(p.LogMetrics, p.Done, goal_id=a, points=[point])  # its own goal's: still fine
+    await agent_a.close()
+    for goal in (a, b):
+        series = await operator.call(p.GetSeries, p.SeriesReply, goal_id=goal, name="injected")
+        assert series.points == ([(1.0, 12345.0)] if goal == a else [])
+
+
 async def test_a_foreign_uid_is_refused(start_runner, connect, tmp_path):
     runner = await start_runner()
     socket = runner.settings.socket_path
