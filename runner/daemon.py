@@ -334,22 +334,28 @@ class Runner:
         if (location := await self.store.log_location(req.experiment_id)) is None:
             raise Refused("not_found", f"no experiment #{req.experiment_id}")
         workspace, log_path = location
+        reach = self.server.redactor.reach + _UTF8_TAIL
         try:  # the log is in the agent's workspace: never read through a link it left there
-            # Up to 3 bytes past the chunk (to finish a character) and 1 more (to tell the end of the file).
-            data, after = read_chunk_beneath(workspace, log_path, req.offset, req.limit, _UTF8_TAIL + 1)
+            # Around the chunk: what a secret cut by its edges may span (and 1 byte more after it,
+            # to tell the end of the file).
+            before, data, after = read_chunk_beneath(
+                workspace, log_path, req.offset, req.limit, reach + 1, behind=reach
+            )
         except OSError as exc:
             raise Refused(
                 "not_found", f"experiment #{req.experiment_id}'s log cannot be read: {exc}"
             ) from exc
-        # A chunk starts and ends on a character: at the first byte at or after its offset (and its
-        # end) that does not continue a UTF-8 character. Chunks asked for at any offsets thus tile
-        # the file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log).
-        if finish := _char_start(after, 0):  # the chunk's last character goes on past it
-            data += after[:finish]
-        eof = len(after) <= finish
-        start = _char_start(data, 0) if req.offset else 0
-        if start:
-            data = data[start:]
+        # A chunk starts and ends on a character (the first byte at or after its offset, and its
+        # end, that does not continue a UTF-8 character), and never inside a secret (the end of
+        # the one there: Redactor.uncut). Chunks asked for at any offsets and sizes thus tile the
+        # file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log), and
+        # no piece of a secret leaves on its own.
+        pieces = (before, data, after)
+        start = self._uncut(pieces, _char_start(data, 0) if req.offset else 0)
+        end = max(start, self._uncut(pieces, len(data) + _char_start(after, 0)))
+        eof = len(after) <= end - len(data)  # nothing after the chunk's end
+        if (start, end) != (0, len(data)):
+            data = _span(pieces, start, end)
         reply = p.LogReply(
             text="" if req.raw else data.decode(errors="replace"),
             offset=req.offset + start,
@@ -360,6 +366,12 @@ class Runner:
         if req.raw:
             reply._chunk = data
         return reply
+
+    def _uncut(self, pieces: tuple[bytes, bytes, bytes], at: int) -> int:
+        """Where a chunk's edge at `at` (of pieces[1], the chunk read) goes: Redactor.uncut."""
+        reach = self.server.redactor.reach
+        low = max(at - reach, -len(pieces[0]))
+        return low + self.server.redactor.uncut(_span(pieces, low, at + reach), at - low)
 
     async def _on_get_artifact(self, req: p.GetArtifact, who: Principal) -> p.Reply:
         experiment = await self.store.get_experiment(req.experiment_id)
@@ -626,6 +638,19 @@ def main(settings: RunnerSettings | None = None) -> None:
 
 
 _UTF8_TAIL = 3  # continuation bytes a UTF-8 character may have
+
+
+def _span(pieces: tuple[bytes, bytes, bytes], start: int, end: int) -> bytes:
+    """Bytes [start, end) of what was read around a chunk (before it, it, after it), counted from
+    the chunk's first byte."""
+    out = b""
+    base = -len(pieces[0])
+    for piece in pieces:
+        low, high = max(start - base, 0), min(end - base, len(piece))
+        if low < high:
+            out += piece[low:high]
+        base += len(piece)
+    return out
 
 
 def _char_start(data: bytes, at: int) -> int:

@@ -57,6 +57,7 @@ SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 MIN_SECRET_LENGTH = 8
 MIN_EDGE_PIECE = 6  # the shortest piece of a secret redact_edges takes for one
 NEEDLE_CHECK_FROM = 2048  # longer texts are looked through for needles before the regex runs
+SHAPE_REACH = 1024  # bytes a token of a known shape may span: far longer than any issued
 NEVER_GRANTED_BY_DEFAULT = "SLACK_"
 OUR_SETTINGS = frozenset({"GOALTENDER_SECRETS", "GOALTENDER_GRANTS"})  # lists of names, not secrets
 
@@ -171,6 +172,16 @@ class Redactor:
         )
         self._pieces = [value for value in longest_first if len(value) > MIN_EDGE_PIECE]
         self._needles = _Needles(longest_first)
+        # The same secrets over bytes, for where a log may be cut (`uncut`).
+        self._bytes = re.compile(
+            b"|".join(
+                [re.escape(value.encode()) for value in longest_first] + [g.encode() for _, g in _SHAPES]
+            ),
+            re.DOTALL,
+        )
+        self._byte_needles = _Needles(longest_first, encode=True)
+        #: Bytes a secret may span on either side of a point: `uncut` looks that far around it.
+        self.reach = max([SHAPE_REACH, *(len(value.encode()) for value in longest_first)])
         self._line_needles = _Needles(encoded, encode=True)
 
     @classmethod
@@ -228,6 +239,20 @@ class Redactor:
             if len(data) > 2 * reach and not self._edge_piece(data[:reach].decode(), data[-reach:].decode()):
                 return data
         return self.redact_edges(data.decode(errors="replace")).encode()
+
+    def uncut(self, around: bytes, at: int) -> int:
+        """Where a log chunk cut at `at` of `around` (the bytes `reach` either side of it) is to be
+        cut so that no secret, a known value or a token shape, is cut in two: `at`, or the end of
+        the secret it falls inside. A chunk ends there and the next starts there, whatever offsets
+        and sizes are asked for (a chunk wholly inside a secret is then empty): no piece of one is
+        ever sent on its own, where redaction could not know it for one."""
+        if 0 < at < len(around) and self._byte_needles.in_(around):
+            for match in self._bytes.finditer(around):
+                if match.start() >= at:
+                    break
+                if match.end() > at:
+                    return match.end()
+        return at
 
     def _edge_piece(self, head: str, tail: str) -> bool:
         """Could redact_edges find a piece of a secret at the start of `head` or the end of `tail`?"""

@@ -207,18 +207,21 @@ def read_beneath(root: Path, path: Path, offset: int = 0, limit: int = -1) -> by
         return f.read(limit)
 
 
-def read_chunk_beneath(root: Path, path: Path, offset: int, limit: int, peek: int) -> tuple[bytes, bytes]:
-    """The `limit` bytes of a file inside `root` from `offset`, and the up to `peek` bytes after
-    them (read_beneath's rules): read apart, so that a chunk is never a copy cut from a longer read.
-    A chunk cut short by the end of the file has nothing after it: what is written meanwhile
-    belongs to the next chunk."""
+def read_chunk_beneath(
+    root: Path, path: Path, offset: int, limit: int, peek: int, behind: int = 0
+) -> tuple[bytes, bytes, bytes]:
+    """The up to `behind` bytes before `offset` of a file inside `root`, the `limit` bytes from
+    it, and the up to `peek` bytes after them (read_beneath's rules): read apart, so that a chunk
+    is never a copy cut from a longer read. A chunk cut short by the end of the file has nothing
+    after it: what is written meanwhile belongs to the next chunk."""
     try:
         fd = open_beneath(root, path, os.O_RDONLY)
     except FileNotFoundError:
-        return b"", b""
+        return b"", b"", b""
     try:
+        before = os.pread(fd, min(behind, offset), offset - min(behind, offset))
         chunk = os.pread(fd, limit, offset)
-        return chunk, os.pread(fd, peek, offset + limit) if len(chunk) == limit else b""
+        return before, chunk, os.pread(fd, peek, offset + limit) if len(chunk) == limit else b""
     finally:
         os.close(fd)
 

@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import approval_prompts, events_until_report, submit, write_agent
+from conftest import approval_prompts, events_until_report, eventually, submit, write_agent
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -480,3 +480,44 @@ def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():
     for needle in _SHAPE_NEEDLES:
         text = "." * 3000 + needle + "." * 3000
         assert redactor._needles.in_(text) and redactor._line_needles.in_(text.encode())
+
+
+CUT_SECRET = "Qz7VX9KP2WM4RT6YS8UV0JNB"  # none of its letters in the log around it
+CUT_TOKEN = "sk-" + "ZQ" * 15  # a shape, not configured
+CUT_LOG = f"step 1\ntoken={CUT_SECRET}\nstep 2 {CUT_TOKEN} done\nünïcödé {CUT_SECRET}{CUT_SECRET}\nend\n"
+
+
+async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
+    start_runner, connect, tmp_path, monkeypatch
+):
+    """Chunks of any size at any offset: a chunk never ends or starts inside a secret (it ends at
+    the secret's end and the next starts there), so small chunks could not piece one together
+    (limit 8 did: redaction knew only pieces at a chunk's edges, not one wholly inside it)."""
+    monkeypatch.setenv("MY_TOKEN", CUT_SECRET)
+    agent = write_agent(tmp_path, "a.sh", f"goaltender experiment -d leak -- printf '{CUT_LOG}'\nsleep 60\n")
+    runner = await start_runner(agents={"a": agent}, secrets=["MY_TOKEN"])
+    client = await connect(runner)
+    goal_id = await submit(client, "leak, max 1 experiments", agent="a")
+
+    async def logged():
+        ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        return ledger and ledger[0].status != "running" and ledger[0].id
+
+    experiment = await eventually(logged)
+    size = len(CUT_LOG.encode())
+    for limit in (1, 2, 5, 8, 12, 20, 64):
+        for offset in range(size + 1):
+            reply = await client.call(
+                p.GetLog, p.LogReply, experiment_id=experiment, offset=offset, limit=limit
+            )
+            for piece in (CUT_SECRET[i : i + 3] for i in range(len(CUT_SECRET) - 2)):
+                assert piece not in reply.text, (limit, offset, reply.text)
+            assert "ZQZ" not in reply.text, (limit, offset, reply.text)
+        # Tiled and pipelined, as text and raw, the chunks are the log redacted, whole.
+        for raw in (False, True):
+            tiled = b"".join(
+                [bytes(r.data) async for r in client.fetch_log(experiment, chunk=limit, raw=raw)]
+            )
+            assert tiled.decode() == CUT_LOG.replace(CUT_SECRET, "[redacted:MY_TOKEN]").replace(
+                CUT_TOKEN, "[redacted]"
+            )
