@@ -175,13 +175,14 @@ class Redactor:
         # The same secrets over bytes, for where a log may be cut (`uncut`).
         self._bytes = re.compile(
             b"|".join(
-                [re.escape(value.encode()) for value in longest_first] + [g.encode() for _, g in _SHAPES]
+                [re.escape(_as_bytes(value)) for value in longest_first] + [g.encode() for _, g in _SHAPES]
             ),
             re.DOTALL,
         )
         self._byte_needles = _Needles(longest_first, encode=True)
+        self._escaped = re.compile(b"|".join(re.escape(form) for form in encoded)) if encoded else None
         #: Bytes a secret may span on either side of a point: `uncut` looks that far around it.
-        self.reach = max([SHAPE_REACH, *(len(value.encode()) for value in longest_first)])
+        self.reach = max([SHAPE_REACH, *(len(_as_bytes(value)) for value in longest_first)])
         self._line_needles = _Needles(encoded, encode=True)
 
     @classmethod
@@ -239,6 +240,20 @@ class Redactor:
             if len(data) > 2 * reach and not self._edge_piece(data[:reach].decode(), data[-reach:].decode()):
                 return data
         return self.redact_edges(data.decode(errors="replace")).encode()
+
+    def redact_file(self, data: bytes) -> bytes:
+        """A file's bytes (an artifact: JSON, an image) with every secret replaced, as it is or
+        JSON-escaped; nothing else of it changes (it is not decoded), so a file without one
+        comes back as it was."""
+        if not self._line_needles.in_(data):
+            return data
+        data = self._bytes.sub(
+            lambda match: self._markers.get(
+                match.group(0).decode(errors="surrogatepass"), self._shape_marker
+            ).encode(),
+            data,
+        )
+        return self._escaped.sub(self._shape_marker.encode(), data) if self._escaped else data
 
     def uncut(self, around: bytes, at: int) -> int:
         """Where a log chunk cut at `at` of `around` (the bytes `reach` either side of it) is to be

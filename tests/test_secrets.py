@@ -4,6 +4,7 @@ state file modes, and a whole goal whose agent and experiment leak every secret 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -50,6 +51,19 @@ def test_a_secret_never_survives_redaction(secret, before, after):
     text = before + secret + after
     assert secret not in redactor.redact(text)
     assert secret not in redactor.redact_edges(text)
+
+
+@settings(deadline=None)
+@given(secret=secret_text, before=st.binary(max_size=40), after=st.binary(max_size=40))
+def test_a_secret_never_survives_in_a_file(secret, before, after):
+    """redact_file: bytes of any kind around a secret, raw or JSON-escaped; what has none is untouched."""
+    redactor = Redactor([("MY_SECRET", secret)])
+    for form in escaped_forms(secret):
+        out = redactor.redact_file(before + form.encode(errors="surrogatepass") + after)
+        assert form.encode(errors="surrogatepass") not in out
+    plain = bytes(c for c in before + after if not chr(c).isascii() or not chr(c).isalpha())  # no shape
+    assume(all(form.encode(errors="surrogatepass") not in plain for form in escaped_forms(secret)))
+    assert redactor.redact_file(plain) is plain
 
 
 @settings(deadline=None)
@@ -521,3 +535,40 @@ async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
             assert tiled.decode() == CUT_LOG.replace(CUT_SECRET, "[redacted:MY_TOKEN]").replace(
                 CUT_TOKEN, "[redacted]"
             )
+
+
+async def test_an_artifact_is_redacted_as_a_log_is(start_runner, connect, tmp_path, monkeypatch):
+    """An artifact travels base64'd, which hid a secret from the redaction of the line it left in
+    (the bot posted errors.json's text to Slack). Its bytes are redacted before: JSON, escaped
+    forms and all, and in an image too; a file without a secret comes back byte for byte."""
+    key = "sk-proj-PlantedArtifact" + "7c2e" * 6
+    monkeypatch.setenv("OPENAI_API_KEY", key)  # granted by default: experiments have it
+    write = (
+        'import json, os, pathlib; d = pathlib.Path(os.environ["GOALTENDER_EXPERIMENT_DIR"]); k = os.environ["OPENAI_API_KEY"]; '
+        'd.joinpath("errors.json").write_text(json.dumps({"text": "saw " + k + " and " + json.dumps(k)})); '
+        'd.joinpath("hard_cases.png").write_bytes(b"\\x89PNG\\r\\n\\x1a\\n\\x00" + k.encode() + b"\\xff")'
+    )
+    agent = write_agent(tmp_path, "a.sh", f"goaltender experiment -d art -- python -c '{write}'\nsleep 60\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal_id = await submit(client, "art, max 1 experiments", agent="a")
+
+    async def done():
+        ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        return ledger and ledger[0].status != "running" and ledger[0]
+
+    experiment = await eventually(done)
+    assert experiment.exit_code == 0, experiment.note
+    errors = await client.call(
+        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="errors.json"
+    )
+    text = base64.b64decode(errors.data).decode()
+    assert key not in text and json.loads(text)["text"].startswith("saw [redacted:OPENAI_API_KEY] and ")
+    image = await client.call(
+        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
+    )
+    assert base64.b64decode(image.data) == b"\x89PNG\r\n\x1a\n\x00[redacted:OPENAI_API_KEY]\xff"
+    clean = Path(experiment.log_path).parent / "errors.json"
+    clean.write_bytes(b'{"n": 1, "\xc3\xa9": "\xff"}')  # not even UTF-8: left as it is
+    again = await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="errors.json")
+    assert base64.b64decode(again.data) == clean.read_bytes()
