@@ -324,6 +324,7 @@ class RunnerClient:
 
     async def _read_loop(self) -> None:
         error: Exception = RunnerUnavailable("the runner closed the connection")
+        said: p.Error | None = None  # an error that answered no id, last thing before a hang-up: why
         try:
             while line := await self._stream.readline():
                 if line.startswith(p.EVENT_BATCH_PREFIX):  # read when events() comes to it
@@ -343,7 +344,9 @@ class RunnerClient:
                     continue
                 if isinstance(reply, p.LogReply) and reply.raw_bytes is not None:  # its chunk follows
                     reply._chunk = await self._stream.readexactly(reply.raw_bytes)
-                # An error about a line that was no request (bad JSON, say) answers no id.
+                # An error about a line that was no request (bad JSON, say) answers no id; so does
+                # a connection turned away (too many open), as the runner hangs up.
+                said = reply if isinstance(reply, p.Error) and reply.id is None else None
                 future = self._pending.get(reply.id) if reply.id is not None else None
                 if future is not None and not future.done():
                     future.set_result(reply)
@@ -351,7 +354,11 @@ class RunnerClient:
             error = RunnerUnavailable(f"lost the runner: {exc}")
         finally:
             for future in self._pending.values():
-                if not future.done():
+                if future.done():
+                    continue
+                if said is not None:
+                    future.set_result(said)  # the caller's ProtocolError, in the runner's words
+                else:
                     future.set_exception(error)
             self._events.put_nowait(error)  # why the link dropped reaches events() readers too
 

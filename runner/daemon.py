@@ -351,7 +351,7 @@ class Runner:
         # file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log), and
         # no piece of a secret leaves on its own.
         pieces = (before, data, after)
-        start = self._uncut(pieces, _char_start(data, 0) if req.offset else 0)
+        start = self._uncut(pieces, _char_start(_span(pieces, 0, _UTF8_TAIL), 0) if req.offset else 0)
         end = max(start, self._uncut(pieces, len(data) + _char_start(after, 0)))
         eof = len(after) <= end - len(data)  # nothing after the chunk's end
         if (start, end) != (0, len(data)):

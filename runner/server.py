@@ -42,6 +42,11 @@ log = logging.getLogger("goaltender.runner")
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
 ANSWER_AFTER_EOF_S = 30.0  # how long requests in flight when a client stops sending are still answered
 RAW_SLICE = 256 * 1024  # bytes of a raw log chunk written at a time (_Connection._send_raw)
+# One client's share of the runner: what it may hold open and in flight, so that an agent cannot
+# take the descriptors or the memory every other goal and the operators need.
+MAX_GOAL_CONNECTIONS = 32  # open on one goal's socket (its agent's and its experiments' clients)
+MAX_CONNECTIONS = 1024  # open on all the runner's sockets
+MAX_IN_FLIGHT = 8  # requests of one connection being answered: past it, it is not read until one is
 
 # Each handler takes its own request type and who asks; the table is keyed by that type.
 Handler = Callable[[Any, Principal], Awaitable[p.Reply]]
@@ -154,11 +159,20 @@ class SocketServer:
         conn.principal = (
             Principal(goal_id=goal_id) if goal_id is not None else Principal(uid=peer_uid(writer))
         )
+        if refusal := self._crowded(goal_id):
+            with contextlib.suppress(ConnectionError):
+                await conn.send(p.Error(code="conflict", message=refusal))
+            conn.close()
+            return
         self._connections.add(conn)
         subscription: asyncio.Task | None = None
         answering: set[asyncio.Task] = set()  # this connection's requests still being answered
         try:
-            while (line := await conn.read_line()) is not None:
+            while True:
+                if len(answering) >= MAX_IN_FLIGHT:  # a client not reading its replies is not read
+                    await asyncio.wait(answering, return_when=asyncio.FIRST_COMPLETED)
+                if (line := await conn.read_line()) is None:
+                    break
                 if line is _TOO_LONG:
                     await conn.send(p.Error(code="line_too_long", message=_TOO_LONG_MESSAGE))
                     break
@@ -198,6 +212,19 @@ class SocketServer:
                 subscription.cancel()
             conn.close()
             self._connections.discard(conn)
+
+    def _crowded(self, goal_id: int | None) -> str | None:
+        """Why a new connection (to goal `goal_id`'s socket, or the operators') is turned away, if it is."""
+        if len(self._connections) >= MAX_CONNECTIONS:
+            return f"the runner has {MAX_CONNECTIONS} connections open, its most; try again when some close"
+        if goal_id is not None:
+            open_here = sum(conn.principal.goal_id == goal_id for conn in self._connections)
+            if open_here >= MAX_GOAL_CONNECTIONS:
+                return (
+                    f"goal #{goal_id} has {MAX_GOAL_CONNECTIONS} connections to the runner open, its most; "
+                    "close some (or finish what they wait for) first"
+                )
+        return None
 
     async def _hello(self, hello: p.Hello, conn: _Connection) -> bool:
         """Answer a hello; False when the connection is refused (and is to be closed)."""

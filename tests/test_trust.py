@@ -25,6 +25,7 @@ from goaltender.agents.codex_config import ALLOWED_VERBS
 from goaltender.agents.policy import CONTROL_VERBS
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
+from goaltender.runner.server import MAX_GOAL_CONNECTIONS, MAX_IN_FLIGHT
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
@@ -296,6 +297,72 @@ async def test_an_agent_cannot_log_metrics_into_another_goals_run(start_runner, 
     for goal in (a, b):
         series = await operator.call(p.GetSeries, p.SeriesReply, goal_id=goal, name="injected")
         assert series.points == ([(1.0, 12345.0)] if goal == a else [])
+
+
+async def test_an_agent_cannot_take_the_runners_connections_or_memory(start_runner, connect, tmp_path):
+    """An agent holding thousands of connections ran the runner out of descriptors (other goals'
+    runs failed to start, operators got no answer); one pipelining requests it never reads the
+    replies of grew the runner by gigabytes. A goal's socket takes MAX_GOAL_CONNECTIONS at once, and
+    a connection MAX_IN_FLIGHT requests: then it is not read until one is answered."""
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 60\n")})
+    operator = await connect(runner)
+    a = await submit(operator, "a, max 5 experiments", agent="idle")
+    b = await submit(operator, "b, max 5 experiments", agent="idle")
+    await eventually(
+        lambda: runner.settings.agent_socket(b).exists() and runner.settings.agent_socket(a).exists()
+    )
+    held = [
+        await RunnerClient.connect_unix(runner.settings.agent_socket(a), "agent")
+        for _ in range(MAX_GOAL_CONNECTIONS)
+    ]
+    with pytest.raises(
+        p.ProtocolError, match=rf"goal #{a} has {MAX_GOAL_CONNECTIONS} connections to the runner open"
+    ):
+        await RunnerClient.connect_unix(runner.settings.agent_socket(a), "agent")
+    refused = await _run(
+        f"{BIN}/goaltender", "milestone", "one more", env={**os.environ, **_agent_env(runner, a)}
+    )
+    assert refused.returncode == 4 and f"goal #{a} has {MAX_GOAL_CONNECTIONS} connections" in refused.stderr
+    other = await RunnerClient.connect_unix(
+        runner.settings.agent_socket(b), "agent"
+    )  # other goals are served
+    await other.call(p.ReportMilestone, p.Done, goal_id=b, title="still here")
+    await operator.call(p.Status, p.StatusReply)
+    await held.pop().close()
+    again = await eventually(lambda: _connected(runner.settings.agent_socket(a)))
+    await again.call(p.ReportMilestone, p.Done, goal_id=a, title="one closed, one more in")
+
+    # Requests in flight: a handler that waits shows how many of a connection's the runner took on.
+    started, release = [], asyncio.Event()
+
+    async def waiting(request, who):
+        started.append(request.id)
+        await release.wait()
+        return p.Done(message="answered")
+
+    runner.server.handlers[p.ReadInbox] = waiting
+    lines = b"".join(p.encode(p.ReadInbox(id=100 + n, goal_id=b)) for n in range(40))
+    await other._send_lines(lines)
+    await eventually(lambda: len(started) >= MAX_IN_FLIGHT)
+    assert len(started) == MAX_IN_FLIGHT  # the other 32 are still unread
+    release.set()
+    await eventually(lambda: len(started) == 40)
+    for client in (*held, other, again):
+        await client.close()
+
+
+async def _connected(path: Path) -> RunnerClient | None:
+    try:
+        return await RunnerClient.connect_unix(path, "agent")
+    except p.ProtocolError:
+        return None
+
+
+def _agent_env(runner, goal_id: int) -> dict[str, str]:
+    return {
+        "GOALTENDER_SOCKET": str(runner.settings.agent_socket(goal_id)),
+        "GOALTENDER_GOAL_ID": str(goal_id),
+    }
 
 
 async def test_a_foreign_uid_is_refused(start_runner, connect, tmp_path):
