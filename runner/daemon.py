@@ -398,6 +398,9 @@ class Runner:
 
     async def _on_get_series(self, req: p.GetSeries, who: Principal) -> p.Reply:
         points = await self.store.metric_series(req.goal_id, req.name, req.experiment_id)
+        if len(points) > p.MAX_SERIES_POINTS:
+            last = len(points) - 1
+            points = [points[i * last // (p.MAX_SERIES_POINTS - 1)] for i in range(p.MAX_SERIES_POINTS)]
         return p.SeriesReply(name=req.name, points=points)
 
     async def _on_disk_usage(self, req: p.DiskUsage, who: Principal) -> p.Reply:

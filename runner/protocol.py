@@ -273,6 +273,11 @@ class GetLog(Request):
         return self
 
 
+#: Points in one series reply: a longer series comes thinned evenly (its first and last kept), as
+#: a plot would show it; it fits a line either way.
+MAX_SERIES_POINTS = 20_000
+
+
 class GetSeries(Request):
     type: Literal["get_series"] = "get_series"
     goal_id: RowId

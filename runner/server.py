@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from goaltender.runner.audit import AuditTrail, is_control
 from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
-from goaltender.storage.records import Event
+from goaltender.storage.records import Event, UnreadableEvent
 from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
 log = logging.getLogger("goaltender.runner")
@@ -343,7 +345,26 @@ class _Connection:
                 message = message.model_copy(update={"text": self.redactor.redact_edges(message.text)})
             if not isinstance(message.id, str):  # its one string is redacted: not scanned twice
                 return p.encode(message)
-        return self.redactor.redact_line(p.encode(message))
+        line = self.redactor.redact_line(p.encode(message))
+        if len(line) <= p.MAX_LINE:
+            return line
+        # No client reads a longer line (it would hang up, and a subscriber stall on the event):
+        # an event goes as what it was, a reply as why it did not come.
+        if isinstance(message, p.EventMessage):
+            event = message.event
+            return p.encode(
+                p.EventMessage(
+                    event=_too_large(event.seq, event.goal_id, event.ts, event.data.kind, len(line))
+                )
+            )
+        return p.encode(
+            p.Error(
+                id=message.id,
+                code="internal",
+                message=f"the {message.type} reply would be {len(line)} bytes, over the {p.MAX_LINE} a line "
+                "may hold: ask for less (one goal, one experiment, a page)",
+            )
+        )
 
     def _raw_log(self, reply: p.LogReply) -> tuple[bytes, bytes]:
         """A raw log reply's line and the bytes that follow it: the chunk, redacted as its text
@@ -402,11 +423,24 @@ class _Connection:
         if len(line) > p.MAX_LINE and len(events) > 1:  # markers longer than what they replaced
             half = len(events) // 2
             return self._event_lines(events[:half]) + self._event_lines(events[half:])
+        if len(line) > p.MAX_LINE:  # one event no client could read: what it was goes in its place
+            stored = json.loads(events[0])
+            kind = stored["data"].get("kind", "?") if isinstance(stored.get("data"), dict) else "?"
+            ts = datetime.fromisoformat(stored["ts"])
+            stand_in = _too_large(stored["seq"], stored.get("goal_id"), ts, str(kind), len(line))
+            return [p.EVENT_BATCH_PREFIX + stand_in.model_dump_json().encode() + b"]}\n"]
         return [line]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()
+
+
+def _too_large(seq: int, goal_id: int | None, ts: datetime, kind: str, size: int) -> Event:
+    """What goes to subscribers in place of an event too large for a line: its seq, goal and time,
+    so they move past it; the runner's database keeps the event itself."""
+    reason = f"{size} bytes, over the {p.MAX_LINE} a line may hold; the runner's database keeps it"
+    return Event(seq=seq, goal_id=goal_id, ts=ts, data=UnreadableEvent(stored_kind=kind, reason=reason))
 
 
 def _bind(path: Path) -> socket.socket:

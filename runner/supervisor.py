@@ -32,9 +32,13 @@ import psutil
 
 from goaltender.storage.records import MetricPoint
 
+MAX_METRIC_NAME = 128  # characters: a longer `name: value` or JSON key is no metric's name
 _SUMMARY_LINE = re.compile(
-    r"^\s*([A-Za-z_][\w./-]*)\s*[:=]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
+    rf"^\s*([A-Za-z_][\w./-]{{0,{MAX_METRIC_NAME - 1}}})\s*[:=]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
 )
+# `key: value` lines a run's summary keeps: the latest, so a headline printed after thousands of
+# per-example lines is among them; it is part of every event and reply that carries the run.
+MAX_SUMMARY = 256
 TAIL_INTERVAL_S = 0.5
 
 
@@ -58,12 +62,15 @@ class MetricParser:
             return [
                 MetricPoint(name=k, value=float(v), step=step)
                 for k, v in obj.items()
-                if k != "step" and _is_number(v)
+                if k != "step" and _is_number(v) and len(k) <= MAX_METRIC_NAME
             ]
         if m := _SUMMARY_LINE.match(line):
             value = float(m.group(2))
             if math.isfinite(value):
+                self.summary.pop(m.group(1), None)  # the latest last: the oldest goes first
                 self.summary[m.group(1)] = value
+                if len(self.summary) > MAX_SUMMARY:
+                    del self.summary[next(iter(self.summary))]
         return []
 
 

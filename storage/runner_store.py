@@ -16,7 +16,7 @@ import functools
 import json
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -648,9 +648,10 @@ class RunnerStore:
                 "INSERT INTO metrics (goal_id, experiment_id, name, step, value, ts) VALUES (?, ?, ?, ?, ?, ?)",
                 [(goal_id, experiment_id, p.name, p.step, p.value, now) for p in points],
             )
-            event = await self._append(
-                tx, goal_id, MetricsLogged(experiment_id=experiment_id, points=points), pending
-            )
+            for some in _event_sized(points):
+                event = await self._append(
+                    tx, goal_id, MetricsLogged(experiment_id=experiment_id, points=some), pending
+                )
         self._announce(pending)
         return event
 
@@ -962,3 +963,19 @@ def _event(row: sqlite3.Row) -> Event:
             ts=stored_time(row["ts"]),
             data=UnreadableEvent(stored_kind=kind, reason=reason),
         )
+
+
+EVENT_POINTS_BYTES = 128 * 1024  # about what one metrics event's points take as JSON, at most
+
+
+def _event_sized(points: list[MetricPoint]) -> Iterator[list[MetricPoint]]:
+    """`points` in runs small enough for one event each: a run's log tailed in one go (tens of
+    thousands of lines) made one event over the line a client reads, and stalled every subscriber."""
+    start, size = 0, 0
+    for end, point in enumerate(points):
+        cost = len(point.name) + 64  # its JSON: name, value, step and punctuation
+        if size and size + cost > EVENT_POINTS_BYTES:
+            yield points[start:end]
+            start, size = end, 0
+        size += cost
+    yield points[start:]

@@ -17,8 +17,8 @@ from conftest import BIN, approval_prompts, events_until_report, eventually, sub
 from goaltender import cli
 from goaltender.runner import protocol as p
 from goaltender.runner import server
-from goaltender.runner.supervisor import group_members
-from goaltender.storage.records import Budget, ExperimentStarted, MilestoneReported
+from goaltender.runner.supervisor import MAX_SUMMARY, group_members
+from goaltender.storage.records import Budget, Event, ExperimentStarted, MilestoneReported, utcnow
 
 
 def kinds(events):
@@ -110,6 +110,41 @@ async def test_the_stop_status_counts_the_target_and_stops_with_the_goal(start_r
 
     status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
     assert status.stop_status == line.removeprefix("**Stop status:** ")  # as it ended, not as of now
+
+
+BIG_OUTPUT_AGENT = """
+goaltender experiment -d chatty --metric acc -- python -c '
+import json
+for i in range(60000): print(f"example_{i}_score: 1")
+for i in range(40000): print(json.dumps({"step": i, "loss": 1 / (i + 1), "grad_norm": 0.5}))
+print("acc: 0.75")'
+echo "experiment rc=$?" > rc
+goaltender milestone "after the chatty run"
+"""
+
+
+async def test_a_run_that_prints_a_lot_stalls_no_subscriber(start_runner, connect, tmp_path):
+    """60k summary lines and 40k metric lines made a 2.4 MB experiment_finished event and a 2.7 MB
+    metrics event: every client hung up on the line, the agent's own call failed, subscribers (the
+    bot) stalled there for good. The run's summary keeps its latest lines, metrics go in events
+    of a bounded size, and nothing over a line's limit is sent."""
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", BIG_OUTPUT_AGENT)})
+    client = await connect(runner)
+    goal_id = await submit(client, "chatty, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+    assert any(e.data.kind == "milestone" and e.data.title == "after the chatty run" for e in events)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    [row] = summary.ledger
+    assert (
+        row.metric_value == 0.75 and len(row.metrics) <= MAX_SUMMARY and "example_59999_score" in row.metrics
+    )
+    assert (Path(summary.status.goal.workspace) / "rc").read_text().strip() == "experiment rc=0"
+    logged = [e for e in events if e.data.kind == "metrics"]
+    assert sum(len(e.data.points) for e in logged) == 80000 and len(logged) > 1
+    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    assert len(series.points) == p.MAX_SERIES_POINTS  # thinned evenly, first and last kept
+    assert series.points[0] == (0.0, 1.0) and series.points[-1] == (39999.0, 1 / 40000)
+    assert [step for step, _ in series.points] == sorted(step for step, _ in series.points)
 
 
 async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_path):
@@ -415,3 +450,28 @@ async def test_active_only_status_among_many_finished_goals(start_runner, connec
     assert [s.goal.id for s in reply.goals] == [g.id for g in goals[-2:]]
     assert all(s.attempted == 0 and s.best is None for s in reply.goals)
     assert len((await client.call(p.Status, p.StatusReply)).goals) == 25
+
+
+def test_a_line_too_long_for_any_client_is_never_sent():
+    """An event over MAX_LINE goes as what it was (its seq, goal, time, kind), so a subscriber
+    moves past it; a reply over it as an error saying why, to the request that asked."""
+    conn = server._Connection(reader=None, writer=None, redactor=server.Redactor())  # type: ignore[arg-type]
+    huge = MilestoneReported(title="big", text="x" * (p.MAX_LINE + 10))
+    event = Event(seq=7, goal_id=1, ts=utcnow(), data=huge)
+    for line in (
+        conn._line(p.EventMessage(event=event)),
+        *conn._event_lines([event.model_dump_json().encode()]),
+    ):
+        assert len(line) <= p.MAX_LINE
+        reply = p.parse_reply(line)
+        [sent] = reply.events if isinstance(reply, p.EventBatch) else [reply.event]
+        assert (sent.seq, sent.goal_id, sent.data.kind, sent.data.stored_kind) == (
+            7,
+            1,
+            "unreadable",
+            "milestone",
+        )
+        assert "over the 1048576 a line may hold" in sent.data.reason
+    points = [(float(i), 0.5) for i in range(p.MAX_LINE // 8)]
+    error = p.parse_reply(conn._line(p.SeriesReply(id=42, name="loss", points=points)))
+    assert isinstance(error, p.Error) and error.id == 42 and "the series reply would be" in error.message
