@@ -170,6 +170,13 @@ class RunnerSettings(GoaltenderSettings):
     """Where to mirror to (http://mlflow.internal:5000, sqlite:///…); setting it turns mirroring on.
     `sqlite`: the default file."""
 
+    @field_validator("home", "socket")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        """A relative home (or `~/…`) made absolute as the runner starts: the sandboxes it makes
+        later see other working directories (every goal failed with a relative GOALTENDER_HOME)."""
+        return None if value is None else Path(os.path.abspath(value.expanduser()))
+
     @field_validator("slurm_args", mode="before")
     @classmethod
     def _words(cls, value: object) -> object:

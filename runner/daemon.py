@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import logging
+import os
 import signal
 import sqlite3
 import sys
@@ -41,6 +43,7 @@ from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFo
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
+from goaltender.storage.db import NewerDatabase
 from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
 from goaltender.storage.runner_store import Ledger, RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
@@ -108,6 +111,7 @@ class Runner:
         self.skills = SkillFolder(settings.skill_folder)
         self._skills_lock = asyncio.Lock()  # one change of the skill folder at a time
         self._listening = False
+        self._home_lock: int | None = None  # held while this runner runs: one runner per home
 
     # ---- life cycle ----
 
@@ -121,14 +125,21 @@ class Runner:
             raise StartupFailed(str(exc)) from None
         try:
             settings.make_dirs()
+            home_lock = _lock_home(settings)
+        except OSError as exc:
+            raise StartupFailed(startup_problem(settings, exc)) from exc
+        try:
             store = await RunnerStore.open(settings.db_path)
         except (OSError, sqlite3.Error) as exc:
+            os.close(home_lock)
             raise StartupFailed(startup_problem(settings, exc)) from exc
         try:
             runner = cls(settings, store)
         except BaseException:
             await store.close()
+            os.close(home_lock)
             raise
+        runner._home_lock = home_lock
         try:
             await runner._start()
         except BaseException as exc:
@@ -186,6 +197,7 @@ class Runner:
         await self.store.close()
         if self._listening:
             self.server.remove_socket()
+        self._unlock_home()
 
     async def serve_forever(self) -> None:
         await self.server.serve_forever()
@@ -197,6 +209,12 @@ class Runner:
         await self._close_mirror()
         await self.store.close()
         self.server.remove_socket()
+        self._unlock_home()
+
+    def _unlock_home(self) -> None:
+        if self._home_lock is not None:
+            os.close(self._home_lock)
+            self._home_lock = None
 
     async def _close_mirror(self) -> None:
         if self.mirror:
@@ -594,6 +612,29 @@ class AlreadyServing(Exception):
     """Another runner answers on this runner's socket."""
 
 
+HOME_LOCK = "runner.lock"
+
+
+def _lock_home(settings: RunnerSettings) -> int:
+    """Hold the home's lock (a descriptor, released when it is closed or the process dies), or
+    raise StartupFailed: a second runner on the same home, on another socket, took the first's
+    running goals for a restart's and killed their runs."""
+    path = settings.home / HOME_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise StartupFailed(
+            f"another runner uses the home {settings.home} ({holder}): one runner per home; stop it "
+            "first, or give this one a GOALTENDER_HOME of its own"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, socket {settings.socket_path}\n".encode(), 0)
+    return fd
+
+
 class StartupFailed(Exception):
     """The runner cannot start; the message says why in one line, for whoever reads its stderr."""
 
@@ -608,6 +649,8 @@ def startup_problem(settings: RunnerSettings, exc: BaseException) -> str:
         return f"disk full: {exc.space}"
     if is_disk_full(exc):
         return f"disk full: {probe_after_failure(settings.home)}"
+    if isinstance(exc, NewerDatabase):
+        return str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and exc.sqlite_errorcode in _NOT_A_DATABASE:
         return (
             f"{db} is not a usable SQLite database ({exc}): move it aside to start with an empty one, "

@@ -35,6 +35,10 @@ def private_file(path: Path) -> None:
     os.chmod(path, PRIVATE_FILE)
 
 
+class NewerDatabase(sqlite3.DatabaseError):
+    """The file's schema is newer than this code's migrations."""
+
+
 class Database:
     """A SQLite file opened for one process.
 
@@ -84,8 +88,14 @@ class Database:
         """Apply migrations[user_version:] in order; each runs in its own transaction.
 
         Migration N (1-based) moves the file to user_version N. Re-checking the version inside the
-        write transaction makes two processes racing to migrate the same file safe.
+        write transaction makes two processes racing to migrate the same file safe. A file of a
+        later version (a newer goaltender's) raises NewerDatabase: its rows would not read back.
         """
+        if migrations and (found := await self.user_version()) > len(migrations):
+            raise NewerDatabase(
+                f"{self.path} is from a newer goaltender (schema version {found}; this one knows up to "
+                f"{len(migrations)}): run that version, or restore a backup made with this one"
+            )
         for number, script in enumerate(migrations, start=1):
             async with self.write() as tx:
                 if (await tx.one("PRAGMA user_version"))[0] >= number:

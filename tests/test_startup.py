@@ -9,6 +9,7 @@ bind mount of the home, and a small tmpfs (`--size`) filled up before the runner
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 from test_recovery import connect_when_up, start_runner_process
 
 from goaltender.runner import protocol as p
+from goaltender.runner.config import RunnerSettings
+from goaltender.storage.runner_schema import MIGRATIONS
 
 PROMPTLY_S = 30  # a hang fails here rather than at the suite's timeout
 
@@ -43,6 +46,20 @@ def test_a_corrupt_database(tmp_path, short_dir):
         "not a database): move it aside to start with an empty one, or restore it from a backup"
     ]
     assert not (short_dir / "runner.sock").exists()
+
+
+def test_a_database_from_a_newer_goaltender(tmp_path, short_dir):
+    """It was opened as if it were this version's: the runner said it was listening, then every
+    status and submit failed on rows it could not read. It stops at start, saying what to do."""
+    home = tmp_path / "home"
+    home.mkdir()
+    newer = len(MIGRATIONS) + 1
+    with sqlite3.connect(home / "runner.db") as db:
+        db.execute(f"PRAGMA user_version={newer}")
+    assert start_and_fail(home, short_dir / "runner.sock") == [
+        f"goaltender runner: cannot start: {home}/runner.db is from a newer goaltender (schema version "
+        f"{newer}; this one knows up to {len(MIGRATIONS)}): run that version, or restore a backup made with this one"
+    ]
 
 
 def test_an_unwritable_home(tmp_path, short_dir):
@@ -81,6 +98,41 @@ async def test_a_second_runner_on_the_same_socket(tmp_path, short_dir):
     finally:
         first.terminate()
         first.wait(timeout=20)
+
+
+async def test_a_second_runner_on_the_same_home(tmp_path, short_dir):
+    """On another socket it started, took the first's running goals for a restart's and killed
+    their runs. It is refused, naming who holds the home; the first runs on, and once it has
+    stopped the home is free again (its lock goes with it, a kill -9 too)."""
+    home = tmp_path / "home"
+    first = start_runner_process(home, short_dir / "one.sock")
+    try:
+        client = await connect_when_up(short_dir / "one.sock")
+        lines = start_and_fail(home, short_dir / "two.sock")
+        assert lines[-1].startswith(
+            f"goaltender runner: cannot start: another runner uses the home {home} (pid {first.pid}"
+        )
+        assert not (short_dir / "two.sock").exists()
+        assert (await client.call(p.Status, p.StatusReply)).goals == []
+        await client.close()
+    finally:
+        first.kill()
+        first.wait(timeout=20)
+    second = start_runner_process(home, short_dir / "two.sock")
+    try:
+        client = await connect_when_up(short_dir / "two.sock")
+        await client.close()
+    finally:
+        second.terminate()
+        second.wait(timeout=20)
+
+
+def test_a_relative_home_is_made_absolute(tmp_path, short_dir, monkeypatch):
+    """With GOALTENDER_HOME=hrel every goal failed: the sandboxes could not find hrel/tmp/goal-1."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert RunnerSettings(home=Path("hrel")).goal_tmp(1) == tmp_path / "hrel" / "tmp" / "goal-1"
+    assert RunnerSettings(home=Path("~/h"), socket=Path("s.sock")).socket_path == tmp_path / "s.sock"
 
 
 def start_configured(
