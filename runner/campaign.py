@@ -686,6 +686,7 @@ class Campaigns:
         try:
             if experiment.status == "queued":
                 grant = await self._wait_for_slot(experiment, wanted)
+                await self._still_in_budget(experiment)
                 experiment = await self.store.experiment_started(
                     experiment.id,
                     executor="local",
@@ -697,6 +698,18 @@ class Campaigns:
         finally:
             if grant is not None:
                 self.slots.release(grant)
+
+    async def _still_in_budget(self, experiment: Experiment) -> None:
+        """A queued run's turn has come: the goal's time and compute budgets again, which the runs
+        before it may have spent (its count was checked as it was admitted). Parallel requests on
+        a busy box all passed while nothing was spent, and ran to 5x a compute budget. Past them,
+        it never starts (and does not count), refused as a run asked for then would be."""
+        goal = await self.goal(experiment.goal_id)
+        _, compute_used = await self.store.usage(goal.id)
+        check = check_new_experiment(goal.budget, 0, compute_used, utcnow())
+        if not check.ok:
+            await self._finish(experiment, "interrupted", f"never started: {check.reason}")
+            raise Refused("budget_exhausted", check.reason)
 
     async def _wait_for_slot(self, experiment: Experiment, wanted: int) -> Grant:
         """Its turn in the box's queue; a goal paused meanwhile gives the slot back and waits to

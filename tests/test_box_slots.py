@@ -215,3 +215,36 @@ async def test_a_paused_goal_gives_its_turn_back(start_runner, connect, tmp_path
     await events_until_report(client, paused, timeout=60)
     [row] = await ledger(client, paused)
     assert row.status == "keep" and row.queued_seconds > 0
+
+
+BURN = "python -c 'import time; t = time.process_time()\nwhile time.process_time() - t < 0.4: pass'"
+PARALLEL = f"""
+for n in 1 2 3 4; do
+  goaltender experiment -d "burn $n" -- {BURN} > "out-$n" 2>&1 &
+done
+wait
+echo done > all-done
+sleep 60
+"""
+
+
+async def test_queued_runs_meet_the_compute_budget_as_their_turn_comes(start_runner, connect, tmp_path):
+    """Four runs asked for at once on a one-slot box, against 0.72 CPU-seconds: all four were
+    admitted while nothing was spent, and ran to several times the budget. A queued run's turn
+    checks the budget again: once spent, it never starts (and does not count), refused as a run
+    asked for then would be."""
+    runner = await start_runner(
+        agents={"a": write_agent(tmp_path, "a.sh", PARALLEL)}, compute_unit="cpu", slots=1
+    )
+    client = await connect(runner)
+    goal_id = await submit(client, "burn, cpu-hours 0.0002, max 10 experiments", agent="a")
+    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    await eventually(lambda: (workspace / "all-done").exists(), timeout=60)
+    rows = await ledger(client, goal_id)
+    ran = [row for row in rows if row.status != "interrupted"]
+    never = [row for row in rows if row.status == "interrupted"]
+    assert len(ran) == 2 and len(never) == 2, [(r.status, r.note) for r in rows]
+    assert all(row.note.startswith("never started: compute budget used: ") for row in never)
+    said = [(workspace / f"out-{n}").read_text() for n in range(1, 5)]
+    assert sum("budget_exhausted" in text or "compute budget used" in text for text in said) == 2, said
+    await client.call(p.Stop, p.Done, goal_id=goal_id)
