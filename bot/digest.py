@@ -41,6 +41,7 @@ from goaltender.storage.records import Experiment, utcnow
 log = logging.getLogger("goaltender.bot.digest")
 
 MIN_INTERVAL = timedelta(minutes=15)  # more often than this is noise, not a digest
+MAX_INTERVAL = timedelta(days=30)  # rarer is no digest (and past a date's range, no schedule)
 HOWTO = (
     "Digest schedules for this channel: `/goal digest daily 09:00 Europe/Berlin`, "
     "`/goal digest weekdays 08:30 UTC`, `/goal digest every 4h`, `/goal digest off`, "
@@ -48,7 +49,7 @@ HOWTO = (
 )
 _COMMAND = re.compile(r"^\s*(daily|weekdays|every|off|stop|none|now|show|status)\b", re.I)
 _DAILY = re.compile(r"^(daily|weekdays)\s+(\d{1,2}):(\d{2})(?:\s+(\S+))?$", re.I)
-_EVERY = re.compile(r"^every\s+((?:\d+\s*[hm]\s*)+)$", re.I)
+_EVERY = re.compile(r"^every\s+((?:\d{1,7}\s*[hm]\s*)+)$", re.I)
 _PART = re.compile(r"(\d+)\s*([hm])", re.I)
 
 
@@ -94,12 +95,14 @@ def parse_command(text: str) -> DigestCommand:
             ) from None
         return DigestCommand("set", f"{kind} {hour:02d}:{minute:02d} {zone}")
     if match := _EVERY.match(words):
-        total = timedelta()
-        for amount, unit in _PART.findall(match.group(1)):
-            total += timedelta(hours=int(amount)) if unit.lower() == "h" else timedelta(minutes=int(amount))
-        if total < MIN_INTERVAL:
+        minutes = sum(
+            int(n) * (60 if unit.lower() == "h" else 1) for n, unit in _PART.findall(match.group(1))
+        )
+        if minutes < MIN_INTERVAL.total_seconds() // 60:
             raise ValueError(f"A digest at most every {_span(MIN_INTERVAL)}, please. {HOWTO}")
-        return DigestCommand("set", f"every {_span(total)}")
+        if minutes > MAX_INTERVAL.total_seconds() // 60:
+            raise ValueError(f"A digest at least every {_span(MAX_INTERVAL)}, please. {HOWTO}")
+        return DigestCommand("set", f"every {_span(timedelta(minutes=minutes))}")
     raise ValueError(f"I could not read a digest schedule in `{words}`. {HOWTO}")
 
 
@@ -137,7 +140,10 @@ class DigestScheduler:
     def start(self, digests: list[Digest]) -> None:
         """Must run inside the event loop (APScheduler binds to the running loop)."""
         for digest in digests:
-            self.schedule(digest)
+            try:
+                self.schedule(digest)
+            except (ValueError, OverflowError) as exc:  # one bad row must not keep the bot from starting
+                log.error("digest of %s (%r) not scheduled: %s", digest.channel, digest.spec, exc)
         self.scheduler.start()
 
     def shutdown(self) -> None:

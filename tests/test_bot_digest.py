@@ -33,6 +33,9 @@ def test_schedule_commands_parse_or_say_how():
         ("daily 25:00", "not a time of day"),
         ("daily 09:00 Mars/Olympus", "don't know the time zone"),
         ("sometimes", "could not read"),
+        ("every 721h", "at least every 720h"),  # "every 99999999h" was stored, then broke every start
+        ("every 9999999h", "at least every 720h"),
+        ("every 999999999999h", "could not read"),  # it overflowed the parser itself
     ):
         with pytest.raises(ValueError, match=says) as caught:
             digest.parse_command(bad)
@@ -49,6 +52,22 @@ def test_triggers_follow_the_time_zone_and_the_anchor():
     anchor = datetime(2026, 12, 2, 0, 0, tzinfo=UTC)
     every = digest.trigger_for("every 4h", anchor)
     assert every.get_next_fire_time(None, anchor) == anchor + timedelta(hours=4)  # not at once
+
+
+async def test_a_stored_schedule_that_cannot_be_kept_does_not_stop_the_others():
+    """A row no trigger can be made of (stored by an older bot that let it through) is logged and
+    left out; the bot starts and the other channels' digests are kept."""
+    scheduler = digest.DigestScheduler(lambda channel: None)  # type: ignore[arg-type,return-value]
+    now = utcnow()
+    rows = [
+        Digest(channel="C1", spec="every 99999999h", created_by=ALICE, created_at=now, last_sent_at=None),
+        Digest(channel="C2", spec="every 4h", created_by=ALICE, created_at=now, last_sent_at=None),
+    ]
+    scheduler.start(rows)
+    try:
+        assert scheduler.next_run("C1") is None and scheduler.next_run("C2") == now + timedelta(hours=4)
+    finally:
+        scheduler.shutdown()
 
 
 async def test_missed_runs_coalesce_into_one():
