@@ -357,11 +357,12 @@ class _Connection:
                     event=_too_large(event.seq, event.goal_id, event.ts, event.data.kind, len(line))
                 )
             )
+        what = getattr(message, "type", "")
         return p.encode(
             p.Error(
-                id=message.id,
+                id=getattr(message, "id", None),
                 code="internal",
-                message=f"the {message.type} reply would be {len(line)} bytes, over the {p.MAX_LINE} a line "
+                message=f"the {what} reply would be {len(line)} bytes, over the {p.MAX_LINE} a line "
                 "may hold: ask for less (one goal, one experiment, a page)",
             )
         )

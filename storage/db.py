@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
@@ -15,6 +16,9 @@ from typing import Any
 import aiosqlite
 
 BUSY_TIMEOUT_MS = 10_000
+LOCKED_RETRY_S = 1.0  # between tries of a write that found the database locked past the busy timeout
+
+log = logging.getLogger("goaltender.storage")
 PRIVATE_FILE = 0o600  # a database and its -wal and -shm: only this user reads them
 PRIVATE_DIR = 0o700
 
@@ -108,15 +112,32 @@ class Database:
 
     @asynccontextmanager
     async def write(self) -> AsyncIterator[Tx]:
-        """`async with db.write() as tx:` runs the block in one `BEGIN IMMEDIATE` transaction."""
+        """`async with db.write() as tx:` runs the block in one `BEGIN IMMEDIATE` transaction.
+        Another process holding the write lock past the busy timeout (an operator's `sqlite3`
+        shell, say) is waited out: the write begins once the lock goes. It used to fail, and with
+        it whatever was being entered (a run's row), leaving a goal running with no agent."""
         async with self._write_lock:
-            await self.conn.execute("BEGIN IMMEDIATE")
+            await self._begin()
             try:
                 yield Tx(self.conn)
                 await self.conn.execute("COMMIT")
             except BaseException:
                 await self._rollback()
                 raise
+
+    async def _begin(self) -> None:
+        said = False
+        while True:
+            try:
+                await self.conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise
+                if not said:
+                    log.warning("%s is locked by another process; its writes wait for it", self.path)
+                    said = True
+                await asyncio.sleep(LOCKED_RETRY_S)
 
     async def _rollback(self) -> None:
         """Roll back what is left of a failed transaction. SQLite may have rolled it back already

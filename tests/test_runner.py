@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from goaltender import cli
 from goaltender.runner import protocol as p
 from goaltender.runner import server
 from goaltender.runner.supervisor import MAX_SUMMARY, group_members
+from goaltender.storage import db as db_module
 from goaltender.storage.records import Budget, Event, ExperimentStarted, MilestoneReported, utcnow
 
 
@@ -145,6 +147,31 @@ async def test_a_run_that_prints_a_lot_stalls_no_subscriber(start_runner, connec
     assert len(series.points) == p.MAX_SERIES_POINTS  # thinned evenly, first and last kept
     assert series.points[0] == (0.0, 1.0) and series.points[-1] == (39999.0, 1 / 40000)
     assert [step for step, _ in series.points] == sorted(step for step, _ in series.points)
+
+
+async def test_a_database_locked_by_another_process_holds_writes_up_not_goals(
+    start_runner, connect, tmp_path, monkeypatch, caplog
+):
+    """Another process held a write on runner.db past the busy timeout: the run's entry failed,
+    and its goal was left running with no agent. The write waits for the lock and is tried again."""
+    monkeypatch.setattr(db_module, "BUSY_TIMEOUT_MS", 100)
+    script = "while [ ! -e go ]; do sleep 0.05; done\n"
+    script += "goaltender experiment -d one --metric acc -- python -c 'print(\"acc: 0.5\")'\n"
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)})
+    client = await connect(runner)
+    goal_id = await submit(client, "locked out, max 1 experiments", agent="a")
+    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    holder = sqlite3.connect(runner.settings.db_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # as an operator's sqlite3 shell might, while the run goes on
+    with caplog.at_level(logging.WARNING, logger="goaltender.storage"):
+        (workspace / "go").touch()
+        await eventually(lambda: "runner.db is locked by another process" in caplog.text)
+    holder.execute("COMMIT")
+    holder.close()
+    await events_until_report(client, goal_id)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "finished"
+    assert [(e.status, e.metric_value) for e in summary.ledger] == [("keep", 0.5)]
 
 
 async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_path):
