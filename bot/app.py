@@ -61,9 +61,13 @@ from goaltender.bot.thread import ThreadWriter
 from goaltender.bot.tokens import TokenRefused, check_app_token, check_bot_token
 from goaltender.bot.views import Views
 from goaltender.storage.bot_store import BotStore
+from goaltender.storage.db import NewerDatabase
 from goaltender.storage.records import Event
 
 log = logging.getLogger("goaltender.bot")
+
+Reply = Callable[[str], Awaitable[None]]  # an answer only the person who asked sees
+Show = Callable[[Payload], Awaitable[None]]  # a view (blocks) only they see
 
 SLACK_UNREACHABLE_RETRY_S = (1.0, 30.0)  # first and longest wait between tries to reach Slack at start
 
@@ -151,7 +155,11 @@ class GoaltenderBot:
         if settings.slack_api_url:
             kwargs["base_url"] = settings.slack_api_url
         client = AsyncWebClient(**kwargs, retry_handlers=listener_retry_handlers())
-        store = await BotStore.open(settings.db_path)
+        try:
+            store = await BotStore.open(settings.db_path)
+        except BaseException:
+            await kwargs["session"].close()
+            raise
         return cls(settings, store, client)
 
     async def start(self) -> None:
@@ -252,6 +260,24 @@ class GoaltenderBot:
 
     # ---- listeners ----
 
+    def _subcommand(
+        self, raw: str, text: str, channel: str, user: str
+    ) -> Callable[[Reply, Show], Awaitable[None]] | None:
+        """What `/goal <text>` runs when it is a subcommand (health, admin, a view, digest): called
+        with how to answer and how to show a view; None when the text is meant as a goal."""
+        if text.lower() == "health":
+            return lambda reply, show: self._health(reply)
+        if (roles := admin.command_words(raw)) is not None:
+            return lambda reply, show: self.admin.command(roles, channel, user, reply)
+        if (view := views.command_words(text)) is not None:
+            return lambda reply, show: self.views.command(*view, channel, show)
+        if (schedule := digest.command_words(text)) is not None:
+            return lambda reply, show: self.digests.command(schedule, channel, user, reply)
+        return None
+
+    async def _health(self, reply: Reply) -> None:
+        await reply((await self.health.report()).text())
+
     def _register(self) -> None:
         app = self.app
 
@@ -275,11 +301,15 @@ class GoaltenderBot:
             raw = (command.get("text") or "").strip()
             text = command_text(raw)  # users, channels and links as typed (the command escapes them)
             channel, user = command["channel_id"], command["user_id"]
-            try:
-                request = self.intake.read(text, channel, user)
-            except GoalRefused as refusal:
-                await ack(text=str(refusal))
-                return
+            # Subcommands first: their words (`admin budget 0h`) are no goal, and must not be
+            # refused as one.
+            subcommand = self._subcommand(raw, text, channel, user)
+            if subcommand is None:
+                try:
+                    request = self.intake.read(text, channel, user)
+                except GoalRefused as refusal:
+                    await ack(text=str(refusal))
+                    return
             await ack()
             trigger = command.get("trigger_id")
             if trigger and not await self.store.first_sight(f"command:{trigger}"):
@@ -291,14 +321,8 @@ class GoaltenderBot:
             async def show(payload: Payload) -> None:
                 await respond(text=payload["text"], blocks=payload["blocks"], response_type="ephemeral")
 
-            if text.lower() == "health":
-                await reply((await self.health.report()).text())
-            elif (words := admin.command_words(raw)) is not None:
-                await self.admin.command(words, channel, user, reply)
-            elif (view := views.command_words(text)) is not None:
-                await self.views.command(*view, channel, show)
-            elif (words := digest.command_words(text)) is not None:
-                await self.digests.command(words, channel, user, reply)
+            if subcommand is not None:
+                await subcommand(reply, show)
             else:
                 await self.intake.submit(request, reply, respond=reply)
 
@@ -377,3 +401,6 @@ def main() -> None:
     except TokenRefused as refused:
         print(f"goaltender bot: {refused}", file=sys.stderr)
         raise SystemExit(2) from None
+    except NewerDatabase as exc:  # its rows would not read back: said, not a traceback
+        print(f"goaltender bot: cannot start: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -8,12 +8,13 @@ a budget increase's prompt goes to the budget guard, which decides those.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from goaltender.bot import audit, render
 from goaltender.bot.budget_guard import BudgetGuard
-from goaltender.bot.keys import ApprovalKey, BudgetKey
+from goaltender.bot.keys import ApprovalKey, BudgetKey, row_id
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox
 from goaltender.bot.roles import Roles, actor
@@ -44,29 +45,37 @@ class Approvals:
         user = body["user"]["id"]
         container = body.get("container") or {}
         channel = container.get("channel_id") or (body.get("channel") or {}).get("id") or ""
-        _, _, approval = (action.get("value") or "").rpartition(":")
 
         async def tell(text: str) -> None:
             await respond(text=text, response_type="ephemeral", replace_original=False)
 
         key = await self.outbox.posted_at(channel, container.get("message_ts") or "")
-        thread: Thread | None = None
-        if isinstance(key, ApprovalKey):
-            approval_id = key.approval_id
-            thread = await self.store.thread(key.runner, key.goal_id)
-        elif container.get("thread_ts") and approval.isdigit():
-            # The prompt's post is not known: the button itself names the approval.
-            approval_id = int(approval)
-            thread = await thread_at(self.outbox, self.store, channel, container["thread_ts"])
-        if thread is None:
-            await tell("I can't find the goal this approval belongs to.")
+        if not isinstance(key, ApprovalKey):
+            key = await self._named_by_button(channel, container, str(action.get("value") or ""))
+        thread = await self.store.thread(key.runner, key.goal_id) if key else None
+        if key is None or thread is None:
+            await tell("I can't find this approval in this goal's thread; nothing was decided.")
             return
+        approval_id = key.approval_id
         if not await self.roles.may_decide(thread, user):
             await self._refused(thread, user, approve, f"approval #{approval_id}: {audit.NOT_AN_APPROVER}")
             await tell(f"Only {render.user_ref(thread.owner)} (the owner) or an approver can decide this.")
             return
         if problem := await self._decide(thread.runner, approval_id, approve, user):
             await tell(problem)
+
+    async def _named_by_button(self, channel: str, container: dict, value: str) -> ApprovalKey | None:
+        """The prompt's post is not known: the button's value ("<runner>:<approval id>") names the
+        approval. Only one of the clicked thread's own goal counts (a prompt for it was queued
+        there): rights are checked against that goal, so a forged value naming another goal's
+        approval must not reach it."""
+        runner, _, approval = value.rpartition(":")
+        approval_id = row_id(approval)
+        thread = await thread_at(self.outbox, self.store, channel, container.get("thread_ts") or "")
+        if thread is None or approval_id is None or runner != thread.runner:
+            return None
+        key = ApprovalKey(thread.runner, thread.goal_id, approval_id)
+        return key if await self.outbox.queued(key) else None
 
     async def on_reaction(self, event: dict[str, Any]) -> None:
         name = normalise_reaction(event.get("reaction") or "")
@@ -107,7 +116,9 @@ class Approvals:
             )
         except p.ProtocolError as exc:
             if exc.error.code == "conflict":
-                return f"Already decided: {render.people(exc.error.message)}."
+                # "approval #3 was already approved by slack:U1 via …": who decided, as a mention
+                said = re.sub(r"^approval #\d+ was already ", "", exc.error.message)
+                return f"Already decided: {render.people(said)}."
             return f"The runner refused: {render.escape(exc.error.message)}"
         except (RunnerUnavailable, UnknownRunner) as exc:
             return f"Runner {runner} is not reachable right now ({render.escape(str(exc))}); try again soon."

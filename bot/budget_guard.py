@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from goaltender.bot import audit, queries, render
-from goaltender.bot.keys import BudgetKey, CardKey
+from goaltender.bot.keys import BudgetKey, CardKey, row_id
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, editing, in_thread
 from goaltender.bot.roles import Roles, actor
@@ -82,10 +82,10 @@ class BudgetGuard:
 
     async def on_button(self, body: dict[str, Any], respond: Callable[..., Awaitable[Any]]) -> None:
         action = body["actions"][0]
-        value = action.get("value") or ""
+        request_id = row_id(str(action.get("value") or ""))
         problem = (
-            await self.decide(int(value), action["action_id"] == "budget_approve", body["user"]["id"])
-            if value.isdigit()
+            await self.decide(request_id, action["action_id"] == "budget_approve", body["user"]["id"])
+            if request_id is not None
             else "I can't find this budget request."
         )
         if problem:

@@ -217,6 +217,19 @@ class Intake:
             f"this channel, and starts as soon as {where} is back. Nothing is lost."
         )
 
+    async def stop_queued(self, queue_id: int, user: str) -> QueuedGoal | None:
+        """Stop a goal still queued, so that it is never submitted; its card says so. Returns the
+        queued goal as it now is: state "queued" before, "failed" (with why) after; a goal that
+        a runner took meanwhile ("submitted") is left alone. None when there is no such goal."""
+        async with self._draining:  # not while a pass may be submitting it
+            queued = await self.store.queued_goal(queue_id)
+            if queued is None or queued.state != "queued":
+                return queued
+            await self.store.dequeue_goal(queue_id, error=f"stopped by {actor(user)} before it started")
+            card = render.queued_stopped(queue_id, queued.text, queued.owner, actor(user))
+            await self.outbox.enqueue(queued.channel, "update", replacing(QueueKey(queue_id), card))
+        return await self.store.queued_goal(queue_id)
+
     async def drain_queue(self) -> int:
         """Submit the queued goals whose runner is up, oldest first; returns how many started."""
         started = 0

@@ -24,6 +24,8 @@ from typing import Literal
 _SPECIAL = re.compile(r"%(25|3A)")
 _DIGITS = re.compile(r"[0-9]+")
 _DIGEST_TIME = "%Y%m%dT%H%M%S.%fZ"  # no `:` in it, so it is one segment
+_ROW_ID = re.compile(r"[1-9][0-9]{0,18}")  # ASCII digits only: str.isdigit() takes "²" too
+ROW_ID_MAX = 2**63 - 1  # SQLite's integers, and the runner's ids
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,14 @@ def parse(text: str) -> OutboxKey | None:
             return EventKey(_unescape(runner), int(seq), part)
         case [runner, seq, part] if _is_int(seq) and _is_int(part):
             return EventKey(_unescape(runner), int(seq), int(part))
+    return None
+
+
+def row_id(text: str) -> int | None:
+    """The id (an approval's, a budget request's) a button's value names: 1..2**63-1 in ASCII
+    digits; None for anything else, such as a forged or garbled value."""
+    if _ROW_ID.fullmatch(text) and (value := int(text)) <= ROW_ID_MAX:
+        return value
     return None
 
 

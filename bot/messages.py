@@ -23,15 +23,15 @@ from goaltender.bot import audit, queries, render
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.gallery import Gallery, NoAnswer, asks_for_examples
 from goaltender.bot.intake import GoalRefused, Intake
-from goaltender.bot.keys import CardKey, ReplyKey
+from goaltender.bot.keys import CardKey, QueueKey, ReplyKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
 from goaltender.bot.roles import Roles, actor
-from goaltender.bot.thread import thread_at
+from goaltender.bot.thread import root_at
 from goaltender.bot.views import Views, asks_for_summary
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
-from goaltender.storage.bot_store import BotStore, Thread
+from goaltender.storage.bot_store import BotStore, QueuedGoal, Thread
 
 CONTROL: dict[str, type[p.Request]] = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
 DOING = {
@@ -103,11 +103,14 @@ class Messages:
         text = text.strip()
         thread_ts = event.get("thread_ts")
         if thread_ts and thread_ts != ts:
-            thread = await thread_at(self.outbox, self.store, channel, thread_ts)
-            if thread is None:
+            root = await root_at(self.outbox, self.store, channel, thread_ts)
+            if root is None:
                 return  # not a goal thread
             if await self.store.first_sight(f"msg:{channel}:{ts}"):
-                await self._on_reply(thread, ts, user, text)
+                if isinstance(root, QueuedGoal):
+                    await self._on_queued_reply(root, ts, user, text)
+                else:
+                    await self._on_reply(root, ts, user, text)
             return
         if not (mentioned or channel in self.goal_channels):
             return
@@ -188,6 +191,60 @@ class Messages:
                 key,
             )
 
+    async def _on_queued_reply(self, queued: QueuedGoal, ts: str, user: str, text: str) -> None:
+        """A reply to a queued goal's card: `stop` (by those who could stop the goal) means it is
+        never submitted; anything else is answered privately, as there is no agent to hear it yet."""
+        if not text:
+            return
+        key = ReplyKey(queued.channel, ts)
+        if text.strip().lower().rstrip(".!") != "stop" or queued.state != "queued":
+            await self._tell_queued(queued, user, await self._queued_state(queued), key)
+            return
+        if not await self.roles.may_control(queued, user):
+            who = await self.roles.who_controls(queued)
+            why = f"queued goal q{queued.id}: {audit.NOT_A_CONTROLLER}"
+            await audit.record(self.store, user, "stop", "refused", why, channel=queued.channel)
+            await self._tell_queued(
+                queued, user, f"Only {who} can stop queued goal q{queued.id}; nothing changed.", key
+            )
+            return
+        now = await self.intake.stop_queued(queued.id, user)
+        if now is None or now.state != "failed":  # a runner took it meanwhile
+            await self._tell_queued(queued, user, await self._queued_state(now or queued), key)
+            return
+        await audit.record(
+            self.store,
+            user,
+            "stop",
+            "done",
+            f"queued goal q{queued.id}: never submitted",
+            channel=queued.channel,
+        )
+        said = f"{render.user_ref(user)} stopped queued goal q{queued.id}: it was never submitted and will not start."
+        await self.outbox.enqueue(
+            queued.channel, "post", in_thread(QueueKey(queued.id), render.notice(said)), key
+        )
+
+    async def _queued_state(self, queued: QueuedGoal) -> str:
+        """What a queued goal is now, and what can be done with it, for a reply to its card."""
+        if queued.state == "submitted":
+            return (
+                f"This goal started as goal #{queued.goal_id} on {render.escape(queued.goal_runner or '')}: "
+                "reply in the thread of its card to steer or stop it."
+            )
+        if queued.state == "failed":
+            why = render.people(queued.error or "no reason given")
+            return f"This queued goal did not start ({why}); run `/goal` again for a new one."
+        who = await self.roles.who_controls(queued)
+        return (
+            f"Goal q{queued.id} is queued, waiting for a runner: no agent hears this yet. `stop` here "
+            f"cancels it ({who} may), or reply in its card's thread once it starts."
+        )
+
+    async def _tell_queued(self, queued: QueuedGoal, user: str, text: str, key: ReplyKey) -> None:
+        payload = in_thread(QueueKey(queued.id), {"user": user, "text": text})
+        await self.outbox.enqueue(queued.channel, "ephemeral", payload, key)
+
     async def _summary(self, thread: Thread, key: ReplyKey) -> None:
         answer = await self.views.summary(thread)
         if answer is None:
@@ -239,10 +296,10 @@ class Messages:
         ):
             goal = status.goal
             if not goal.active:
-                why = f" ({goal.end_reason.splitlines()[0]})" if goal.end_reason else ""
+                why = f" ({render.people(goal.end_reason.splitlines()[0])})" if goal.end_reason else ""
                 await self._say(
                     thread,
-                    f"Goal #{goal.id} is {goal.state}{render.people(why)}; it takes no more messages. "
+                    f"Goal #{goal.id} is {goal.state}{why}; it takes no more messages. "
                     "Start a new one with `/goal`.",
                     key,
                 )

@@ -123,6 +123,10 @@ class Outbox:
         """Whether every queued write has been sent (or parked)."""
         return await self.store.pending_count() == 0
 
+    async def queued(self, key: OutboxKey) -> bool:
+        """Whether a write was ever queued under `key` (sent, waiting or parked)."""
+        return await self.store.outbox_by_key(str(key)) is not None
+
     async def sent_ts(self, key: OutboxKey) -> str | None:
         """The ts of the post queued under `key`, once Slack has it."""
         item = await self.store.outbox_by_key(str(key))

@@ -53,6 +53,7 @@ SECTION_MAX = 3000
 MAX_BLOCKS = 50
 MAX_TOTAL = 11_000  # Slack refuses messages whose blocks add up to ~13k characters
 FALLBACK_MAX = 3000
+CUT_NOTE_MAX = 200  # room for fit()'s "truncated here" note
 APPROVE_REACTIONS = frozenset({"white_check_mark", "heavy_check_mark", "+1", "thumbsup"})
 REJECT_REACTIONS = frozenset({"x", "-1", "thumbsdown"})
 APPROVAL_HINT = "Or react on this message: :white_check_mark: / :+1: approves, :x: / :-1: rejects."
@@ -70,10 +71,19 @@ def escape(text: str) -> str:
 # sends), `slack:U123 via goaltender-bot (uid 0)` (the runner's audit form). CLI operators are
 # anything else ("alice via goaltender (uid 1000)"), shown as plain text.
 _ACTOR = re.compile(r"(?:slack:)?([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
+# Where runner-written text names who acted: at its very start ("stopped by slack:U1 via … (uid 0):
+# enough", "paused by U0BOB" in older records, "slack:U1: deadline +2h", "the goal ended: stopped by
+# …"). Only there: what follows (a stop reason, an agent's output) may hold id-like words (UNET3,
+# slack:U0DAN) that must not ping anyone. A bare id needs a digit, so that UPDATED stays a word.
+_LEADING_ACTOR = re.compile(
+    r"^((?:the goal ended: )?(?:(?:stopped|paused|resumed|approved|rejected) by )?)"
+    r"(?:slack:([UW][A-Z0-9]{2,})|(?<= by )([UW](?=[A-Z0-9]*[0-9])[A-Z0-9]{4,}))"
+    r"(?: via [^\s()]+ \(uid \d+\))?(?=$|[\s:;,.)])"
+)
+# A person as Slack sends them in what someone typed (`<@U123>`, `<@U123|ana>`).
+_TYPED_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
+# An actor as the bot and the runner write them anywhere in an audit detail ("request #1 by slack:U1").
 _ACTOR_IN_TEXT = re.compile(r"\bslack:([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
-# A bare Slack id inside older free text ("stopped by U0ALICE"): U/W, then 4+ capitals and digits, one
-# digit at least, so that words such as UPDATED or WARNING are left alone.
-_BARE_ID = re.compile(r"(?<![\w:@/])([UW](?=[A-Z0-9]*[0-9])[A-Z0-9]{4,})\b")
 
 
 def slack_user(who: str | None) -> str | None:
@@ -92,12 +102,20 @@ def user_ref(who: str | None) -> str:
     return escape(who)
 
 
-def people(text: str, *, escaped: bool = True) -> str:
-    """Free text the runner wrote ("stopped by slack:U123 via goaltender-bot (uid 0): enough"), with
-    every Slack user in it as a mention; mrkdwn-escaped unless `escaped=False` (fallback text)."""
-    text = escape(text) if escaped else text
-    text = _ACTOR_IN_TEXT.sub(r"<@\1>", text)
-    return _BARE_ID.sub(r"<@\1>", text)
+def people(text: str, *, typed: bool = False) -> str:
+    """Text the runner wrote ("stopped by slack:U123 via goaltender-bot (uid 0): enough"),
+    mrkdwn-escaped, with the person it records as acting (at its start) as a mention.
+
+    `typed`: text only people and the bot wrote (an audit detail: "'stop now, <@U2>': refused",
+    "request #1 by slack:U1"), where every `slack:U…` and every @-mention a person typed is a
+    mention. Never for what agents write: that is escape()d only, so nothing in it pings anyone."""
+    if not typed:
+        return _LEADING_ACTOR.sub(lambda m: f"{m[1]}<@{m[2] or m[3]}>", escape(text), count=1)
+    parts = _TYPED_MENTION.split(text)
+    # split() puts the mentioned ids at odd positions
+    return "".join(
+        f"<@{part}>" if i % 2 else _ACTOR_IN_TEXT.sub(r"<@\1>", escape(part)) for i, part in enumerate(parts)
+    )
 
 
 def _inline(text: str) -> str:
@@ -193,18 +211,26 @@ def _block_chars(block: dict) -> int:
     return sum(len(el.get("text", "")) for el in block.get("elements", []) if isinstance(el, dict))
 
 
-def fit(blocks: list[dict], what: str = "message") -> list[dict]:
-    """At most MAX_BLOCKS blocks and MAX_TOTAL characters; anything cut is noted at the end."""
+def fit(
+    blocks: list[dict],
+    what: str = "message",
+    *,
+    max_blocks: int = MAX_BLOCKS,
+    max_chars: int = MAX_TOTAL,
+    full: str = "`goaltender summary <goal>`",
+) -> list[dict]:
+    """At most `max_blocks` blocks and `max_chars` characters; anything cut is noted at the end
+    (the note is one of the blocks), saying where the full text is (`full`)."""
     kept: list[dict] = []
     total = 0
     for i, block in enumerate(blocks):
         chars = _block_chars(block)
-        if len(kept) >= MAX_BLOCKS - 1 or total + chars > MAX_TOTAL:
+        if len(kept) >= max_blocks - 1 or total + chars > max_chars:
             cut = len(blocks) - i
             kept.append(
                 context(
                     f":scissors: {what} truncated here ({cut} more part{'s' if cut != 1 else ''} not shown; "
-                    "the full text is on the runner: `goaltender summary <goal>`)"
+                    f"the full text is on the runner: {full})"
                 )
             )
             return kept
@@ -214,23 +240,16 @@ def fit(blocks: list[dict], what: str = "message") -> list[dict]:
 
 
 def payload(text: str, blocks: list[dict], what: str = "message") -> Payload:
-    fallback = text if len(text) <= FALLBACK_MAX else text[: FALLBACK_MAX - 1] + "…"
-    return {"text": _plain_fallback(fallback), "blocks": fit(blocks, what)}
+    """`text` is the notification text, which Slack parses as it does blocks: mrkdwn built as the
+    blocks are (escape() on what people and agents wrote, user_ref() / people() for people)."""
+    return {"text": _cut(text, FALLBACK_MAX), "blocks": fit(blocks, what)}
 
 
-_MENTION = re.compile(r"(<@[UW][A-Z0-9]+>)")
-_BARE_AMPERSAND = re.compile(r"&(?!(?:amp|lt|gt);)")
-
-
-def _plain_fallback(text: str) -> str:
-    """The notification text, built from what people and agents wrote: Slack parses it too, so
-    their `<!channel>`, `<!here>` and links are escaped; the user mentions made here stay."""
-    return "".join(
-        part
-        if _MENTION.fullmatch(part)
-        else _BARE_AMPERSAND.sub("&amp;", part).replace("<", "&lt;").replace(">", "&gt;")
-        for part in _MENTION.split(text)
-    )
+def _cut(text: str, limit: int) -> str:
+    """At most `limit` characters, never ending inside an entity (`&am`) or a mention (`<@U1`)."""
+    if len(text) <= limit:
+        return text
+    return re.sub(r"(?:&[a-z]*|<[^>]*)$", "", text[: limit - 1]) + "…"
 
 
 # ---- the status card ----
@@ -317,7 +336,7 @@ def status_card(
     elif status.stop_status:
         facts.append(escape(status.stop_status[:300]))
     blocks.append(context(" · ".join(facts)))
-    fallback = f"Goal #{goal.id} ({state}): {goal.text[:200]}"
+    fallback = f"Goal #{goal.id} ({state}): {escape(goal.text[:200])}"
     return payload(fallback, blocks)
 
 
@@ -331,7 +350,7 @@ def queued_card(queue_id: int, text: str, owner: str, runner: str | None, why: s
         section(f":hourglass: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{body}"),
         context(f"Waiting for {where}: {escape(why[:300])}. It is submitted as soon as one is back."),
     ]
-    return payload(f"Queued goal (waiting for {runner or 'a runner'}): {text[:200]}", blocks)
+    return payload(f"Queued goal (waiting for {escape(runner or 'a runner')}): {escape(text[:200])}", blocks)
 
 
 def queued_started(queue_id: int, text: str, owner: str, runner: str, goal_id: int) -> Payload:
@@ -341,7 +360,7 @@ def queued_started(queue_id: int, text: str, owner: str, runner: str, goal_id: i
         ),
         context(f"Started as *goal #{goal_id}* on runner *{escape(runner)}*: follow its card below."),
     ]
-    return payload(f"Queued goal started as goal #{goal_id} on {runner}", blocks)
+    return payload(f"Queued goal started as goal #{goal_id} on {escape(runner)}", blocks)
 
 
 def queued_refused(queue_id: int, text: str, owner: str, runner: str, why: str) -> Payload:
@@ -349,7 +368,16 @@ def queued_refused(queue_id: int, text: str, owner: str, runner: str, why: str) 
         section(f":x: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{escape(text[:1500])}"),
         context(f"Runner *{escape(runner)}* refused it: {escape(why[:500])}. Fix it and run `/goal` again."),
     ]
-    return payload(f"Queued goal refused by {runner}: {why[:200]}", blocks)
+    return payload(f"Queued goal refused by {escape(runner)}: {escape(why[:200])}", blocks)
+
+
+def queued_stopped(queue_id: int, text: str, owner: str, by: str) -> Payload:
+    """A queued goal someone stopped before any runner took it: it is never submitted."""
+    blocks = [
+        section(f":stop_sign: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{escape(text[:1500])}"),
+        context(f"Stopped by {user_ref(by)} before it started: it is never submitted."),
+    ]
+    return payload(f"Queued goal stopped by {user_ref(by)} before it started", blocks)
 
 
 # ---- digests ----
@@ -367,7 +395,7 @@ def digest(title: str, active: list[str], approvals: list[str], finished: list[s
         blocks.extend(sections(f"*{heading}*\n{body}"))
     blocks.append(context(footer))
     counts = f"{len(active)} active, {len(approvals)} waiting for approval, {len(finished)} finished"
-    return payload(f"{title}: {counts}", blocks, "digest")
+    return payload(f"{escape(title)}: {counts}", blocks, "digest")
 
 
 # ---- thread messages ----
@@ -378,15 +406,16 @@ def stage_changed(data: StageChanged) -> Payload:
     text = f"{EMOJI['goal_state']} *Stage {data.stage + 1}/{data.of}: {escape(data.name)}*"
     if data.reason:
         text += f" ({people(data.reason)})"
-    return payload(f"Stage {data.stage + 1}/{data.of}: {data.name}", sections(text))
+    return payload(f"Stage {data.stage + 1}/{data.of}: {escape(data.name)}", sections(text))
 
 
 def milestone(data: MilestoneReported) -> Payload:
-    """An agent's milestone; people it names (a steer it answers: "Steer from slack:U1 …") as mentions."""
-    blocks = sections(f"{EMOJI['milestone']} *{people(data.title)}*")
+    """An agent's milestone. Its words are escaped only: an id-like word in them (a model named
+    UNET3, or "Steer from slack:U1" echoing a steer) pings nobody."""
+    blocks = sections(f"{EMOJI['milestone']} *{escape(data.title)}*")
     if data.text:
-        blocks += sections(people(markdown_to_mrkdwn(data.text), escaped=False))
-    return payload(f"Milestone: {people(data.title, escaped=False)}", blocks)
+        blocks += sections(markdown_to_mrkdwn(data.text))
+    return payload(f"Milestone: {escape(data.title)}", blocks)
 
 
 def experiment_finished(data: ExperimentFinished) -> Payload:
@@ -413,7 +442,7 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
         if e.metric_value is not None
         else ""
     )
-    return payload(f"#{e.index} {e.status}{metric}", blocks)
+    return payload(f"#{e.index} {e.status}{escape(metric)}", blocks)
 
 
 def _decide_buttons(block_id: str, value: str, approve: str = "approve", reject: str = "reject") -> dict:
@@ -435,13 +464,27 @@ def _decide_buttons(block_id: str, value: str, approve: str = "approve", reject:
 
 
 def approval_prompt(approval: Approval, runner: str) -> Payload:
-    """The question, its detail, Approve / Reject buttons (value "<runner>:<approval id>")."""
-    blocks = sections(f"{EMOJI['approval_requested']} *Approval needed:* {people(approval.question)}")
-    if approval.detail:
-        blocks += sections(people(markdown_to_mrkdwn(approval.detail), escaped=False))
-    blocks.append(_decide_buttons(f"approval-{approval.id}", f"{runner}:{approval.id}"))
-    blocks.append(context(f"approval #{approval.id} · {escape(approval.kind)} · {APPROVAL_HINT}"))
-    return payload(f"Approval needed: {approval.question}", blocks)
+    """The question, its detail, Approve / Reject buttons (value "<runner>:<approval id>").
+
+    The question, the buttons and the reaction hint always fit: only the detail (a plan, a diff:
+    up to 20,000 characters) is cut, saying so, to leave them room within Slack's limits."""
+    question = section(
+        _cut(f"{EMOJI['approval_requested']} *Approval needed:* {escape(approval.question)}", SECTION_MAX)
+    )
+    decide = [
+        _decide_buttons(f"approval-{approval.id}", f"{runner}:{approval.id}"),
+        context(f"approval #{approval.id} · {escape(approval.kind)} · {APPROVAL_HINT}"),
+    ]
+    detail = sections(markdown_to_mrkdwn(approval.detail)) if approval.detail else []
+    room = MAX_TOTAL - sum(_block_chars(b) for b in [question, *decide]) - CUT_NOTE_MAX
+    detail = fit(
+        detail,
+        "detail",
+        max_blocks=MAX_BLOCKS - 1 - len(decide),
+        max_chars=room,
+        full=f"`goaltender events --goal {approval.goal_id}`",
+    )
+    return payload(f"Approval needed: {escape(approval.question)}", [question, *detail, *decide])
 
 
 def approval_decided(approval: Approval) -> Payload:
@@ -450,7 +493,7 @@ def approval_decided(approval: Approval) -> Payload:
     verdict = f"{emoji} *{word}*"
     if approval.state in ("approved", "rejected"):
         verdict += f" by {user_ref(approval.decided_by)}"
-    blocks = sections(f"~Approval needed:~ {people(approval.question)}\n{verdict}")
+    blocks = sections(f"~Approval needed:~ {escape(approval.question)}\n{verdict}")
     if approval.comment:
         blocks += sections(f"> {people(approval.comment)}")
     blocks.append(context(f"approval #{approval.id}"))
@@ -458,7 +501,7 @@ def approval_decided(approval: Approval) -> Payload:
         approval.state, "Pending"
     )
     by = f" by {user_ref(approval.decided_by)}" if approval.decided_by and approval.state != "expired" else ""
-    return payload(f"{plain}{by}: {approval.question}", blocks)
+    return payload(f"{plain}{by}: {escape(approval.question)}", blocks)
 
 
 def budget_prompt(request_id: int, goal_id: int, change: str, requested_by: str, why: str) -> Payload:
@@ -471,7 +514,7 @@ def budget_prompt(request_id: int, goal_id: int, change: str, requested_by: str,
     )
     blocks.append(_decide_buttons(f"budget-{request_id}", str(request_id), "budget_approve", "budget_reject"))
     blocks.append(context(f"budget request #{request_id} · {APPROVAL_HINT}"))
-    return payload(f"Budget increase needs a second person: {change[:200]}", blocks)
+    return payload(f"Budget increase needs a second person: {escape(change[:200])}", blocks)
 
 
 def budget_decided(
@@ -493,13 +536,13 @@ def budget_decided(
         verdict = f":warning: Approved by {user_ref(by)}, but the runner refused it: {people(error or 'no reason given')}"
     blocks = sections(f"~Budget increase needs a second person:~ {asked}\n{verdict}")
     blocks.append(context(f"budget request #{request_id}"))
-    return payload(f"Budget request {state}: {change[:200]}", blocks)
+    return payload(f"Budget request {state}: {escape(change[:200])}", blocks)
 
 
 def steer_ack(message: InboxMessage) -> Payload:
     text = message.text if len(message.text) <= 500 else message.text[:500] + "…"
     return payload(
-        f"Steer from {user_ref(message.author)}: {text}",
+        f"Steer from {user_ref(message.author)}: {escape(text)}",
         [
             context(
                 f"{EMOJI['steer']} steer from {user_ref(message.author)} delivered to the agent: “{escape(text)}”"
@@ -511,7 +554,7 @@ def steer_ack(message: InboxMessage) -> Payload:
 def budget_changed(data: BudgetChanged) -> Payload:
     reason = f": {people(data.reason)}" if data.reason else ""
     return payload(
-        f"Budget changed{': ' + people(data.reason, escaped=False) if data.reason else ''}",
+        f"Budget changed{reason}",
         sections(f"{EMOJI['budget_changed']} *Budget changed*{reason}\nnow: {budget_summary(data.budget)}"),
     )
 
@@ -534,18 +577,27 @@ def state_changed(goal_id: int, data: GoalStateChanged) -> Payload | None:
 
 def final_report(data: FinalReport, goal_id: int | None = None) -> Payload:
     title = f"{EMOJI['report']} *Final report*" + (f" — goal #{goal_id}" if goal_id is not None else "")
-    head = f"{title} — {people(data.end_reason)}"
+    reason = people(data.end_reason)
+    head = f"{title} — {reason}"
     if data.best is not None and data.best.metric_value is not None:
         b = data.best
         head += f"\n*best* #{b.index} {_metric_text(b)} — {escape(b.description[:500])}"
-    blocks = sections(head) + sections(people(markdown_to_mrkdwn(data.text), escaped=False))
-    return payload(f"Final report: {people(data.end_reason, escaped=False)}", blocks, what="report")
+    blocks = sections(head) + sections(_report_body(data))
+    return payload(f"Final report: {reason}", blocks, what="report")
+
+
+def _report_body(data: FinalReport) -> str:
+    """The runner's report, escaped only (the agent's words are in it); its heading repeats the end
+    reason ("# Goal #1 — stopped (stopped by slack:U1 via …)"), whose actor shows as in the head."""
+    heading, newline, rest = markdown_to_mrkdwn(data.text).partition("\n")
+    said = data.end_reason.split("\n", 1)[0]
+    return heading.replace(escape(said), people(said), 1) + newline + rest
 
 
 def hub_fetched(data: HubFetched) -> Payload:
     """A model or data set the agent fetched from the hub, as recorded: repo, commit, size."""
     text = fetch_summary(data.fetch, short_commit=True)
-    return payload(f"Fetched {text}", [context(f"{EMOJI['hub_fetched']} fetched {escape(text)}")])
+    return payload(f"Fetched {escape(text)}", [context(f"{EMOJI['hub_fetched']} fetched {escape(text)}")])
 
 
 def notice(text: str) -> Payload:

@@ -5,7 +5,6 @@ bot/render.py's helpers and display.facts, as the thread's messages are.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,9 +40,6 @@ AUDIT_MARK = {
     "held": ":hourglass_flowing_sand:",
     "failed": ":warning:",
 }
-# A person as Slack sends them in a message's text (`<@U123>`, `<@U123|ana>`), which steering and
-# budget words keep: made `slack:U123` again, so that people() shows a mention, not markup.
-_SLACK_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 
 
 @dataclass(frozen=True)
@@ -184,8 +180,7 @@ def _audit_line(entry: AuditEntry | SlackAuditEntry, *, in_channel: bool = False
     where = " _in Slack_" if isinstance(entry, SlackAuditEntry) and not in_channel else ""
     goal = in_channel and entry.goal_id is not None
     which = f" goal #{entry.goal_id}" if goal else ""
-    detail = _SLACK_MENTION.sub(r"slack:\1", entry.detail[:200])
-    said = f" — {people(detail)}" if detail else ""
+    said = f" — {people(entry.detail[:200], typed=True)}" if entry.detail else ""
     return (
         f"{mark} `{entry.ts:%d %b %H:%M:%S}` {user_ref(entry.actor)} *{escape(entry.action)}*{which} "
         f"{entry.outcome}{where}{said}"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -25,7 +25,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from goaltender.bot import render
 from goaltender.bot.budget_size import Threshold
 from goaltender.bot.config import BotSettings
-from goaltender.storage.bot_store import BotStore, Thread
+from goaltender.storage.bot_store import BotStore
 
 log = logging.getLogger("goaltender.bot")
 
@@ -33,6 +33,16 @@ Role = Literal["starters", "approvers", "controllers", "admins"]
 ROLES: tuple[Role, ...] = ("starters", "approvers", "controllers", "admins")
 BUDGET_RULE = "budget_second_person"
 EVERYONE = ("everyone", "*")
+
+
+class Owned(Protocol):
+    """What rights are checked against: a goal's thread, or a goal still queued for a runner."""
+
+    @property
+    def channel(self) -> str: ...
+
+    @property
+    def owner(self) -> str: ...
 
 
 def actor(user: str) -> str:
@@ -111,17 +121,17 @@ class Roles:
     async def may_start(self, channel: str, user: str) -> bool:
         return user in await self.members(channel, "starters")
 
-    async def may_decide(self, thread: Thread, user: str) -> bool:
+    async def may_decide(self, thread: Owned, user: str) -> bool:
         """Approvals of a goal: its owner and the channel's approvers."""
         return user == thread.owner or user in await self.members(thread.channel, "approvers")
 
-    async def may_control(self, thread: Thread, user: str) -> bool:
+    async def may_control(self, thread: Owned, user: str) -> bool:
         """Stop, pause, resume, steer, change the budget: the owner, approvers and controllers."""
         if await self.may_decide(thread, user):
             return True
         return user in await self.members(thread.channel, "controllers")
 
-    async def who_controls(self, thread: Thread) -> str:
+    async def who_controls(self, thread: Owned) -> str:
         """Who may control a goal, for a refusal: "<@U1> (the owner) or an approver"."""
         others = ["an approver"]
         if await self.members(thread.channel, "controllers"):

@@ -2,7 +2,8 @@
 text/plain 503 page from a proxy, nothing at all), and whether trying again can help.
 
 Slack answers most errors as HTTP 200 + `{"ok": false, "error": "..."}`; a 429 carries Retry-After;
-a load balancer in front of Slack may answer 5xx with a text body; the network may drop the
+a load balancer or proxy in front of Slack may answer 5xx (or a 404, a 408, an empty 200) with a
+text body or none, which is no refusal of Slack's and is tried again; the network may drop the
 connection (aiohttp's ServerDisconnectedError, which is no OSError); `files_upload_v2` raises
 SlackRequestError when an upload URL answers other than 200.
 """
@@ -85,7 +86,10 @@ def _api_failure(exc: SlackApiError) -> Failure:
         )
     said = error or _body_snippet(exc.response.data)
     reason = said if status == 200 else f"HTTP {status}: {said}"
-    return Failure(reason, permanent=status < 500 and error not in TRANSIENT_ERRORS, error=error)
+    # Only Slack's own refusal is for good. An answer with no error code in it (an empty 200, a
+    # proxy's 404 or 408 page) says nothing about the write: tried again, as a 5xx is.
+    permanent = error is not None and status < 500 and error not in TRANSIENT_ERRORS
+    return Failure(reason, permanent=permanent, error=error)
 
 
 def retry_after_of(headers: Mapping[str, Any] | None) -> float:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from goaltender.bot import queries, render
-from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, OutboxKey
+from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, OutboxKey, QueueKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, Payload, editing, in_thread, replacing
 from goaltender.display import plots
 from goaltender.runner import protocol as p
-from goaltender.storage.bot_store import BotStore, OutboxKind, Thread
+from goaltender.storage.bot_store import BotStore, OutboxKind, QueuedGoal, Thread
 from goaltender.storage.records import (
     ApprovalDecided,
     ApprovalRequested,
@@ -110,9 +110,17 @@ WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
 
 async def thread_at(outbox: Outbox, store: BotStore, channel: str, ts: str) -> Thread | None:
     """The goal thread whose card is the post at (channel, ts)."""
+    root = await root_at(outbox, store, channel, ts)
+    return root if isinstance(root, Thread) else None
+
+
+async def root_at(outbox: Outbox, store: BotStore, channel: str, ts: str) -> Thread | QueuedGoal | None:
+    """The goal thread, or the queued goal, whose card is the post at (channel, ts)."""
     match await outbox.posted_at(channel, ts):
         case CardKey(runner, goal_id):
             return await store.thread(runner, goal_id)
+        case QueueKey(queue_id):
+            return await store.queued_goal(queue_id)
     return None
 
 

@@ -259,5 +259,5 @@ def test_notification_text_carries_no_markup_from_agents_or_people():
         text = payload["text"]
         assert "<!" not in text and "<http" not in text, text
         assert "&lt;!channel&gt;" in text and "R&amp;D" in text, text
-    assert "<@U0ALICE1>" in payloads[0]["text"]  # a person it names is still a mention
+    assert "<@" not in payloads[0]["text"]  # an agent naming someone pings nobody
     assert f"<@{BOB}>" in payloads[-1]["text"]

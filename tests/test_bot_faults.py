@@ -179,6 +179,22 @@ FAULTS: dict[str, tuple[Callable[[FakeSlack, int], object], int, tuple[str, ...]
         2,
         ("failed (try 2 of 4): internal_error;",),
     ),
+    # Answers with no Slack error code in them say nothing about the write: tried again too.
+    "200 with no body": (
+        lambda fake, n: fake.fail_text("chat.postMessage", "", status=200, times=n),
+        2,
+        ("failed (try 2 of 4): ",),
+    ),
+    "a proxy's 404 page": (
+        lambda fake, n: fake.fail_text("chat.postMessage", "not found (proxy)", status=404, times=n),
+        2,
+        ("failed (try 2 of 4): HTTP 404: not found (proxy)",),
+    ),
+    "a proxy's 408 page": (
+        lambda fake, n: fake.fail_text("chat.postMessage", "request timeout", status=408, times=n),
+        2,
+        ("failed (try 2 of 4): HTTP 408: request timeout",),
+    ),
     "200 with a text body": (  # slack_sdk itself trips over it (AttributeError): logged with a traceback
         lambda fake, n: fake.fail_text("chat.postMessage", "<html>oops</html>", status=200, times=n),
         1,

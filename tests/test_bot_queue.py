@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 from conftest import blocks_text, eventually, write_agent
-from fake_slack import ALICE
+from fake_slack import ALICE, BOB
 
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
@@ -45,6 +45,48 @@ async def test_a_goal_queues_while_no_runner_is_up_and_starts_when_one_is(
     await fake.user_replies(fake.general, card.ts, "try lr 3e-4 first", user=ALICE)
     inbox = await eventually(lambda: runner.store.read_inbox(1, unread_only=False))
     assert [m.text for m in inbox] == ["try lr 3e-4 first"]
+
+
+async def test_a_queued_goal_stopped_in_its_thread_never_starts(
+    fake, make_bot, start_runner, short_dir, tmp_path
+):
+    socket = short_dir / "runner.sock"
+    bot = await make_bot(socket, wait_runner=False)
+    general = fake.general
+    await fake.slash_command("/goal", "tune the lr, max 2 experiments", general, ALICE)
+    queued = await fake.wait_for_message(general, text="Queued goal")
+
+    # Bob may not stop it; what is no `stop` is answered (nobody hears it yet); both only to them.
+    await fake.user_replies(general, queued.ts, "stop", user=BOB)
+    refused = await fake.wait_for(lambda: [e for e in fake.ephemerals(BOB) if e.thread_ts == queued.ts], 10)
+    assert "Only <@U0ALICE> (the owner) or an approver can stop queued goal q1" in refused[0].text
+    await fake.user_replies(general, queued.ts, "try lr 3e-4 first", user=ALICE)
+    told = await fake.wait_for(lambda: [e for e in fake.ephemerals(ALICE) if e.thread_ts == queued.ts], 10)
+    assert "queued, waiting for a runner" in told[0].text and "`stop` here cancels it" in told[0].text
+
+    # Alice stops it: said in its thread, and on its card.
+    await fake.user_replies(general, queued.ts, "stop.", user=ALICE)
+    await fake.wait_for_message(general, thread_ts=queued.ts, text="stopped queued goal q1", timeout=10)
+    await fake.wait_for(lambda: "Stopped by <@U0ALICE> before it started" in blocks_text(queued), 10)
+    kept = await bot.store.audit.of_channel(general)
+    assert [(e.actor, e.action, e.outcome) for e in kept] == [
+        (f"slack:{BOB}", "stop", "refused"),
+        (f"slack:{ALICE}", "stop", "done"),
+    ]
+
+    # The runner comes up: only the goal queued after it starts (as goal #1); the stopped one never does.
+    await fake.slash_command("/goal", "a second goal, max 2 experiments", general, ALICE)
+    agent = write_agent(tmp_path, "sleepy.sh", "sleep 60\n")
+    await start_runner(agents={"sleepy": agent}, default_agent="sleepy", socket=socket)
+    card = await fake.wait_for_message(general, text="Goal #1", timeout=30)
+    assert "a second goal" in blocks_text(card)
+    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    assert [s.goal.text for s in status.goals] == ["a second goal, max 2 experiments"]
+    assert "Stopped by" in blocks_text(queued) and await bot.store.queued_goals() == []
+    # A reply to the stopped goal's card says it did not start.
+    await fake.user_replies(general, queued.ts, "stop", user=ALICE)
+    late = await fake.wait_for(lambda: [e for e in fake.ephemerals(ALICE) if "did not start" in e.text], 10)
+    assert "stopped by <@U0ALICE> before it started" in late[0].text
 
 
 async def test_cards_say_when_their_runner_is_down_and_recover(fake, make_bot, start_runner, tmp_path):

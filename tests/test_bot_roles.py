@@ -207,6 +207,23 @@ async def test_admins_change_roles_and_everyone_sees_them(fake, make_bot, start_
     assert "I can't tell who `ana` is" in (await vague.wait_for_ephemeral()).text
 
 
+async def test_subcommands_are_never_read_as_goals(fake, make_bot, start_runner, tmp_path):
+    """`admin budget 0h` is no goal (whose `budget 0h` would be refused): the admin command runs."""
+    _, bot, _ = await start_goal(fake, make_bot, start_runner, tmp_path, admins=[DAN])
+    general = fake.general
+    for size in ("0h", "0s"):
+        zero = await fake.slash_command("/goal", f"admin budget {size}", general, DAN)
+        said = (await zero.wait_for_ephemeral()).text
+        assert "not submitted" not in said and "every increase needs a second person" in said, said
+        rule, source = await bot.roles.budget_rule(general)
+        assert rule == Threshold.parse("0") and "set here" in source
+    # Longer than any goal may be: still the admin's command, answered as one.
+    long = await fake.slash_command("/goal", "admin approvers add " + "ana " * 1200, general, DAN)
+    assert "I can't tell who `ana` is" in (await long.wait_for_ephemeral()).text
+    assert not (long.ack_payload or {}).get("text")
+    assert (await bot.pool["box"].call(p.Status, p.StatusReply)).goals[-1].goal.id == 1  # no goal #2
+
+
 def test_the_admin_grammar():
     assert command_words("admin") == "" and command_words("admin show") == "show"
     assert command_words("admin approvers add <@U1|a>") == "approvers add <@U1|a>"

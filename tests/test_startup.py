@@ -60,6 +60,28 @@ def test_a_database_from_a_newer_goaltender(tmp_path, short_dir):
         f"goaltender runner: cannot start: {home}/runner.db is from a newer goaltender (schema version "
         f"{newer}; this one knows up to {len(MIGRATIONS)}): run that version, or restore a backup made with this one"
     ]
+    # The bot's bot.db the same way (it opens it before it talks to Slack).
+    bot_db = tmp_path / "bot.db"
+    with sqlite3.connect(bot_db) as db:
+        db.execute("PRAGMA user_version=999")
+    env = {
+        **os.environ,
+        "GOALTENDER_DB": str(bot_db),
+        "GOALTENDER_HOME": str(tmp_path),
+        "SLACK_BOT_TOKEN": "xoxb-x",
+        "SLACK_APP_TOKEN": "xapp-x",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "bot"],
+        capture_output=True,
+        text=True,
+        timeout=PROMPTLY_S,
+        env=env,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        f"goaltender bot: cannot start: {bot_db} is from a newer goaltender (schema version 999;"
+    )
 
 
 def test_an_unwritable_home(tmp_path, short_dir):
