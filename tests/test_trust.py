@@ -270,13 +270,7 @@ async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
 async def test_an_agent_cannot_log_metrics_into_another_goals_run(start_runner, connect, tmp_path):
     """Its request names its own goal but another goal's experiment: refused, nothing stored (the
     MLflow mirror showed the points in the other goal's run)."""
-    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 60\n")})
-    operator = await connect(runner)
-    a = await submit(operator, "a, max 5 experiments", agent="idle")
-    b = await submit(operator, "b, max 5 experiments", agent="idle")
-    await eventually(
-        lambda: runner.settings.agent_socket(b).exists() and runner.settings.agent_socket(a).exists()
-    )
+    runner, operator, a, b = await _two_idle_goals(start_runner, connect, tmp_path)
     agent_b = await RunnerClient.connect_unix(runner.settings.agent_socket(b), client="agent")
     ran = await agent_b.call(
         p.RunExperiment,
@@ -304,13 +298,7 @@ async def test_an_agent_cannot_take_the_runners_connections_or_memory(start_runn
     runs failed to start, operators got no answer); one pipelining requests it never reads the
     replies of grew the runner by gigabytes. A goal's socket takes MAX_GOAL_CONNECTIONS at once, and
     a connection MAX_IN_FLIGHT requests: then it is not read until one is answered."""
-    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 60\n")})
-    operator = await connect(runner)
-    a = await submit(operator, "a, max 5 experiments", agent="idle")
-    b = await submit(operator, "b, max 5 experiments", agent="idle")
-    await eventually(
-        lambda: runner.settings.agent_socket(b).exists() and runner.settings.agent_socket(a).exists()
-    )
+    runner, operator, a, b = await _two_idle_goals(start_runner, connect, tmp_path)
     held = [
         await RunnerClient.connect_unix(runner.settings.agent_socket(a), "agent")
         for _ in range(MAX_GOAL_CONNECTIONS)
@@ -349,6 +337,16 @@ async def test_an_agent_cannot_take_the_runners_connections_or_memory(start_runn
     await eventually(lambda: len(started) == 40)
     for client in (*held, other, again):
         await client.close()
+
+
+async def _two_idle_goals(start_runner, connect, tmp_path):
+    """A runner with two goals whose agents wait: its operator client, and the goals' ids, their sockets up."""
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 60\n")})
+    operator = await connect(runner)
+    a = await submit(operator, "a, max 5 experiments", agent="idle")
+    b = await submit(operator, "b, max 5 experiments", agent="idle")
+    await eventually(lambda: all(runner.settings.agent_socket(goal).exists() for goal in (a, b)))
+    return runner, operator, a, b
 
 
 async def _connected(path: Path) -> RunnerClient | None:
