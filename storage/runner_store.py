@@ -884,10 +884,21 @@ def _goal_filter(active_only: bool, before: int | None) -> tuple[str, list[Any]]
 
 
 def _goal(row: sqlite3.Row) -> Goal:
+    """A goal's row as its model. A budget that does not read back (a row edited by hand, say)
+    leaves it blocked, not the runner unable to start: no experiment starts until an operator
+    sets its budget again (`goaltender budget N …`), which writes it anew."""
     data = dict(row)
     data.pop("agent_report")
     data.pop("paused_for_disk")
-    data["budget"] = Budget.model_validate_json(data["budget"])
+    try:
+        data["budget"] = Budget.model_validate_json(data["budget"])
+    except ValidationError as exc:
+        data["budget"] = Budget()
+        problem = exc.errors()[0]
+        data["blocked"] = (
+            f"its budget in runner.db does not read back ({'.'.join(map(str, problem['loc']))}: "
+            f"{problem['msg']}): set it again with `goaltender budget {data['id']} …`"
+        )
     data["stages"] = json.loads(data["stages"])
     return Goal(**data)
 

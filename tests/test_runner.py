@@ -502,3 +502,32 @@ def test_a_line_too_long_for_any_client_is_never_sent():
     points = [(float(i), 0.5) for i in range(p.MAX_LINE // 8)]
     error = p.parse_reply(conn._line(p.SeriesReply(id=42, name="loss", points=points)))
     assert isinstance(error, p.Error) and error.id == 42 and "the series reply would be" in error.message
+
+
+async def test_a_goal_whose_budget_does_not_read_back_is_blocked_not_the_runner(
+    start_runner, connect, tmp_path
+):
+    """A row edited by hand (its budget's max_experiments "lots") stopped the runner at start with a
+    traceback, every other goal with it. Now that goal is blocked until its budget is set again."""
+    script = "while [ ! -e go ]; do sleep 0.05; done\ngoaltender experiment -d one -- true; echo rc=$? > rc\nsleep 60\n"
+    agents = {"a": write_agent(tmp_path, "a.sh", script)}
+    runner = await start_runner(agents=agents)
+    client = await connect(runner)
+    goal_id = await submit(client, "edited, max 3 experiments", agent="a")
+    other = await submit(client, "untouched, max 3 experiments", agent="a")
+    await runner.close()
+    with sqlite3.connect(runner.settings.db_path) as db:
+        db.execute("UPDATE goals SET budget = ? WHERE id = ?", ('{"max_experiments": "lots"}', goal_id))
+    runner = await start_runner(agents=agents)
+    client = await connect(runner)
+    [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+    assert status.goal.blocked.startswith("its budget in runner.db does not read back (max_experiments: ")
+    assert (await client.call(p.Status, p.StatusReply, goal_id=other)).goals[0].goal.blocked is None
+    workspace = Path(status.goal.workspace)
+    (workspace / "go").touch()
+    assert (
+        await eventually(lambda: (workspace / "rc").exists() and (workspace / "rc").read_text())
+    ) == "rc=4\n"
+    await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="max 5 experiments")
+    [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+    assert status.goal.blocked is None and status.goal.budget.max_experiments == 5
