@@ -61,7 +61,7 @@ from goaltender.bot.thread import ThreadWriter
 from goaltender.bot.tokens import TokenRefused, check_app_token, check_bot_token
 from goaltender.bot.views import Views
 from goaltender.storage.bot_store import BotStore
-from goaltender.storage.db import NewerDatabase
+from goaltender.storage.db import UnusableDatabase
 from goaltender.storage.records import Event
 
 log = logging.getLogger("goaltender.bot")
@@ -401,6 +401,6 @@ def main() -> None:
     except TokenRefused as refused:
         print(f"goaltender bot: {refused}", file=sys.stderr)
         raise SystemExit(2) from None
-    except NewerDatabase as exc:  # its rows would not read back: said, not a traceback
+    except UnusableDatabase as exc:  # newer, or damaged: said, not a traceback
         print(f"goaltender bot: cannot start: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

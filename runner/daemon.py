@@ -43,7 +43,7 @@ from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFo
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
-from goaltender.storage.db import NewerDatabase
+from goaltender.storage.db import UnusableDatabase
 from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
 from goaltender.storage.runner_store import Ledger, RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
@@ -649,7 +649,7 @@ def startup_problem(settings: RunnerSettings, exc: BaseException) -> str:
         return f"disk full: {exc.space}"
     if is_disk_full(exc):
         return f"disk full: {probe_after_failure(settings.home)}"
-    if isinstance(exc, NewerDatabase):
+    if isinstance(exc, UnusableDatabase):
         return str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and exc.sqlite_errorcode in _NOT_A_DATABASE:
         return (

@@ -84,6 +84,24 @@ def test_a_database_from_a_newer_goaltender(tmp_path, short_dir):
     )
 
 
+def test_a_database_damaged_past_its_header(tmp_path, short_dir):
+    """It opened, the runner said it was listening, and a status failed later with "database disk
+    image is malformed". SQLite's quick_check finds it at start: one line, saying what to do."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with sqlite3.connect(home / "runner.db") as db:
+        db.execute("CREATE TABLE filler (id INTEGER PRIMARY KEY, text TEXT)")
+        db.executemany("INSERT INTO filler (text) VALUES (?)", [("x" * 200,) for _ in range(1000)])
+    with open(home / "runner.db", "r+b") as f:
+        f.seek(4096 * 9 + 16)  # inside a page of the table, well past the header
+        f.write(b"\xff" * 64)
+    [line] = start_and_fail(home, short_dir / "runner.sock")
+    assert line.startswith(f"goaltender runner: cannot start: {home}/runner.db is damaged (")
+    assert line.endswith(
+        f"restore it from a backup, or salvage what is left with `sqlite3 {home}/runner.db .recover | sqlite3 recovered.db` and use that"
+    )
+
+
 def test_an_unwritable_home(tmp_path, short_dir):
     home = tmp_path / "home"
     home.mkdir()
