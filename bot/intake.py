@@ -11,9 +11,10 @@ import asyncio
 import contextlib
 import logging
 import re
+import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from goaltender.bot import audit, render
 from goaltender.bot.keys import CardKey, OutboxKey, QueueKey, parse
@@ -75,6 +76,9 @@ class GoalRequest:
     """What the words ask for: budgets, stop rules, the agent (parsed once, here)."""
     runner: str | None
     """The runner asked for (an unknown one too, to say so); None: whichever can take it."""
+    key: str = field(default_factory=lambda: f"slack-goal-{uuid.uuid4().hex}")
+    """Its name for the runner (SubmitGoal.key), the same at every try: a try whose reply was lost
+    with the link made a goal, and the next gets that goal back instead of starting another."""
 
     @classmethod
     def read(cls, text: str, channel: str, owner: str, runners: Collection[str]) -> GoalRequest:
@@ -95,7 +99,8 @@ class GoalRequest:
     @classmethod
     def queued(cls, goal: QueuedGoal) -> GoalRequest:
         """A goal read when it was queued, with the runner it was queued for."""
-        return replace(cls.read(goal.text, goal.channel, goal.owner, runners=()), runner=goal.runner)
+        request = replace(cls.read(goal.text, goal.channel, goal.owner, runners=()), runner=goal.runner)
+        return replace(request, key=goal.submit_key) if goal.submit_key else request
 
 
 def _runner_named(text: str, parsed: str | None, runners: Collection[str]) -> str | None:
@@ -189,6 +194,7 @@ class Intake:
                 text=request.text,
                 owner=actor(request.owner),
                 agent=request.spec.agent,
+                key=request.key,
             )
             status = submitted.status
             card = CardKey(link.name, status.goal.id)
@@ -205,7 +211,9 @@ class Intake:
         return card.goal_id
 
     async def _queue(self, request: GoalRequest, why: str, reply: Reply, respond: Reply | None) -> None:
-        queue_id = await self.store.queue_goal(request.channel, request.owner, request.text, request.runner)
+        queue_id = await self.store.queue_goal(
+            request.channel, request.owner, request.text, request.runner, request.key
+        )
         key = QueueKey(queue_id)
         if respond is not None:
             self._responders[key] = respond

@@ -229,6 +229,10 @@ class Runner:
                 f"no room for a new goal: disk full: {space}, under the {self.settings.min_free_mb:g} MB "
                 "this runner keeps free (GOALTENDER_MIN_FREE_MB)",
             )
+        # A client's name for the submission, per user: sent again, it finds the goal it made.
+        key = None if req.key is None else f"{who.actor()}: {req.key}"
+        if key is not None and (made := await self.store.goal_by_key(key)) is not None:
+            return p.GoalReply(status=await self._status(made.id))
         try:
             spec = parse_goal_text(req.text)
         except GoalTextError as exc:
@@ -239,19 +243,25 @@ class Runner:
                 "bad_request", f"unknown agent {agent!r}; this runner has: {', '.join(self.settings.agents)}"
             )
         budget = req.budget or explicit_budget(spec, utcnow(), self.settings.experiment_timeout_s)
-        goal = await self.store.create_goal(
-            text=spec.text,
-            owner=req.owner or who.actor(),
-            agent=agent,
-            budget=budget,
-            metric=None,
-            direction="maximize",
-            target=spec.target,
-            workspace_root=self.settings.workspaces,
-            executor=spec.executor,
-            gpus_per_experiment=spec.gpus_per_experiment,
-            stages=parse_stages(req.text),
-        )
+        try:
+            goal = await self.store.create_goal(
+                text=spec.text,
+                owner=req.owner or who.actor(),
+                agent=agent,
+                budget=budget,
+                metric=None,
+                direction="maximize",
+                target=spec.target,
+                workspace_root=self.settings.workspaces,
+                executor=spec.executor,
+                gpus_per_experiment=spec.gpus_per_experiment,
+                stages=parse_stages(req.text),
+                submit_key=key,
+            )
+        except sqlite3.IntegrityError:  # the same submission, sent twice at once: the first made it
+            if key is None or (made := await self.store.goal_by_key(key)) is None:
+                raise
+            return p.GoalReply(status=await self._status(made.id))
         await self.campaigns.start_agent(goal, resumed=False)
         return p.GoalReply(status=await self._status(goal.id))
 

@@ -154,6 +154,10 @@ class SubmitGoal(Request):
     owner: str | None = None  # default: the authenticated operator
     agent: str | None = None
     budget: Annotated[Budget, AfterValidator(_sensible_budget)] | None = None  # overrides the text
+    #: The client's own name for this submission: sent again (its reply was lost with the link),
+    #: it gets the goal the first made, not a second one. Per submitting user.
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    added_fields = frozenset({"key"})
 
 
 class Steer(Request):

@@ -125,6 +125,11 @@ MIGRATIONS = [
     """,
     # v4: the audit trail of actions decided in Slack (refusals, held budget increases, roles).
     AUDIT_MIGRATION,
+    # v5: a queued goal's name for its submission (SubmitGoal.key): one whose first try reached the
+    # runner but not its reply is the goal that try made, not a second one.
+    """
+    ALTER TABLE queued_goals ADD COLUMN submit_key TEXT;
+    """,
 ]
 
 OutboxKind = Literal["post", "update", "ephemeral", "reaction", "upload"]
@@ -169,6 +174,7 @@ class QueuedGoal(BaseModel):
     goal_id: int | None
     error: str | None
     created_at: datetime
+    submit_key: str | None = None
 
 
 class Digest(BaseModel):
@@ -412,11 +418,14 @@ class BotStore:
 
     # ---- goals waiting for a runner ----
 
-    async def queue_goal(self, channel: str, owner: str, text: str, runner: str | None) -> int:
+    async def queue_goal(
+        self, channel: str, owner: str, text: str, runner: str | None, submit_key: str | None = None
+    ) -> int:
         async with self.db.write() as tx:
             return await tx.insert(
-                "INSERT INTO queued_goals (channel, owner, text, runner, created_at) VALUES (?, ?, ?, ?, ?)",
-                (channel, owner, text, runner, utcnow().isoformat()),
+                "INSERT INTO queued_goals (channel, owner, text, runner, created_at, submit_key) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (channel, owner, text, runner, utcnow().isoformat(), submit_key),
             )
 
     async def queued_goals(self, state: str = "queued") -> list[QueuedGoal]:

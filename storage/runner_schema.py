@@ -166,4 +166,10 @@ MIGRATIONS = [
     ALTER TABLE events ADD COLUMN plain INTEGER NOT NULL DEFAULT 0;
     UPDATE events SET plain = json_valid(data) AND json_quote(ts) = '"' || ts || '"';
     """,
+    # 10: the submitting client's name for a goal (SubmitGoal.key): a submission sent again gets
+    # the goal the first made
+    """
+    ALTER TABLE goals ADD COLUMN submit_key TEXT;
+    CREATE UNIQUE INDEX goals_by_submit_key ON goals (submit_key) WHERE submit_key IS NOT NULL;
+    """,
 ]

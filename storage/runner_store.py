@@ -202,15 +202,17 @@ class RunnerStore:
         executor: str | None = None,
         gpus_per_experiment: int | None = None,
         stages: list[str] | None = None,
+        submit_key: str | None = None,
     ) -> Goal:
-        """Insert an accepted goal (its stop rule and budgets already explicit) and announce it."""
+        """Insert an accepted goal (its stop rule and budgets already explicit) and announce it.
+        sqlite3.IntegrityError when a goal was made under `submit_key` already (goal_by_key)."""
         pending: list[Event] = []
         now = utcnow()
         async with self.db.write() as tx:
             goal_id = await tx.insert(
                 "INSERT INTO goals (text, owner, agent, state, budget, metric, direction, target, "
-                "workspace, created_at, accepted_at, executor, gpus_per_experiment, stages) "
-                "VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?, ?)",
+                "workspace, created_at, accepted_at, executor, gpus_per_experiment, stages, submit_key) "
+                "VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?)",
                 (
                     text,
                     owner,
@@ -224,6 +226,7 @@ class RunnerStore:
                     executor,
                     gpus_per_experiment,
                     json.dumps(stages or []),
+                    submit_key,
                 ),
             )
             workspace = str(workspace_root / f"goal-{goal_id}")
@@ -238,6 +241,10 @@ class RunnerStore:
         if row is None:
             raise KeyError(goal_id)
         return _goal(row)
+
+    async def goal_by_key(self, submit_key: str) -> Goal | None:
+        row = await self.db.fetchone("SELECT * FROM goals WHERE submit_key = ?", (submit_key,))
+        return _goal(row) if row else None
 
     async def get_goal(self, goal_id: int) -> Goal | None:
         row = await self.db.fetchone("SELECT * FROM goals WHERE id = ?", (goal_id,))
@@ -890,6 +897,7 @@ def _goal(row: sqlite3.Row) -> Goal:
     data = dict(row)
     data.pop("agent_report")
     data.pop("paused_for_disk")
+    data.pop("submit_key")
     try:
         data["budget"] = Budget.model_validate_json(data["budget"])
     except ValidationError as exc:

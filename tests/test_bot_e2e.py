@@ -19,10 +19,11 @@ import os
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import blocks_text, eventually
+from conftest import blocks_text, eventually, write_agent
 from daemons import Daemon
 from fake_slack import ALICE, BOB, FakeSlack
 from ssh_box import SSHBox
@@ -91,13 +92,16 @@ LINE_LIMIT = 64 * 1024 * 1024  # a ledger's reply is one NDJSON line, and may be
 class LedgerTap:
     """The runner's socket as the bot reaches it through the SSH box, relayed line by line. Armed,
     it kills the SSH link (as a crashed sshd would) the moment the bot asks for a goal's ledger
-    (a Summary request: the bot draws a plot), so the answer never reaches the bot."""
+    (a Summary request: the bot draws a plot), so the answer never reaches the bot. With
+    `drop_reply` set, it kills the link as a reply it matches comes back from the runner, which
+    has done what was asked, unbeknown to the bot."""
 
     def __init__(self, runner_socket: Path, path: Path, box: SSHBox):
         self.runner_socket = runner_socket
         self.path = path
         self.box = box
         self.armed = asyncio.Event()
+        self.drop_reply: Callable[[dict], bool] | None = None
         self.server: asyncio.Server | None = None
 
     async def start(self) -> LedgerTap:
@@ -124,6 +128,15 @@ class LedgerTap:
             while line := await reader.readline():
                 if watch and self.armed.is_set() and json.loads(line).get("type") == "summary":
                     self.armed.clear()
+                    self.box.drop()
+                    return
+                if (
+                    not watch
+                    and self.drop_reply is not None
+                    and line.startswith(b'{"id":')
+                    and self.drop_reply(json.loads(line))
+                ):
+                    self.drop_reply = None
                     self.box.drop()
                     return
                 writer.write(line)
@@ -589,3 +602,24 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     for goal_id, goal_card in ((1, card), (2, second)):
         events = await wait_for_whole_thread(fake, runner, general, goal_card.ts, goal_id)
         assert_thread_matches_log(fake, events, general, goal_card.ts, goal_id)
+
+
+async def test_a_goal_whose_reply_the_link_lost_starts_once(
+    fake, make_bot, start_runner, ssh_box, ledger_tap, tmp_path
+):
+    """The runner took the goal, and the SSH link dropped before its reply reached the bot, which
+    queued it ("nothing is lost") and submitted it again once the link was back: two goals ran,
+    one with no thread in Slack that nobody could see or stop. The same submission, sent again
+    under its key, gets the goal the first try made."""
+    runner = await start_runner(
+        agents={"busy": write_agent(tmp_path, "busy.sh", "sleep 120\n")}, default_agent="busy"
+    )
+    box = await ssh_box(set())
+    tap = await ledger_tap(runner, box)
+    tap.drop_reply = lambda reply: reply.get("type") == "goal"
+    await make_bot(box.target(name="box", remote_socket=str(tap.path), keepalive_interval=1.0))
+    answered = await fake.slash_command("/goal", "count the stars, max 1 experiments", fake.general, ALICE)
+    assert "It is queued (q1)" in (await answered.wait_for_ephemeral(timeout=30)).text
+    card = await fake.wait_for_message(fake.general, text="Goal #1", timeout=30)
+    assert "count the stars" in blocks_text(card)
+    assert [goal.id for goal in await runner.store.list_goals()] == [1]

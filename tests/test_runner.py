@@ -531,3 +531,20 @@ async def test_a_goal_whose_budget_does_not_read_back_is_blocked_not_the_runner(
     await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="max 5 experiments")
     [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
     assert status.goal.blocked is None and status.goal.budget.max_experiments == 5
+
+
+async def test_a_submission_sent_again_under_its_key_gets_the_goal_it_made(start_runner, connect, tmp_path):
+    """A client whose link dropped before the reply cannot know whether its goal was made: sent
+    again under the same key (per user) it gets that goal, and no second one starts."""
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 60\n")})
+    client = await connect(runner)
+    fields = {"text": "once only, max 1 experiments", "agent": "idle", "key": "slack-goal-1"}
+    first, again = await asyncio.gather(
+        client.call(p.SubmitGoal, p.GoalReply, **fields), client.call(p.SubmitGoal, p.GoalReply, **fields)
+    )
+    later = await client.call(p.SubmitGoal, p.GoalReply, **fields)
+    assert first.status.goal.id == again.status.goal.id == later.status.goal.id
+    other = await client.call(p.SubmitGoal, p.GoalReply, **{**fields, "key": "slack-goal-2"})
+    unnamed = await client.call(p.SubmitGoal, p.GoalReply, text="no key, max 1 experiments", agent="idle")
+    assert len({first.status.goal.id, other.status.goal.id, unnamed.status.goal.id}) == 3
+    assert len(await runner.store.list_goals()) == 3
