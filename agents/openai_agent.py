@@ -9,7 +9,9 @@ diary, report), and `finish`.
 Each turn boundary: steering from the inbox becomes user messages; when the conversation passes
 ~75% of the context window, older turns are replaced by a recap (recap.py) and the brief (goal,
 stop rule, budgets, skills, the diary's latest handoff) is rebuilt from a fresh runner summary.
-Token usage is logged as metrics. A dead endpoint fails the goal with a clear message; SIGTERM
+Token usage is logged as metrics. A dead endpoint fails the goal with a clear message, and so do
+a request past GOALTENDER_OPENAI_TIMEOUT_S (the whole request, not each read), a malformed reply
+(after the retries) and a content-filter refusal; SIGTERM
 hands in a short report and exits 0; no tool calls (or `finish`) ends the campaign with the
 model's summary.
 
@@ -18,7 +20,7 @@ model's summary.
 Environment: GOALTENDER_MODEL (required), OPENAI_BASE_URL or GOALTENDER_OPENAI_BASE_URL,
 OPENAI_API_KEY or GOALTENDER_OPENAI_API_KEY (default "EMPTY"), GOALTENDER_CONTEXT_TOKENS (128000),
 GOALTENDER_MAX_TURNS (200), GOALTENDER_OPENAI_MAX_RETRIES (3), GOALTENDER_OPENAI_TIMEOUT_S (300),
-GOALTENDER_SHELL_TIMEOUT_S (600), GOALTENDER_TOOL_OUTPUT_CHARS (16000), GOALTENDER_COMPACT_AT
+GOALTENDER_SHELL_TIMEOUT_S (600), GOALTENDER_FETCH_TIMEOUT_S (21600), GOALTENDER_TOOL_OUTPUT_CHARS (16000), GOALTENDER_COMPACT_AT
 (0.75), GOALTENDER_COMMAND_POLICY (inline JSON or a .json/.toml file; see policy.py).
 """
 
@@ -114,6 +116,7 @@ class AgentConfig(BaseSettings):
     max_retries: int = Field(3, ge=0, validation_alias="GOALTENDER_OPENAI_MAX_RETRIES")
     timeout_s: float = Field(300.0, ge=0.1, validation_alias="GOALTENDER_OPENAI_TIMEOUT_S")
     shell_timeout_s: float = Field(600.0, ge=0.1)
+    fetch_timeout_s: float = Field(6 * 3600.0, ge=0.1)  # a fetch_from_hub call, whole
     output_chars: int = Field(16_000, ge=200, validation_alias="GOALTENDER_TOOL_OUTPUT_CHARS")
     compact_at: float = Field(0.75, ge=0.1)
     command_policy: str | None = None  # inline JSON, or a .json / .toml file (policy.py)
@@ -131,6 +134,10 @@ class AgentConfig(BaseSettings):
 
 class EndpointFailure(AgentFailure):
     """The model endpoint cannot serve us: the goal fails with this message."""
+
+
+class MalformedReply(Exception):
+    """A 200 from the endpoint that is not a usable chat completion (said as 'a reply without ...')."""
 
 
 class OpenAIAgent(GoalAgent):
@@ -152,6 +159,7 @@ class OpenAIAgent(GoalAgent):
             ask=self._ask,
             shell_timeout_s=config.shell_timeout_s,
             output_limit=config.output_limit,
+            secrets=self.secrets,
         )
         self.verbs = RunnerVerbs(
             goal,
@@ -159,6 +167,7 @@ class OpenAIAgent(GoalAgent):
             ask=self._ask,
             milestone=self.milestone,
             secrets=self.secrets,
+            fetch_timeout_s=config.fetch_timeout_s,
         )
         tools = [*self.workspace_tools.tools(), *self.verbs.tools(), Tool("finish", Finish, self.finish)]
         self.tools = {tool.name: tool for tool in tools}
@@ -230,6 +239,11 @@ class OpenAIAgent(GoalAgent):
             if self.context_tokens() > self.cfg.compact_at * self.cfg.context_tokens:
                 await self.compact()
             choice, calls = await self._next_turn()
+            if choice.finish_reason == "content_filter":
+                raise EndpointFailure(
+                    f"Model endpoint's content filter refused the reply: {self.cfg.endpoint}",
+                    f"finish_reason content_filter at turn {self.turn}; model {self.cfg.model}",
+                )
             if not calls:
                 if choice.finish_reason == "length":
                     self._say("Your reply hit the output limit; go on, more briefly.")
@@ -254,23 +268,10 @@ class OpenAIAgent(GoalAgent):
     async def _next_turn(self) -> tuple[Choice, list[tuple[str, str, str]]]:
         """One model reply, recorded; returns it with its tool calls as (id, name, arguments)."""
         response = await self._complete()
-        if not getattr(response, "choices", None):
-            raise EndpointFailure(
-                f"Model endpoint returned no answer: {self.cfg.endpoint}: a reply without choices",
-                f"model {self.cfg.model}: {one_line(response, 300)}",
-            )
         self.turn += 1
         choice = response.choices[0]
         message = choice.message
-        calls = [
-            (
-                c.id or f"call_{self.turn}_{i}",
-                c.function.name,
-                c.function.arguments or "{}",
-            )  # ids: not all servers send them
-            for i, c in enumerate(message.tool_calls or [])
-            if c.type == "function"
-        ]
+        calls = _function_calls(message.tool_calls or [], self.turn)
         assistant: recap.Message = {
             "role": "assistant",
             "content": message.content or ("" if not calls else None),
@@ -293,17 +294,31 @@ class OpenAIAgent(GoalAgent):
         return "\n\n".join(parts) or f"The agent ended without a summary ({ending})."
 
     async def _complete(self) -> ChatCompletion:
+        """A usable reply. The SDK retries HTTP errors; here, a request past its deadline (a
+        trickling endpoint never trips the per-read timeout) and a malformed 200 are retried up to
+        GOALTENDER_OPENAI_MAX_RETRIES times, then the goal fails saying which."""
         import openai
 
         retried_context = False
+        failures = 0
         while True:
             try:
-                return await self.client.chat.completions.create(
-                    model=self.cfg.model,
-                    messages=cast("list[ChatCompletionMessageParam]", self.messages),
-                    tools=self.tool_specs,
-                    tool_choice="auto",
-                )
+                async with asyncio.timeout(self.cfg.timeout_s):
+                    response = await self.client.chat.completions.create(
+                        model=self.cfg.model,
+                        messages=cast("list[ChatCompletionMessageParam]", self.messages),
+                        tools=self.tool_specs,
+                        tool_choice="auto",
+                    )
+                if problem := _reply_problem(response):
+                    raise MalformedReply(problem)
+                return response
+            except (TimeoutError, MalformedReply, json.JSONDecodeError) as exc:
+                failures += 1
+                if failures > self.cfg.max_retries:
+                    raise self._gave_up(exc) from exc
+                log.info("retrying the request (%d of %d): %s", failures, self.cfg.max_retries, exc)
+                await asyncio.sleep(min(8.0, 0.5 * 2 ** (failures - 1)))
             except openai.BadRequestError as exc:
                 text = str(exc).lower()
                 if retried_context or not any(w in text for w in ("context", "too long", "maximum", "token")):
@@ -325,6 +340,18 @@ class OpenAIAgent(GoalAgent):
                     f"Model endpoint {how}: {self.cfg.endpoint}: {_error_text(exc)}",
                     f"HTTP {exc.status_code} after {self.cfg.max_retries} retries; model {self.cfg.model}",
                 ) from exc
+
+    def _gave_up(self, exc: Exception) -> EndpointFailure:
+        """Why the endpoint could not answer, once the retries are used up."""
+        after = f"after {self.cfg.max_retries} retries; model {self.cfg.model}"
+        if isinstance(exc, TimeoutError):
+            return EndpointFailure(
+                f"Model endpoint unreachable: {self.cfg.endpoint}: no complete answer within "
+                f"{self.cfg.timeout_s:g}s (GOALTENDER_OPENAI_TIMEOUT_S)",
+                after,
+            )
+        what = str(exc) if isinstance(exc, MalformedReply) else f"a reply that is not valid JSON ({exc})"
+        return EndpointFailure(f"Model endpoint returned {what}: {self.cfg.endpoint}", after)
 
     async def _account(self, usage: CompletionUsage | None) -> None:
         """Token usage as metric series; the measured size of the context for the next turn."""
@@ -450,7 +477,7 @@ class OpenAIAgent(GoalAgent):
             raise
         except Exception as exc:  # a tool failure is the model's business, never the loop's
             result = f"error: {name} failed: {type(exc).__name__}: {exc}"
-        return truncate_middle(redact(result, self.secrets), self.cfg.output_limit)
+        return truncate_middle(result, self.cfg.output_limit, self.secrets)
 
     @staticmethod
     async def _run_tool(tool: Tool[Any], arguments: dict[str, Any]) -> str:
@@ -504,6 +531,40 @@ class OpenAIAgent(GoalAgent):
         await self.workspace_tools.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.client.close(), 2)
+
+
+def _reply_problem(response: Any) -> str | None:
+    """What makes a reply unusable ("a reply without choices", ...), or None. The SDK does not
+    validate replies: a proxy's page, or a server's odd JSON, arrives as is."""
+    choices = getattr(response, "choices", None)
+    if not choices or not isinstance(choices, list):
+        return f"a reply without choices ({one_line(response, 200)})"
+    message = getattr(choices[0], "message", None)
+    if message is None:
+        return "a choice without a message"
+    for call in getattr(message, "tool_calls", None) or []:
+        function = getattr(call, "function", None)
+        if not isinstance(getattr(function, "name", None), str):
+            return "a tool call without a function name"
+    return None
+
+
+def _function_calls(tool_calls: list[Any], turn: int) -> list[tuple[str, str, str]]:
+    """(id, name, arguments JSON) of each function call (_reply_problem checked each has a name);
+    ids made up where the server sent none."""
+    return [
+        (getattr(call, "id", None) or f"call_{turn}_{i}", call.function.name, _arguments_text(call.function))
+        for i, call in enumerate(tool_calls)
+        if getattr(call, "type", None) in ("function", None)
+    ]
+
+
+def _arguments_text(function: Any) -> str:
+    """A tool call's arguments as JSON text; some servers send a JSON object instead of a string."""
+    arguments = getattr(function, "arguments", None)
+    if arguments is None or arguments == "":
+        return "{}"
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 def _json_object(raw: str) -> dict[str, Any]:

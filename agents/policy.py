@@ -6,14 +6,17 @@
   goal's socket refuses them anyway), and whatever the policy file's `deny` patterns match.
 - **ask** goes to a person first (runner Ask, kind="command"): sudo and friends, deleting or
   writing outside the workspace, package installs, network fetches and pushes, killing processes
-  the agent did not start, system configuration, `eval`, and the file's `ask` patterns. (Not
-  `goaltender fetch`: it downloads from the hub into the cache the runner set, and is recorded.)
+  the agent did not start, system configuration, and the file's `ask` patterns; and whatever it
+  cannot tell before it runs: `eval`, a shell reading commands from its input (`... | sh`,
+  `bash -s`, a heredoc), a command named by a variable (`$c`, `$'...'`). (Not `goaltender fetch`:
+  it downloads from the hub into the cache the runner set, and is recorded.)
 - **allow** is everything else, and whatever the file's `allow` patterns match (an allow pattern
   overrides the built-in ask rules, never a deny).
 
-Each simple command of the text (shell_words.py finds them) is looked up by name in CHECKS, a
-table of small checkers, one per command family; wrappers (`timeout`, `sudo`, `bash -c`, ...)
-check the command they run in turn. It is a guard against accidents, not a sandbox: a program the
+Each simple command of the text (shell_words.py finds them, with those in `$(...)`, backticks and
+`<(...)`) is looked up by name in CHECKS, a table of small checkers, one per command family;
+wrappers (`timeout`, `sudo`, `bash -lc`, `env -S`, `flock`, `find -exec`, ...) check the command
+they run in turn. It is a guard against accidents, not a sandbox: a program the
 agent writes can still do anything its user may do. The policy file (JSON or TOML, named by
 GOALTENDER_COMMAND_POLICY, which may also hold the JSON inline) looks like:
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
@@ -158,6 +162,7 @@ class Scope:
     is_own_pid: Callable[[int], bool]
     base: str | None  # the directory relative paths resolve against (None: unknown after `cd $X`)
     verdicts: list[Verdict] = field(default_factory=list)
+    pushed: tuple[str | None, ...] = ()  # pushd's stack: where popd goes back to
     depth: int = 0
 
     def ask(self, reason: str) -> None:
@@ -212,14 +217,22 @@ def check_words(words: list[str], scope: Scope) -> None:
         words = words[1:]
     if not words or words[0] in ("for", "select"):
         return  # `for x in a b c` names values, not a command; the loop body comes after `do`
+    if _unknowable(words[0]):
+        scope.ask(f"runs a command named by a variable or substitution ({words[0]}), unknown until it runs")
+        return
     name = os.path.basename(words[0].lstrip("\\"))
     if checker := checker_for(name):
         checker(name, words[1:], scope)
 
 
+def _unknowable(word: str) -> bool:
+    """`$c`, `${PY}`, `$'\\x63url'` (ANSI-C quoting lexes as `$...`), `$(...)`: not a name we can read."""
+    return "$" in word or SUBSTITUTED in word or "`" in word
+
+
 def resolve(word: str, base: str | None) -> str | None:
     """The absolute path a word names, or None when it cannot be known (variables, `cd $X`)."""
-    if "$" in word or SUBSTITUTED in word or "`" in word:
+    if _unknowable(word):
         return None
     if word.startswith("~"):
         word = os.path.expanduser(word)
@@ -229,7 +242,8 @@ def resolve(word: str, base: str | None) -> str | None:
         if base is None:
             return None
         word = os.path.join(base, word)
-    return os.path.normpath(word)
+    path = os.path.normpath(word)
+    return "/" + path.lstrip("/") if path.startswith("//") else path  # `//` is `/` on Linux
 
 
 def under(path: str, roots: Iterable[str]) -> bool:
@@ -266,7 +280,10 @@ WRAPPERS: dict[str, tuple[set[str], int]] = {
     "unbuffer": (set(), 0),
     "watch": ({"-n", "--interval"}, 0),
     "xargs": ({"-n", "-I", "-i", "-d", "-P", "-L", "-s", "-a", "-E", "--max-args", "--max-procs"}, 0),
+    "coproc": (set(), 0),
+    "chrt": ({"-T", "-P", "-D", "--sched-runtime", "--sched-period", "--sched-deadline"}, 1),
 }
+_ENV_SPLIT = ("-S", "--split-string")  # env -S 'cmd args': one word split into the command
 PRIVILEGE = {"sudo", "su", "doas", "pkexec", "runuser"}
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh"}
 INSTALLS: dict[str, set[str] | None] = {
@@ -357,12 +374,41 @@ def run_wrapped(name: str, args: list[str], scope: Scope) -> None:
     rest = list(args)
     while rest and (rest[0].startswith("-") or (name == "env" and _ASSIGNMENT.match(rest[0]))):
         option = rest.pop(0)
+        if name == "env" and (split := _env_split(option, rest)) is not None:
+            # Checked as shell text: stricter than env's own splitting, never laxer.
+            check_text(" ".join([split, *map(shlex.quote, rest)]), scope.nested())
+            return
         if option in with_value and rest:
             rest.pop(0)
     rest = rest[positional_before:]
+    if name == "coproc" and rest[1:2] == ["{"]:
+        rest = rest[1:]  # `coproc NAME { cmd; }`: NAME names the coprocess
     if name == "xargs" and rest and os.path.basename(rest[0]) in DELETES | KILLS_BY_NAME | {"kill"}:
         scope.ask(f"xargs {rest[0]}: acts on names read from its input, which cannot be checked")
     check_words(rest, scope)
+
+
+def _env_split(option: str, rest: list[str]) -> str | None:
+    """The string of `env -S STR` / `-SSTR` / `--split-string[=]STR` (taken from `rest`), else None."""
+    for flag in _ENV_SPLIT:
+        if option == flag:
+            return rest.pop(0) if rest else ""
+        if option.startswith(flag + "=") or (flag == "-S" and option.startswith("-S")):
+            return option[len(flag) :].removeprefix("=")
+    return None
+
+
+def guard_flock(name: str, args: list[str], scope: Scope) -> None:
+    """`flock [options] LOCK command ...` or `flock [options] LOCK -c 'command'`: the command is
+    checked."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in ("-w", "--wait", "--timeout", "-E", "--conflict-exit-code") else 1
+    rest = args[i + 1 :]  # after the lock file (or descriptor)
+    if rest[:1] in (["-c"], ["--command"]):
+        check_text(" ".join(rest[1:2]), scope.nested())
+    else:
+        check_words(rest, scope)
 
 
 def guard_privilege(name: str, args: list[str], scope: Scope) -> None:
@@ -373,13 +419,50 @@ def guard_privilege(name: str, args: list[str], scope: Scope) -> None:
 
 
 def guard_nested_shell(name: str, args: list[str], scope: Scope) -> None:
-    """`bash -c '...'` is checked like the outer text; a script must come from the workspace."""
-    if "-c" in args and args.index("-c") + 1 < len(args):
-        check_text(args[args.index("-c") + 1], scope.nested())
-    elif args and name in SHELLS:
-        script = resolve(args[0], scope.base)
-        if script is None or not under(script, scope.writable):
-            scope.ask(f"runs a script from outside the workspace ({args[0]})")
+    """`bash -c '...'` (`-lc`, `-ec`, `-c --`, ...) is checked like the outer text; a script must
+    come from the workspace; commands read from the input (`... | sh`, `bash -s`, a heredoc) ask."""
+    if name not in SHELLS:  # source, .
+        if args:
+            _script_from_workspace(args[0], scope)
+        return
+    flags, positional = _shell_flags(args)
+    if "c" in flags:
+        if positional:
+            check_text(positional[0], scope.nested())
+    elif "s" in flags or not positional:
+        scope.ask(f"{name} runs commands read from its input, which cannot be checked")
+    else:
+        _script_from_workspace(positional[0], scope)
+
+
+def _script_from_workspace(word: str, scope: Scope) -> None:
+    script = resolve(word, scope.base)
+    if script is None or not under(script, scope.writable):
+        scope.ask(f"runs a script from outside the workspace ({word})")
+
+
+_SHELL_OPTIONS_WITH_VALUE = {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}
+
+
+def _shell_flags(args: list[str]) -> tuple[set[str], list[str]]:
+    """(the short flags given, e.g. {"l", "c"} for `-lc`; the words after the options)."""
+    flags: set[str] = set()
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--", "-"):
+            i += 1
+            break
+        if arg in _SHELL_OPTIONS_WITH_VALUE:
+            i += 2
+        elif arg.startswith("--"):
+            i += 1  # --login, --norc, ...
+        elif len(arg) > 1 and arg[0] in "-+":
+            flags.update(arg[1:] if arg[0] == "-" else "")
+            i += 1
+        else:
+            break
+    return flags, args[i:]
 
 
 def guard_eval(name: str, args: list[str], scope: Scope) -> None:
@@ -392,18 +475,53 @@ def follow_cd(name: str, args: list[str], scope: Scope) -> None:
     scope.base = None if target == "-" else resolve(target, scope.base)
 
 
+def follow_pushd(name: str, args: list[str], scope: Scope) -> None:
+    """pushd DIR is cd DIR that popd undoes; other forms (rotations, -n) leave the place unknown."""
+    if name == "popd":
+        scope.base, scope.pushed = (scope.pushed[-1], scope.pushed[:-1]) if scope.pushed else (None, ())
+    elif len(args) == 1 and not args[0].startswith(("-", "+")):
+        scope.pushed += (scope.base,)
+        scope.base = resolve(args[0], scope.base)
+    else:
+        scope.base = None
+
+
 def guard_python_module(name: str, args: list[str], scope: Scope) -> None:
-    """`python -m pip ...` is pip; `python -m huggingface_hub ...` is huggingface-cli; `python -m
-    goaltender.cli ...` is goaltender."""
-    if len(args) < 2 or args[0] != "-m":
+    """`python -m pip ...` (also `-u -m pip`, `-mpip`) is pip; `python -m huggingface_hub ...` is
+    huggingface-cli; `python -m goaltender.cli ...` is goaltender."""
+    found = _python_module(args)
+    if found is None:
         return
-    module = args[1]
+    module, rest = found
     if module in ("pip", "pip3") or module.startswith("pip."):
-        check_words(["pip", *args[2:]], scope)
+        check_words(["pip", *rest], scope)
     elif module in ("goaltender", "goaltender.cli"):
-        check_words(["goaltender", *args[2:]], scope)
+        check_words(["goaltender", *rest], scope)
     elif module in ("huggingface_hub.commands.huggingface_cli", "huggingface_hub"):
-        check_words(["huggingface-cli", *args[2:]], scope)
+        check_words(["huggingface-cli", *rest], scope)
+
+
+def _python_module(args: list[str]) -> tuple[str, list[str]] | None:
+    """(module, its arguments) of `python [options] -m MODULE ...`; None for a script or `-c`.
+    Short options may be combined (`-um pip`, `-mpip`); -X and -W take a value."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and not args[i].startswith("--") and args[i] != "-":
+        arg = args[i]
+        for j, flag in enumerate(arg[1:], start=1):
+            if flag == "c":
+                return None
+            if flag in "mXW":
+                value, i = (
+                    (arg[j + 1 :], i + 1)
+                    if arg[j + 1 :]
+                    else (args[i + 1] if i + 1 < len(args) else "", i + 2)
+                )
+                if flag == "m":
+                    return value, args[i:]
+                break
+        else:
+            i += 1
+    return None
 
 
 def guard_uv(name: str, args: list[str], scope: Scope) -> None:
@@ -457,7 +575,7 @@ def guard_dd(name: str, args: list[str], scope: Scope) -> None:
 
 
 def guard_package_install(name: str, args: list[str], scope: Scope) -> None:
-    subcommands = INSTALLS[name]
+    subcommands = INSTALLS[_PIP_NAME.sub("pip", name)]
     if subcommands is None:
         scope.ask(f"installs or fetches packages ({name})")
         return
@@ -482,7 +600,7 @@ def guard_rsync(name: str, args: list[str], scope: Scope) -> None:
     _, positional = options_and_args(args)
     if any(_REMOTE.match(a) or a.startswith("rsync://") for a in positional):
         scope.ask("uses the network (rsync to or from another host)")
-    local = [target for target in _copy_targets(args) if not _REMOTE.match(target)]
+    local = [target for target in _copy_targets(args, target_option=False) if not _REMOTE.match(target)]
     scope.ask_if_outside(local, f"{name} writes outside the workspace")
 
 
@@ -526,7 +644,13 @@ def guard_delete(name: str, args: list[str], scope: Scope) -> None:
 
 
 def guard_find(name: str, args: list[str], scope: Scope) -> None:
-    """`find -delete` or `-exec rm` (mv, chmod, ...) outside the workspace asks."""
+    """The commands of `-exec`/`-execdir`/`-ok` are checked; `find -delete` or `-exec rm` (mv,
+    chmod, ...) outside the workspace asks."""
+    for i, arg in enumerate(args):
+        if arg in ("-exec", "-execdir", "-ok", "-okdir"):
+            inner = args[i + 1 :]
+            end = next((j for j, word in enumerate(inner) if word in (";", "+")), len(inner))
+            check_words(inner[:end], scope.nested())
     changes = "-delete" in args or any(
         os.path.basename(args[i + 1]) in DELETES | {"mv", "chmod", "chown"}
         for i, a in enumerate(args[:-1])
@@ -553,10 +677,27 @@ def guard_copy_target(name: str, args: list[str], scope: Scope) -> None:
     scope.ask_if_outside(_copy_targets(args), f"{name} writes outside the workspace")
 
 
-def _copy_targets(args: list[str]) -> list[str]:
-    options, positional = options_and_args(args, _WRITE_OPTIONS_WITH_VALUE)
-    named = [options[i + 1] for i, o in enumerate(options[:-1]) if o in ("-t", "--target-directory")]
-    return named or positional[-1:]
+def _copy_targets(args: list[str], target_option: bool = True) -> list[str]:
+    """The target directory (`-t DIR`, `-tDIR`, `-rt DIR`, `--target-directory[=]DIR`), else the
+    last argument. rsync's -t is not a target (it keeps times): `target_option` False."""
+    _, positional = options_and_args(args, _WRITE_OPTIONS_WITH_VALUE)
+    options = args[: args.index("--")] if "--" in args else args
+    named = [
+        target
+        for i, option in enumerate(options)
+        if option.startswith("-") and (target := _target_of(option, options[i + 1 : i + 2]))
+    ]
+    return named if named and target_option else positional[-1:]
+
+
+def _target_of(option: str, following: list[str]) -> str | None:
+    name, has_value, value = option.partition("=")
+    if len(name) > 3 and "--target-directory".startswith(name):  # GNU takes unique prefixes
+        return value if has_value else (following[0] if following else None)
+    if not option.startswith("--") and "t" in option[1:]:
+        attached = option[option.index("t", 1) + 1 :]
+        return attached or (following[0] if following else None)
+    return None
 
 
 def guard_mode_change(name: str, args: list[str], scope: Scope) -> None:
@@ -589,6 +730,9 @@ CHECKS: dict[str, Checker] = {
     **dict.fromkeys([*SHELLS, "source", "."], guard_nested_shell),
     "eval": guard_eval,
     "cd": follow_cd,
+    "pushd": follow_pushd,
+    "popd": follow_pushd,
+    "flock": guard_flock,
     "uv": guard_uv,
     "goaltender": guard_control_verb,
     **dict.fromkeys(MACHINE_DOWN, guard_machine_down),
@@ -615,7 +759,9 @@ CHECKS: dict[str, Checker] = {
 _NAME_PATTERNS: list[tuple[re.Pattern[str], Checker]] = [
     (re.compile(r"mkfs\..+"), guard_disk_wipe),
     (re.compile(r"python[\d.]*"), guard_python_module),
+    (re.compile(r"pip3?\.[\d.]+"), guard_package_install),  # pip3.11
 ]
+_PIP_NAME = re.compile(r"^pip3?\.[\d.]+$")
 
 
 def checker_for(name: str) -> Checker | None:

@@ -38,7 +38,9 @@ def turn_groups(history: list[Message]) -> list[list[Message]]:
 def compact(history: list[Message], window: int, force: bool = False) -> tuple[list[str], list[Message], int]:
     """Split `history` (no system message, no earlier recap) into recap lines for the older turns
     and the latest turns kept verbatim: up to a quarter of the window, an eighth when `force`d
-    (the endpoint refused the request as too long). Returns (lines, kept messages, turns recapped)."""
+    (the endpoint refused the request as too long). When not even the latest turn fits, it is cut
+    (texts and tool-call arguments); when even that does not fit, it is recapped too. Returns
+    (lines, kept messages, turns recapped)."""
     groups = turn_groups(history)
     budget = window // (8 if force else 4)
     kept: list[list[Message]] = []
@@ -49,21 +51,40 @@ def compact(history: list[Message], window: int, force: bool = False) -> tuple[l
             break
         kept.insert(0, group)
     if not kept and groups:
-        kept = [shrink(groups[-1], budget * 4)]  # the latest turn always stays, cut to fit
+        latest = shrink(groups[-1], budget * 4)
+        if estimate_tokens(latest) <= budget:
+            kept = [latest]  # the latest turn stays, cut to fit
+        # else: too many parts to fit even cut (hundreds of tool calls): it is recapped as well
     older = groups[: len(groups) - len(kept)]
     lines = [line for group in older for line in recap_lines(group)]
     return lines, [message for group in kept for message in group], len(older)
 
 
 def shrink(group: list[Message], budget_chars: int) -> list[Message]:
-    """The group with each long text cut in the middle, to fit ~`budget_chars` in all."""
-    share = max(200, budget_chars // max(1, len(group)))
-    return [
-        {**m, "content": truncate_middle(m["content"], share)}
-        if isinstance(m.get("content"), str) and len(m["content"]) > share
-        else m
-        for m in group
-    ]
+    """The group with each long text and each long tool call's arguments cut in the middle, to fit
+    ~`budget_chars` in all (each part keeps at least 200 characters)."""
+    parts = sum(1 + len(m.get("tool_calls") or []) for m in group)
+    share = max(200, budget_chars // max(1, parts))
+    return [_shrink_message(m, share) for m in group]
+
+
+def _shrink_message(message: Message, share: int) -> Message:
+    shrunk = dict(message)
+    if isinstance(message.get("content"), str) and len(message["content"]) > share:
+        shrunk["content"] = truncate_middle(message["content"], share)
+    if message.get("tool_calls"):
+        shrunk["tool_calls"] = [_shrink_call(call, share) for call in message["tool_calls"]]
+    return shrunk
+
+
+def _shrink_call(call: Message, share: int) -> Message:
+    """The call with its arguments cut, still a JSON object (endpoints refuse anything else)."""
+    arguments = call["function"]["arguments"]
+    if len(arguments) <= share:
+        return call
+    # Half the share: escaping the quotes of the cut text may grow it.
+    cut = json.dumps({"arguments_cut_to_fit_the_context": truncate_middle(arguments, share // 2)})
+    return {**call, "function": {**call["function"], "arguments": cut}}
 
 
 def recap_lines(group: list[Message]) -> list[str]:

@@ -48,8 +48,18 @@ def steer_text(message: p.InboxMessage) -> str:
 
 
 class RunnerVerbs:
-    def __init__(self, goal: Goal, *, gate: Gate, ask: Ask, milestone: PostMilestone, secrets: list[str]):
+    def __init__(
+        self,
+        goal: Goal,
+        *,
+        gate: Gate,
+        ask: Ask,
+        milestone: PostMilestone,
+        secrets: list[str],
+        fetch_timeout_s: float = 6 * 3600,
+    ):
         self.goal_id = goal.id
+        self.fetch_timeout_s = fetch_timeout_s  # a fetch past it is killed: a tool call never hangs
         self.runner = goal.runner
         self.workspace = goal.workspace
         self.gate = gate
@@ -188,7 +198,17 @@ class RunnerVerbs:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
-        output, _ = await fetching.communicate()
+        try:
+            output, _ = await asyncio.wait_for(fetching.communicate(), self.fetch_timeout_s)
+        except TimeoutError:
+            return (
+                f"{note}timed out after {self.fetch_timeout_s:g}s (GOALTENDER_FETCH_TIMEOUT_S): the fetch "
+                "was killed; fetching again resumes what was downloaded"
+            )
+        finally:
+            if fetching.returncode is None:  # timed out, or the agent is stopping
+                fetching.kill()
+                await asyncio.shield(fetching.wait())
         said = redact(output.decode(errors="replace").strip(), self.secrets)
         return f"{note}exit code {fetching.returncode}\n{said}"
 

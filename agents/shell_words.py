@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 # Stands for a command substitution in the outer command's words: its value cannot be known.
 SUBSTITUTED = "__SUBST__"
+# Stands for a process substitution, `<(...)` or `>(...)`: bash passes a /dev/fd path.
+PROCESS_FILE = "/dev/fd/63"
 
 FORK_BOMB = re.compile(r":\s*\(\s*\)\s*\{\s*:\s*\|\s*:\s*&\s*\}")
-_SUBSTITUTION = re.compile(r"\$\(([^()]*)\)|`([^`]*)`")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_]\w*)\1[^\n]*\n(.*?)^\s*\2\s*$", re.S | re.M)
 _OPERATOR_CHARS = frozenset("();<>|&")
 
@@ -28,19 +29,86 @@ class SimpleCommand:
 
 
 def without_data(text: str) -> str:
-    """The text with line continuations joined and heredoc bodies dropped (they are data)."""
-    return _HEREDOC.sub(lambda m: f"<<{m.group(2)}\n", text.replace("\\\n", " "))
+    """The text with line continuations joined and heredoc bodies dropped (they are data), but for
+    the substitutions in an unquoted one (`<<EOF`, not `<<'EOF'`): those run."""
+
+    def body(m: re.Match[str]) -> str:
+        ran = [] if m.group(1) else substitutions(m.group(3))
+        return f"<<{m.group(2)}\n" + "".join(f": $({command})\n" for command in ran)
+
+    return _HEREDOC.sub(body, text.replace("\\\n", " "))
 
 
 def substitutions(text: str) -> list[str]:
-    """The commands inside `$(...)` and backticks: they run too."""
-    return [m.group(1) if m.group(1) is not None else m.group(2) for m in _SUBSTITUTION.finditer(text)]
+    """The commands inside `$(...)`, backticks, `<(...)` and `>(...)`: they run too. Those inside
+    them are found when these are checked in turn."""
+    return _lift_substitutions(text)[1]
+
+
+def _lift_substitutions(text: str) -> tuple[str, list[str]]:
+    """(the text with each outermost substitution replaced by what stands for it, the commands
+    inside them). Quote-aware: nothing in single quotes runs (it may be a `bash -c` text, checked
+    as a whole); `$(...)` and backticks in double quotes do."""
+    out: list[str] = []
+    inner: list[str] = []
+    quote = ""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote == "'":
+            quote = "" if ch == "'" else quote
+        elif ch == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        elif ch in "'\"" and quote in ("", ch):
+            quote = ch if not quote else ""
+        elif text.startswith("$(", i) or (not quote and text.startswith(("<(", ">("), i)):
+            end = _closing_paren(text, i + 2)
+            inner.append(text[i + 2 : end])
+            out.append(f" {SUBSTITUTED} " if ch == "$" else f" {PROCESS_FILE} ")
+            i = end + 1
+            continue
+        elif ch == "`":
+            end = text.find("`", i + 1)
+            end = len(text) if end < 0 else end
+            inner.append(text[i + 1 : end])
+            out.append(f" {SUBSTITUTED} ")
+            i = end + 1
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out), inner
+
+
+def _closing_paren(text: str, start: int) -> int:
+    """Index of the `)` closing a `(` just before `start` (quotes skipped); len(text) if none."""
+    depth, quote, i = 1, "", start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+            elif ch == "\\" and quote == '"':
+                i += 1
+        elif ch == "\\":
+            i += 1
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return len(text)
 
 
 def simple_commands(text: str) -> list[SimpleCommand]:
-    """Each simple command of `text`, substitutions standing in as SUBSTITUTED. ValueError when
-    the text cannot be lexed (an unbalanced quote, say)."""
-    text = _SUBSTITUTION.sub(f" {SUBSTITUTED} ", text)
+    """Each simple command of `text`, substitutions standing in as SUBSTITUTED (or PROCESS_FILE).
+    ValueError when the text cannot be lexed (an unbalanced quote, say)."""
+    text = _lift_substitutions(text)[0]
     lexer = shlex.shlex(text.replace("\n", " ; "), posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     tokens = list(lexer)

@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Iterable
+import stat
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import psutil
 
 from goaltender.agents import briefing
 from goaltender.agents.bootstrap import agent_log
 from goaltender.agents.policy import CommandPolicy, classify_command
-from goaltender.agents.tool_output import one_line, truncate_file, truncate_middle
+from goaltender.agents.tool_output import cut_between, cut_shares, one_line, truncate_file, truncate_middle
 from goaltender.agents.tool_schemas import EditFile, ListFiles, LoadSkill, ReadFile, Shell, Tool, WriteFile
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_alive, group_members, terminate_group
@@ -66,9 +68,17 @@ def resolve_path(raw: str, workspace: Path) -> Path:
 
 class WorkspaceTools:
     def __init__(
-        self, workspace: Path, policy: CommandPolicy, *, ask: Ask, shell_timeout_s: float, output_limit: int
+        self,
+        workspace: Path,
+        policy: CommandPolicy,
+        *,
+        ask: Ask,
+        shell_timeout_s: float,
+        output_limit: int,
+        secrets: Sequence[str] = (),
     ):
         self.workspace = workspace.resolve()
+        self.secrets = secrets  # redacted before output is cut, so no piece survives at the cut
         self.policy = policy
         self.ask = ask
         self.shell_timeout_s = shell_timeout_s
@@ -176,7 +186,7 @@ class WorkspaceTools:
                 f"goes to {log_path.relative_to(self.workspace)})"
             )
         room = max(100, self.output_limit - len(head.encode()) - 120)  # the cut marker fits too
-        output = truncate_file(log_path, room) or "(no output)"
+        output = truncate_file(log_path, room, self.secrets) or "(no output)"
         if not lingering:
             log_path.unlink(missing_ok=True)
         return f"{head}\n{output}"
@@ -200,18 +210,33 @@ class WorkspaceTools:
         resolved, refused = await self.gate_path(args.path, "read")
         if refused:
             return refused
-        data = resolved.read_bytes()
-        if b"\0" in data[:8192]:
-            return f"{resolved} is a binary file ({len(data):,} bytes)."
-        lines = data.decode(errors="replace").splitlines(keepends=True)
-        start = max(1, args.offset)
-        chosen = lines[start - 1 : start - 1 + max(1, args.limit)]
-        text = "".join(chosen)
-        if start > 1 or start - 1 + len(chosen) < len(lines):
-            text = f"[lines {start}-{start + len(chosen) - 1} of {len(lines)}]\n" + text
-        if len(text.encode()) > self.output_limit:
-            text = truncate_middle(text, self.output_limit - 100) + "\n[read fewer lines with offset/limit]"
-        return text or "(empty file)"
+        return await asyncio.to_thread(self._read_lines, resolved, max(1, args.offset), max(1, args.limit))
+
+    def _read_lines(self, path: Path, start: int, count: int) -> str:
+        """Lines start.. of a regular file, read only as far as they go; cut in the middle to fit."""
+        # O_NONBLOCK: opening a named pipe must not wait for a writer (it is refused just below).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            return f"error: {path} is {_file_kind(mode)}, not a regular file; read_file reads files only"
+        with os.fdopen(fd, "rb") as f:
+            if b"\0" in f.read(8192):
+                return f"{path} is a binary file ({os.fstat(f.fileno()).st_size:,} bytes)."
+            f.seek(0)
+            limit = self.output_limit - 100
+            lines = _read_range(f, start, count, *cut_shares(limit, self.secrets))
+        text = lines.text(limit, self.secrets)
+        if lines.at_end and start == 1 and lines.last == lines.total:
+            header = ""
+        elif lines.at_end:
+            header = f"[lines {start}-{lines.last} of {lines.total}]\n" if lines.last >= start else ""
+            text = text or f"(no lines from {start}: the file has {lines.total})"
+        else:
+            header = f"[lines {start}-{lines.last}; the file goes on: offset={lines.last + 1} reads on]\n"
+        if lines.size > limit:
+            text += "\n[read fewer lines with offset/limit]"
+        return header + text or "(empty file)"
 
     async def write_file(self, args: WriteFile) -> str:
         resolved, refused = await self.gate_path(args.path, "write")
@@ -240,7 +265,7 @@ class WorkspaceTools:
             return refused
         if not resolved.is_dir():
             return f"error: {resolved} is not a directory"
-        lines = _listing(resolved, max(1, args.depth))
+        lines = _listing(resolved, max(1, args.depth), [*self.readable, resolved])
         if len(lines) >= LISTING_CAP:
             lines.append(f"[listing capped at {LISTING_CAP} entries]")
         return f"{resolved}:\n" + ("\n".join(lines) or "(empty)")
@@ -259,8 +284,57 @@ class WorkspaceTools:
         await asyncio.gather(*self._ending, *(terminate_group(pgid, grace_s=KILL_GRACE_S) for pgid in live))
 
 
-def _listing(directory: Path, depth: int, level: int = 0, lines: list[str] | None = None) -> list[str]:
-    """Directories first, then files with their sizes, indented by level; SKIP_DIRS not entered."""
+@dataclass
+class _Range:
+    """Lines read from a file: the range's first and last bytes (all of it when short), its size."""
+
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    size: int = 0
+    last: int = 0  # the number of the last line in the range (start - 1: none)
+    total: int = 0  # lines in the file, when at_end
+    at_end: bool = False
+
+    def text(self, limit: int, secrets: Sequence[str]) -> str:
+        if self.size == len(self.head) + len(self.tail):
+            return truncate_middle(bytes(self.head + self.tail), limit, secrets)
+        return cut_between(bytes(self.head), bytes(self.tail), self.size, limit, secrets)
+
+
+def _read_range(f: BinaryIO, start: int, count: int, head_room: int, tail_room: int) -> _Range:
+    """Lines start..start+count-1, keeping the first `head_room` and the last `tail_room` bytes;
+    reads no further than the line after the range (to know whether the file goes on)."""
+    got = _Range(last=start - 1)
+    number, open_line = 1, False  # the line the next byte belongs to; has it begun?
+    while chunk := f.read(1 << 16):
+        for piece in chunk.splitlines(keepends=True):
+            if number >= start + count:
+                return got
+            if number >= start:
+                got.size += len(piece)
+                room = max(0, head_room - len(got.head))
+                got.head += piece[:room]
+                got.tail += piece[room:]
+                if len(got.tail) > 2 * tail_room:
+                    del got.tail[: len(got.tail) - tail_room]
+                got.last = number
+            open_line = not piece.endswith((b"\n", b"\r"))
+            number += not open_line
+    got.at_end, got.total = True, number - 1 + open_line
+    return got
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")]
+    return next((name for test, name in kinds if test(mode)), "a device or special file")
+
+
+def _listing(
+    directory: Path, depth: int, roots: list[Path], level: int = 0, lines: list[str] | None = None
+) -> list[str]:
+    """Directories first, then files with their sizes, indented by level; SKIP_DIRS not entered,
+    nor a symlink out of `roots` (the directory listed, and where the agent may read): listing
+    there needs a person, like reading there."""
     lines = [] if lines is None else lines
     indent = "  " * level
     try:
@@ -271,10 +345,14 @@ def _listing(directory: Path, depth: int, level: int = 0, lines: list[str] | Non
     for entry in entries:
         if len(lines) >= LISTING_CAP:
             break
-        if entry.is_dir():
+        if entry.is_symlink() and not inside(target := entry.resolve(), roots):
+            lines.append(
+                f"{indent}{entry.name} -> {target} (outside the workspace: listing or reading it asks first)"
+            )
+        elif entry.is_dir():
             lines.append(f"{indent}{entry.name}/")
             if entry.name not in SKIP_DIRS and level + 1 < depth:
-                _listing(entry, depth, level + 1, lines)
+                _listing(entry, depth, roots, level + 1, lines)
         else:
             with contextlib.suppress(OSError):
                 lines.append(f"{indent}{entry.name}  ({entry.stat().st_size:,} bytes)")

@@ -18,6 +18,7 @@ a refused token. Messages name HF_TOKEN, never its value.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx2
-from huggingface_hub import constants, snapshot_download
+from huggingface_hub import constants, set_client_factory, snapshot_download
 from huggingface_hub.errors import (
     DisabledRepoError,
     DryRunError,
@@ -43,6 +44,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import DryRunFileInfo
 from huggingface_hub.utils import filter_repo_objects, get_token, validate_repo_id
 from huggingface_hub.utils import tqdm as HubBar
+from huggingface_hub.utils._http import default_client_factory
 
 from goaltender.runner.report import format_bytes
 from goaltender.runner.secrets import url_shown
@@ -93,6 +95,7 @@ def endpoint() -> str:
 
 def fetch(spec: FetchSpec, report: Report, *, milestone_bytes: int = MILESTONE_BYTES) -> HubFetch:
     """Download the snapshot `spec` names (or find it in the cache) and say what it holds."""
+    set_client_factory(_client_with_timeouts)
     try:
         return _fetch(spec, report, milestone_bytes)
     except FetchFailed:
@@ -101,6 +104,25 @@ def fetch(spec: FetchSpec, report: Report, *, milestone_bytes: int = MILESTONE_B
         if (why := explain(exc, spec)) is None:
             raise
         raise FetchFailed(why) from exc
+
+
+def _client_with_timeouts() -> httpx2.Client:
+    """huggingface_hub's HTTP client, with a timeout on every request: some of its calls (the repo
+    info) pass none, and a hub that accepts a connection and never answers would hang the fetch."""
+    client = default_client_factory()
+    client.event_hooks = {**client.event_hooks, "request": [*client.event_hooks["request"], _fill_timeouts]}
+    return client
+
+
+def _fill_timeouts(request: httpx2.Request) -> None:
+    """Each unset timeout of the request (connect, read, write, pool) becomes HF_HUB_ETAG_TIMEOUT
+    (10 s by default); downloads set their own (HF_HUB_DOWNLOAD_TIMEOUT)."""
+    timeouts = request.extensions.get("timeout") or {}
+    default = float(constants.HF_HUB_ETAG_TIMEOUT)
+    request.extensions["timeout"] = {
+        kind: default if timeouts.get(kind) is None else timeouts[kind]
+        for kind in ("connect", "read", "write", "pool")
+    }
 
 
 def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int) -> HubFetch:
@@ -118,6 +140,7 @@ def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int) -> HubFetch:
             revision=spec.revision,
             allow_patterns=list(spec.include) or None,
             tqdm_class=counting_bars(progress),
+            etag_timeout=constants.HF_HUB_ETAG_TIMEOUT,
         )
     )
     files, size = _contents(path, spec.include)
@@ -143,6 +166,7 @@ def _plan(spec: FetchSpec) -> list[DryRunFileInfo] | None:
             revision=spec.revision,
             allow_patterns=list(spec.include) or None,
             tqdm_class=counting_bars(None),
+            etag_timeout=constants.HF_HUB_ETAG_TIMEOUT,
             dry_run=True,
         )
     except DryRunError:
@@ -276,8 +300,17 @@ def explain(exc: BaseException, spec: FetchSpec) -> str | None:
         return f"{what}{at} is not in the cache ({hub_cache()}) and {_why_not_online(exc)}"
     if isinstance(exc, HfHubHTTPError):
         return _http_failure(exc, what)
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"{_no_answer(exc)} while fetching {what}; run it again to resume"
     if isinstance(exc, httpx2.TransportError):
         return f"lost the hub at {hub} while fetching {what} ({_first_line(exc)}); run it again to resume"
+    if isinstance(exc, httpx2.TooManyRedirects):
+        return f"{hub} ({_endpoint_source()}) redirects in a loop: check the address, or the proxy in between"
+    if (not_json := _cause(exc, json.JSONDecodeError)) is not None:
+        return (
+            f"{hub} ({_endpoint_source()}) does not answer like a Hugging Face hub: not JSON "
+            f"({_first_line(not_json)}); a login page or a proxy's may be in the way"
+        )
     if is_disk_full(exc):
         space = probe_after_failure(_existing(hub_cache()))
         return f"disk full while fetching {what}: {format_bytes(space.free_bytes)} free on {space.path}"
@@ -323,9 +356,18 @@ def _not_found_advice(spec: FetchSpec) -> str:
 def _why_not_online(exc: BaseException) -> str:
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set: fetch it where the hub is reachable, or unset HF_HUB_OFFLINE"
+    if (timeout := _cause(exc, httpx2.TimeoutException)) is not None:
+        return _no_answer(timeout)
     cause = _cause(exc, httpx2.TransportError)
     why = f": {_first_line(cause)}" if cause is not None else ""
     return f"the hub at {endpoint()} ({_endpoint_source()}) cannot be reached{why}"
+
+
+def _no_answer(exc: httpx2.TimeoutException) -> str:
+    return (
+        f"the hub at {endpoint()} ({_endpoint_source()}) did not answer in time ({_first_line(exc)}; "
+        "HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT set the seconds)"
+    )
 
 
 def _endpoint_source() -> str:

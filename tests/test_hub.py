@@ -5,7 +5,9 @@ the token never shows."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import http.server
 import io
 import json
 import os
@@ -13,7 +15,11 @@ import random
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import BIN, events_until_report, submit, write_agent
@@ -396,3 +402,99 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---- hubs that are not hubs ----
+
+
+class NotAHub(http.server.BaseHTTPRequestHandler):
+    """Every request answered by `mode`: a redirect to itself, or a captive portal's page."""
+
+    mode = "redirect_loop"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def answer(self) -> None:
+        if self.mode == "redirect_loop":
+            self.send_response(302)
+            self.send_header("Location", self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b"<html><body>Sign in to the guest network</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_HEAD = answer
+
+
+@contextlib.contextmanager
+def not_a_hub(mode: str) -> Iterator[SimpleNamespace]:
+    if mode == "silent":  # accepts connections (the kernel does) and never answers
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(64)
+            yield SimpleNamespace(url=f"http://127.0.0.1:{listener.getsockname()[1]}")
+        return
+    handler = type("Handler", (NotAHub,), {"mode": mode})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        (
+            "redirect_loop",
+            "{url} (HF_ENDPOINT) redirects in a loop: check the address, or the proxy in between",
+        ),
+        ("captive_portal", "{url} (HF_ENDPOINT) does not answer like a Hugging Face hub: not JSON"),
+        (
+            "silent",
+            "model org/tiny is not in the cache ({cache}) and the hub at {url} (HF_ENDPOINT) did not answer in time",
+        ),
+    ],
+)
+def test_a_hub_that_misbehaves_says_so_in_one_line(mode, why, tmp_path):
+    with not_a_hub(mode) as hub:
+        started = time.monotonic()
+        out = fetch(hub, tmp_path, "org/tiny", HF_TOKEN=TOKEN, HF_HUB_ETAG_TIMEOUT="1")
+        expected = "goaltender: " + why.format(url=hub.url, cache=tmp_path / "hf" / "hub")
+        assert one_line_failure(out).startswith(expected), out.stderr
+    assert time.monotonic() - started < 60
+    assert "hf_" not in out.stderr
+
+
+async def test_the_agent_does_not_wait_forever_for_a_fetch(start_runner, connect, monkeypatch):
+    model = FakeOpenAI()
+    await model.start()
+    with not_a_hub("silent") as hub:
+        runner_environment(monkeypatch, hub)
+        monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "600")  # the fetch itself would wait 10 minutes
+        monkeypatch.setenv("GOALTENDER_FETCH_TIMEOUT_S", "2")
+        for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+        monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+        model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", {"repo": "org/tiny"})]), Turn(text="Gave up."))
+        try:
+            runner = await start_runner(
+                agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
+            )
+            client = await connect(runner)
+            goal_id = await submit(client, "fetch from a silent hub, max 1 experiments", agent="openai")
+            await events_until_report(client, goal_id, timeout=30)
+        finally:
+            await model.close()
+    [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
+    assert result.startswith("timed out after 2s (GOALTENDER_FETCH_TIMEOUT_S): the fetch was killed")

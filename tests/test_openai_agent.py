@@ -16,8 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from aiohttp import web
 from conftest import approval_prompts, events_until_report, eventually, submit, vouched
-from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
+from fake_openai import Fail, FakeOpenAI, Seen, ToolCall, Turn
 
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
@@ -247,6 +248,61 @@ async def test_approvals_and_the_command_policy(start_runner, connect, fake, mon
     assert status.goal.state == "finished" and status.pending_approvals == []
 
 
+async def test_no_piece_of_the_key_reaches_the_model_at_a_cut(start_runner, connect, fake):
+    # Output of keys back to back, longer than a tool result may be, so it is cut in the middle;
+    # two offsets so that whatever the cut positions, a key straddles each cut in one of them.
+    key = os.environ["OPENAI_API_KEY"]
+    keys = "import os, sys; sys.stdout.write('-' * {pad} + os.environ['OPENAI_API_KEY'] * 3000)"
+    fake.add(
+        Turn(
+            tool_calls=[
+                *(ToolCall("shell", {"command": f'python3 -c "{keys.format(pad=pad)}"'}) for pad in (0, 1)),
+                *(
+                    ToolCall("shell", {"command": f'python3 -c "{keys.format(pad=pad)}" > keys{pad}.txt'})
+                    for pad in (0, 1)
+                ),
+            ]
+        ),
+        Turn(tool_calls=[ToolCall("read_file", {"path": f"keys{pad}.txt"}) for pad in (0, 1)]),
+        Turn(text="done"),
+    )
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "print the key a lot, max 1 experiments", agent="openai")
+    await events_until_report(client, goal_id, timeout=30)
+    results = tool_results(fake.requests[1].body)[:2] + tool_results(fake.requests[2].body)
+    assert len(results) == 4 and all("bytes cut from the middle" in r for r in results)
+    assert all(r.count("[redacted]") > 100 for r in results)
+    sent = json.dumps([r.body for r in fake.requests])
+    pieces = [key[:n] for n in range(6, len(key))] + [key[-n:] for n in range(6, len(key))]
+    assert [piece for piece in pieces if piece in sent] == []
+
+
+async def test_read_file_refuses_pipes_and_reads_only_what_it_returns(start_runner, connect, fake):
+    # A named pipe nobody writes to, and a 1 TB (sparse) file whose first lines are text.
+    make = "f = open('huge.log', 'wb'); f.write(b'first\\nsecond\\n' + b'text ' * 2000); f.truncate(1 << 40)"
+    fake.add(
+        Turn(tool_calls=[ToolCall("shell", {"command": f'mkfifo progress.pipe && python3 -c "{make}"'})]),
+        Turn(
+            tool_calls=[
+                ToolCall("read_file", {"path": "progress.pipe"}),
+                ToolCall("read_file", {"path": "."}),
+                ToolCall("read_file", {"path": "huge.log", "limit": 2}),
+            ]
+        ),
+        Turn(text="Done."),
+    )
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "read odd files, max 1 experiments", agent="openai")
+    await eventually(lambda: len(fake.requests) >= 3, 20)
+    pipe, directory, huge = tool_results(fake.requests[2].body)
+    assert pipe.startswith("error: ") and "progress.pipe is a named pipe, not a regular file" in pipe
+    assert directory.startswith("error: ") and "is a directory, not a regular file" in directory
+    assert huge == "[lines 1-2; the file goes on: offset=3 reads on]\nfirst\nsecond\n"
+    await events_until_report(client, goal_id, timeout=20)
+
+
 def process_groups(needle: str) -> set[int]:
     """The process groups of the live processes whose command line holds `needle`."""
     groups = set()
@@ -336,6 +392,44 @@ async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, mo
     assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "finished"
 
 
+def within_window(window: int, answer):
+    """Answer like vLLM: HTTP 400 'maximum context length' for a request longer than the window."""
+
+    def check(body):
+        size = len(json.dumps(body["messages"])) // 4
+        if size > window:
+            return Fail(400, message=f"This model's maximum context length is {window} tokens. However, "
+                        f"your messages resulted in {size} tokens.")  # fmt: skip
+        return answer
+
+    return check
+
+
+@pytest.mark.parametrize("turn", ["one huge call", "hundreds of calls"])
+async def test_compaction_bounds_huge_tool_calls(turn, start_runner, connect, fake, monkeypatch):
+    window = 8000
+    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", str(window))
+    if turn == "one huge call":
+        calls = [ToolCall("write_file", {"path": "big.txt", "content": "x" * 200_000})]
+    else:
+        calls = [
+            ToolCall("shell", {"command": f"echo call{i}; printf 'y%.0s' $(seq 3000)"}) for i in range(300)
+        ]
+    fake.add(within_window(window, Turn(tool_calls=calls)), within_window(window, Turn(tool_calls=[ToolCall("list_files", {})])))  # fmt: skip
+    fake.default = within_window(window, Turn(text="Done BOUNDED-MARK."))
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "huge tool calls, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=120)
+    assert events[-1].data.end_reason == "the agent finished" and "BOUNDED-MARK" in events[-1].data.text
+    later = [r.body for r in fake.requests[1:]]
+    assert all(len(json.dumps(body["messages"])) // 4 <= window for body in later)
+    for body in later:  # every call sent back still has JSON arguments
+        for message in body["messages"]:
+            for call in message.get("tool_calls") or []:
+                assert isinstance(json.loads(call["function"]["arguments"]), dict)
+
+
 async def test_resume_after_runner_restart_reinjects_the_brief(start_runner, connect, fake):
     fake.add(
         Turn(
@@ -419,6 +513,132 @@ async def test_dead_endpoint_fails_the_goal_clearly(start_runner, connect, fake,
     assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
     assert "exited with code 1" in events[-1].data.end_reason and title in events[-1].data.end_reason
     assert "sk-test-not-a-real-key" not in events[-1].data.text
+
+
+def reply(body: str):
+    """A scripted answer of exactly this body, with status 200: what a broken server may send."""
+    return lambda request: web.Response(text=body, content_type="application/json")
+
+
+def completion(message: dict | None, finish: str = "stop") -> str:
+    choice = {"index": 0, "finish_reason": finish} | ({"message": message} if message is not None else {})
+    return json.dumps(
+        {"id": "c1", "object": "chat.completion", "created": 1, "model": "fake-model", "choices": [choice]}
+    )
+
+
+def calls_without_function() -> str:
+    return completion(
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "t1", "type": "function"}]}
+    )
+
+
+ODD_REPLIES = {
+    "truncated": (
+        '{"id": "c1", "object": "chat.completion", "choices": [{"index": 0, "mess',
+        "a reply that is not valid JSON",
+    ),
+    "no choices": (
+        json.dumps({"id": "c", "object": "chat.completion", "choices": []}),
+        "a reply without choices",
+    ),
+    "no message": (completion(None), "a choice without a message"),
+    "no function": (calls_without_function(), "a tool call without a function name"),
+}
+
+
+@pytest.mark.parametrize("case", list(ODD_REPLIES))
+async def test_a_malformed_reply_is_retried_then_fails_the_goal(
+    case, start_runner, connect, fake, monkeypatch
+):
+    monkeypatch.setenv("GOALTENDER_OPENAI_MAX_RETRIES", "1")
+    body, what = ODD_REPLIES[case]
+    fake.add(reply(body), reply(body), Turn(text="never asked for"))
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "odd endpoint, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=30)
+    assert len(fake.requests) == 2  # the first try and one retry
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "failed"
+    title = f"Model endpoint returned {what}"
+    assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
+    assert title in events[-1].data.end_reason and "Traceback" not in events[-1].data.end_reason
+
+
+async def test_a_malformed_reply_then_a_good_one_goes_on(start_runner, connect, fake):
+    arguments_as_object = completion(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "t1",
+                    "type": "function",
+                    "function": {"name": "list_files", "arguments": {"path": "."}},
+                }
+            ],
+        },
+        "tool_calls",
+    )
+    fake.add(reply(ODD_REPLIES["truncated"][0]), reply(arguments_as_object), Turn(text="Recovered."))
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "flaky endpoint, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=30)
+    assert len(fake.requests) == 3
+    [listing] = tool_results(fake.requests[2].body)
+    assert "AGENTS.md" in listing  # arguments sent as a JSON object still ran the tool
+    assert events[-1].data.end_reason == "the agent finished" and "Recovered." in events[-1].data.text
+
+
+async def test_a_content_filter_refusal_fails_the_goal(start_runner, connect, fake):
+    fake.add(reply(completion({"role": "assistant", "content": None}, "content_filter")))
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "filtered, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id, timeout=30)
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    assert summary.status.goal.state == "failed"
+    title = f"Model endpoint's content filter refused the reply: {fake.base_url}"
+    assert any(e.data.kind == "milestone" and e.data.title == title for e in events)
+    assert title in events[-1].data.end_reason
+
+
+class TricklingOpenAI(FakeOpenAI):
+    """Answers 200 at once, then a byte a second: the per-read timeout never fires."""
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(Seen("chat", await request.json()))
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(120):
+                await response.write(b" ")
+                await asyncio.sleep(1)
+        return response
+
+
+async def test_a_trickling_endpoint_times_out(start_runner, connect, monkeypatch):
+    server = TricklingOpenAI()
+    await server.start()
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    monkeypatch.setenv("GOALTENDER_OPENAI_TIMEOUT_S", "2")
+    monkeypatch.setenv("GOALTENDER_OPENAI_MAX_RETRIES", "1")
+    try:
+        runner = await start_runner(agents=AGENTS)
+        client = await connect(runner)
+        goal_id = await submit(client, "slow endpoint, max 1 experiments", agent="openai")
+        events = await events_until_report(client, goal_id, timeout=30)
+        title = f"Model endpoint unreachable: {server.base_url}: no complete answer within 2s"
+        assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
+        assert len(server.requests) == 2
+        summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+        assert summary.status.goal.state == "failed"
+    finally:
+        await server.close()
 
 
 async def test_missing_model_fails_clearly(start_runner, connect, fake, monkeypatch):
