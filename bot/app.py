@@ -160,7 +160,12 @@ class GoaltenderBot:
         except BaseException:
             await kwargs["session"].close()
             raise
-        return cls(settings, store, client)
+        try:
+            return cls(settings, store, client)
+        except BaseException:  # bot.db's thread, left open, would keep the process from exiting
+            await store.close()
+            await kwargs["session"].close()
+            raise
 
     async def start(self) -> None:
         """Check the tokens (TokenRefused when Slack refuses one), then start the outbox, the

@@ -1,8 +1,10 @@
 """Approvals decided from Slack: a button on the prompt, or a reaction on it (✅ 👍 approve,
 ❌ 👎 reject), by the goal's owner or an approver of its channel (bot/roles.py). A click by anyone
 else is answered (only the owner or an approver can decide); a reaction by anyone else is ignored.
-Either refusal goes into the audit trail (the runner records the decisions it makes). A reaction on
-a budget increase's prompt goes to the budget guard, which decides those.
+Either refusal goes into the audit trail (the runner records the decisions it makes). A reaction
+that decides nothing (the runner is down, or it was decided already) is answered in the thread, to
+the person alone, as a click is. A reaction on a budget increase's prompt goes to the budget guard,
+which decides those.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Any
 
 from goaltender.bot import audit, render
 from goaltender.bot.budget_guard import BudgetGuard
-from goaltender.bot.keys import ApprovalKey, BudgetKey, row_id
+from goaltender.bot.keys import ApprovalKey, BudgetKey, CardKey, row_id
 from goaltender.bot.links import RunnerPool, UnknownRunner
-from goaltender.bot.outbox import Outbox
+from goaltender.bot.outbox import Outbox, in_thread
 from goaltender.bot.roles import Roles, actor
 from goaltender.bot.thread import thread_at
 from goaltender.runner import protocol as p
@@ -89,7 +91,7 @@ class Approvals:
         key = await self.outbox.posted_at(item.get("channel") or "", item.get("ts") or "")
         user = event.get("user") or ""
         if isinstance(key, BudgetKey):
-            await self.budget.on_reaction(key, approve, user)
+            await self.budget.on_reaction(key, approve, user, name)
             return
         if not isinstance(key, ApprovalKey):
             return
@@ -100,16 +102,24 @@ class Approvals:
                 await self._refused(thread, user, approve, why)
             log.info("reaction by %s on approval #%s ignored: they may not decide it", user, key.approval_id)
             return
-        if problem := await self._decide(key.runner, key.approval_id, approve, user):
+        again = f"once it is back, take your :{name}: off the prompt and add it again (or use its buttons)"
+        if problem := await self._decide(key.runner, key.approval_id, approve, user, again=again):
             log.info("reaction by %s on approval #%s: %s", user, key.approval_id, problem)
+            # Told, not only logged: the reaction stays on the prompt and looks like it counted.
+            told = f"Your :{name}: on approval #{key.approval_id} decided nothing. {problem}"
+            payload = in_thread(CardKey(thread.runner, thread.goal_id), {"user": user, "text": told})
+            await self.outbox.enqueue(thread.channel, "ephemeral", payload)
 
     async def _refused(self, thread: Thread, user: str, approve: bool, why: str) -> None:
         await audit.record(
             self.store, user, "approve" if approve else "reject", "refused", why, thread=thread
         )
 
-    async def _decide(self, runner: str, approval_id: int, approve: bool, user: str) -> str | None:
-        """Ask the runner to decide; None on success, else what went wrong (for the person)."""
+    async def _decide(
+        self, runner: str, approval_id: int, approve: bool, user: str, *, again: str = "try again soon"
+    ) -> str | None:
+        """Ask the runner to decide; None on success, else what went wrong (for the person; `again`
+        says how to try again when the runner is not reachable)."""
         try:
             await self.pool[runner].call(
                 p.Decide, p.DecisionReply, approval_id=approval_id, approve=approve, by=actor(user)
@@ -121,5 +131,5 @@ class Approvals:
                 return f"Already decided: {render.people(said)}."
             return f"The runner refused: {render.escape(exc.error.message)}"
         except (RunnerUnavailable, UnknownRunner) as exc:
-            return f"Runner {runner} is not reachable right now ({render.escape(str(exc))}); try again soon."
+            return f"Runner {runner} is not reachable right now ({render.escape(str(exc))}); {again}."
         return None

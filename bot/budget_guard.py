@@ -91,9 +91,16 @@ class BudgetGuard:
         if problem:
             await respond(text=problem, response_type="ephemeral", replace_original=False)
 
-    async def on_reaction(self, key: BudgetKey, approve: bool, user: str) -> None:
+    async def on_reaction(
+        self, key: BudgetKey, approve: bool, user: str, name: str = "white_check_mark"
+    ) -> None:
         if problem := await self.decide(key.request_id, approve, user):
             log.info("reaction by %s on budget request #%s ignored: %s", user, key.request_id, problem)
+            # Told, not only logged: the reaction stays on the prompt and looks like it counted.
+            if (thread := await self.store.thread(key.runner, key.goal_id)) is not None:
+                told = f"Your :{name}: on budget request #{key.request_id} decided nothing. {problem}"
+                payload = in_thread(CardKey(key.runner, key.goal_id), {"user": user, "text": told})
+                await self.outbox.enqueue(thread.channel, "ephemeral", payload)
 
     async def decide(self, request_id: int, approve: bool, user: str) -> str | None:
         """Decide a request; None when decided, else what the person is told (nothing changed)."""

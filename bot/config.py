@@ -112,6 +112,17 @@ class BotSettings(GoaltenderSettings):
             Threshold.parse(value)
         return value
 
+    @field_validator("runners")
+    @classmethod
+    def _distinct_names(cls, runners: list[RunnerTarget]) -> list[RunnerTarget]:
+        # A runner's name keys its goals and its cursor in bot.db: two alike would mix them up.
+        names = [runner.name for runner in runners]
+        if twice := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(
+                f"two runners are both named {', '.join(map(repr, twice))}; give each its own name"
+            )
+        return runners
+
     @property
     def db_path(self) -> Path:
         return self.db or self.home / "bot.db"

@@ -2,7 +2,11 @@
 
 `RunnerLink` keeps one runner subscribed for as long as it runs: connect (goaltender.bot.transports),
 `subscribe(since=<the last seq the bot stored>)`, hand every event to the bot's callback,
-acknowledge it, and on any drop reconnect with exponential backoff and jitter. Delivery is **at
+acknowledge it, and on any drop reconnect with exponential backoff and jitter (reset only by a
+session that lasted, so a runner that fails straight after subscribing is not hammered). Every
+request has a deadline (`RunnerTarget.request_timeout`), and a link that has heard nothing for
+`probe_interval` asks for a status: a runner that stops answering while SSH stays up is taken for
+down, and the link connects again. Delivery is **at
 least once**: an event whose callback had finished but whose seq the bot had not yet made durable
 when the link dropped is delivered again after the reconnect. The callback makes it exactly-once by
 storing the event and its seq in one transaction and ignoring a seq it already has; `load_cursor`
@@ -42,6 +46,10 @@ class NoRunnerAvailable(RunnerUnavailable):
     """No configured runner is connected right now."""
 
 
+STEADY_AFTER_S = 10.0  # a session up this long (or that delivered an event) resets the backoff
+SLOW_REQUESTS = (p.Stop,)  # answered once the goal's processes have ended: target.stop_timeout
+
+
 class RunnerLink:
     """Keeps one runner connected and subscribed; reconnects on any drop.
 
@@ -63,12 +71,14 @@ class RunnerLink:
         client_name: str = "goaltender-bot",
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        steady_after: float = STEADY_AFTER_S,
     ):
         self.target = target
         self.name = target.name
         self.client_name = client_name
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
+        self.steady_after = steady_after
         self._on_event = on_event
         self._load_cursor = load_cursor
         self._on_change = on_change
@@ -78,7 +88,11 @@ class RunnerLink:
         self._up = asyncio.Event()
         self._stop = asyncio.Event()
         self._failures = 0
+        self._steady = False  # whether the last session lasted (see STEADY_AFTER_S)
         self._delivered = 0
+        self._heard = 0.0  # monotonic time of the last reply or event from the runner
+        self._hung: tuple[RunnerClient, str] | None = None  # a client given up on, and why
+        self._closing: set[asyncio.Task] = set()
         self.last_error: str | None = None
         """Why the link last went down or failed to come up (kept after it recovers)."""
         self.connected_since: datetime | None = None
@@ -103,12 +117,45 @@ class RunnerLink:
         await self._up.wait()
 
     async def call(self, request_type: type[p.Request], expect: type[R], /, **fields) -> R:
-        """Send one request on the current connection. RunnerUnavailable when the link is down."""
+        """Send one request on the current connection. RunnerUnavailable when the link is down, or
+        when the runner does not answer in time (the link then goes down and connects again)."""
         client = self._client
         if client is None:
             why = f" (last error: {self.last_error})" if self.last_error else " (still connecting)"
             raise RunnerUnavailable(f"runner {self.name} is not connected{why}")
-        return await client.call(request_type, expect, **fields)
+        return await self._request(client, request_type, expect, **fields)
+
+    async def _request(
+        self, client: RunnerClient, request_type: type[p.Request], expect: type[R], /, **fields
+    ) -> R:
+        """`client.call` within the request's deadline; past it the client is given up on."""
+        slow = issubclass(request_type, SLOW_REQUESTS)
+        deadline = self.target.stop_timeout if slow else self.target.request_timeout
+        try:
+            async with asyncio.timeout(deadline):
+                reply = await client.call(request_type, expect, **fields)
+        except TimeoutError:
+            why = f"the runner did not answer a {request_type.__name__} request within {deadline:g}s"
+            self._give_up(client, why)
+            raise RunnerUnavailable(f"runner {self.name}: {why}") from None
+        except p.ProtocolError:
+            self._heard = time.monotonic()  # a refusal is an answer too
+            raise
+        self._heard = time.monotonic()
+        return reply
+
+    def _give_up(self, client: RunnerClient, why: str) -> None:
+        """The runner left a request unanswered: mark the link down now (health says why) and close
+        the client, which ends the session's event stream, so that run() connects again."""
+        if self._client is not client:
+            return  # that session has already ended
+        self._client = None
+        self._up.clear()
+        self._hung = (client, why)
+        self.last_error = why
+        closing = asyncio.ensure_future(client.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def stop(self) -> None:
         """Make `run()` close the connection and return (for good: a stopped link stays stopped)."""
@@ -133,19 +180,30 @@ class RunnerLink:
             if exc is not None and not isinstance(exc, LINK_ERRORS):
                 log.error("runner %s: link failed", self.name, exc_info=exc)
             self._changed(False)
+            if self._steady:
+                self._failures = 0  # the link had worked: the backoff starts over
             delay = min(self.backoff_cap, self.backoff_base * 2**self._failures) * random.uniform(0.5, 1.0)
             self._failures += 1
             log.warning("runner %s: link down (%s); retrying in %.1fs", self.name, self.last_error, delay)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):  # (not wait_for: see Outbox.run)
                     await self._stop.wait()
+        await asyncio.gather(*self._closing, return_exceptions=True)  # clients given up on
 
     async def _session(self) -> None:
+        self._steady = False
         client = await open_client(self.target, self.client_name)
-        acker: asyncio.Task | None = None
+        tasks: list[asyncio.Task] = []
+        subscribed_at: float | None = None
         try:
             since = await self._load_cursor(self.name)
-            self.head = await client.subscribe(since=since)
+            try:
+                async with asyncio.timeout(self.target.request_timeout):
+                    self.head = await client.subscribe(since=since)
+            except TimeoutError:
+                raise RunnerUnavailable(
+                    f"the runner did not answer a Subscribe request within {self.target.request_timeout:g}s"
+                ) from None
             if self.head < since:
                 log.warning(
                     "runner %s: its event log ends at seq %d but the bot has stored up to %d; "
@@ -159,25 +217,35 @@ class RunnerLink:
             self.runner_name = client.runner_name
             self.connected_since = utcnow()
             self.connects += 1
-            self._failures = 0  # the backoff starts over after every successful subscribe
+            subscribed_at = self._heard = time.monotonic()
             self._up.set()
             self._changed(True)
             log.info("runner %s: subscribed since seq %d (head %d)", self.name, since, self.head)
             ack_due = asyncio.Event()
-            acker = asyncio.ensure_future(self._ack_loop(client, ack_due))
+            tasks.append(asyncio.ensure_future(self._ack_loop(client, ack_due)))
+            tasks.append(asyncio.ensure_future(self._probe_loop(client)))
             async for event in client.events():
+                self._heard = time.monotonic()
                 await self._on_event(self.name, event)
                 self._delivered = max(self._delivered, event.seq)
+                self._steady = True
                 ack_due.set()
         except Exception as exc:
+            if self._hung is not None and self._hung[0] is client:
+                hung = RunnerUnavailable(self._hung[1])  # why it was given up on, not how it closed
+                self._note_error(hung)
+                raise hung from exc
             self._note_error(exc)  # before `healthy` turns false, so a watcher sees both at once
             raise
         finally:
+            self._hung = None
+            if subscribed_at is not None and time.monotonic() - subscribed_at >= self.steady_after:
+                self._steady = True
             self._client = None
             self._up.clear()
             self.connected_since = None
-            if acker is not None:
-                acker.cancel()
+            for task in tasks:
+                task.cancel()
             await client.close()
 
     def _changed(self, up: bool) -> None:
@@ -205,10 +273,26 @@ class RunnerLink:
             seq = self._delivered
             if seq > acked:
                 try:
-                    await client.call(p.Ack, p.Done, seq=seq)
+                    await self._request(client, p.Ack, p.Done, seq=seq)
                 except (RunnerUnavailable, p.ProtocolError):
                     return  # the event loop notices the drop and reconnects
                 acked = seq
+
+    async def _probe_loop(self, client: RunnerClient) -> None:
+        """Ask for a status whenever nothing has come from the runner for probe_interval: a runner
+        that cannot answer it in time is given up on (see _request)."""
+        interval = self.target.probe_interval
+        while True:
+            quiet = time.monotonic() - self._heard
+            if quiet < interval:
+                await asyncio.sleep(interval - quiet)
+                continue
+            try:
+                await self._request(client, p.Status, p.StatusReply, limit=1)
+            except p.ProtocolError:
+                pass  # it answered: alive
+            except RunnerUnavailable:
+                return  # the session ends; run() connects again
 
 
 # ---- several runners ----

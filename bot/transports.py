@@ -69,6 +69,15 @@ class RunnerTarget(BaseModel):
     keepalive_interval: float = Field(default=15.0, gt=0)
     keepalive_count_max: int = Field(default=3, ge=1)
     connect_timeout: float = Field(default=15.0, gt=0)
+    request_timeout: float = Field(default=30.0, gt=0)
+    """Seconds the runner has to answer a request on the link. Past it the runner counts as hung
+    (keepalives only prove sshd is alive): the link goes down and connects again."""
+    stop_timeout: float = Field(default=120.0, gt=0)
+    """The same for `stop`, which the runner answers once the goal's processes have ended (their
+    grace periods, cluster jobs cancelled)."""
+    probe_interval: float = Field(default=15.0, gt=0)
+    """A link that has heard nothing from the runner for this long asks it for a status, so a hung
+    runner is noticed even when nobody asks anything."""
     window: int = Field(default=2 * p.MAX_LINE, ge=16 * 1024)
     """SSH channel receive window (bytes). Lines longer than the window still arrive whole."""
 

@@ -119,6 +119,8 @@ async def test_a_big_budget_increase_waits_for_a_second_person(
     caplog.set_level(logging.INFO, logger="goaltender.bot")
     await fake.user_reacts(general, prompt.ts, "+1", user=ALICE)
     await eventually(lambda: "on budget request #1 ignored" in caplog.text)
+    told = await eventually(lambda: [e for e in fake.ephemerals(ALICE) if "decided nothing" in e.text])
+    assert told[0].text.startswith("Your :+1: on budget request #1 decided nothing. ")  # not only logged
     assert (await goal(bot)).goal.budget.wall_seconds == 5400 and prompt.edited is None
 
     # It waits for Carol on her App Home too.
