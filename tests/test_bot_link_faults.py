@@ -145,10 +145,8 @@ async def test_a_request_the_runner_leaves_unanswered_drops_the_link_and_it_come
         await asyncio.wait_for(running, 10)
 
 
-async def test_an_idle_link_notices_a_hung_runner_and_health_says_so(
-    fake, make_bot, start_runner, ssh_box, relay
-):
-    runner = await start_runner()
+async def _bot_through_relay(runner, make_bot, ssh_box, relay, *, probe_interval: float):
+    """The relay the test can freeze, and the link of a bot to `runner` over SSH through it (1 s deadlines)."""
     hub = await relay(runner)
     box = await ssh_box({str(hub.path)})
     target = box.target(
@@ -157,10 +155,17 @@ async def test_an_idle_link_notices_a_hung_runner_and_health_says_so(
         keepalive_interval=0.5,
         connect_timeout=2,
         request_timeout=1,
-        probe_interval=0.5,
+        probe_interval=probe_interval,
     )
     bot = await make_bot(target)
-    link = bot.pool["box"]
+    return hub, bot.pool["box"]
+
+
+async def test_an_idle_link_notices_a_hung_runner_and_health_says_so(
+    fake, make_bot, start_runner, ssh_box, relay
+):
+    runner = await start_runner()
+    hub, link = await _bot_through_relay(runner, make_bot, ssh_box, relay, probe_interval=0.5)
 
     hub.freeze()  # nobody asks anything: only the link's own probe can notice
     await eventually(lambda: not link.healthy, timeout=10)
@@ -188,18 +193,7 @@ async def test_a_goal_sent_to_a_hung_runner_is_queued_not_left_unanswered(
     RunnerUnavailable), not left with no answer."""
     busy = write_agent(tmp_path, "busy.sh", "sleep 120\n")
     runner = await start_runner(agents={"busy": busy}, default_agent="busy")
-    hub = await relay(runner)
-    box = await ssh_box({str(hub.path)})
-    target = box.target(
-        name="box",
-        remote_socket=str(hub.path),
-        keepalive_interval=0.5,
-        connect_timeout=2,
-        request_timeout=1,
-        probe_interval=3600,
-    )
-    bot = await make_bot(target)
-    link = bot.pool["box"]
+    hub, link = await _bot_through_relay(runner, make_bot, ssh_box, relay, probe_interval=3600)
 
     hub.freeze()
     asked = await fake.slash_command(
