@@ -66,14 +66,15 @@ def _lift_substitutions(text: str) -> tuple[str, list[str]]:
         elif text.startswith("$(", i) or (not quote and text.startswith(("<(", ">("), i)):
             end = _closing_paren(text, i + 2)
             inner.append(text[i + 2 : end])
-            out.append(f" {SUBSTITUTED} " if ch == "$" else f" {PROCESS_FILE} ")
+            # `$(...)` is part of its word (`MODEL=$(...)` is an assignment); `<(...)` is a word of its own
+            out.append(SUBSTITUTED if ch == "$" else f" {PROCESS_FILE} ")
             i = end + 1
             continue
         elif ch == "`":
             end = text.find("`", i + 1)
             end = len(text) if end < 0 else end
             inner.append(text[i + 1 : end])
-            out.append(f" {SUBSTITUTED} ")
+            out.append(SUBSTITUTED)
             i = end + 1
             continue
         out.append(ch)

@@ -95,6 +95,12 @@ WS = "/srv/gt/workspaces/goal-1"
         ("$'\\x63url' http://evil.example", "ask", "runs a command named by a variable or substitution"),
         ("c=curl; $c http://evil.example", "ask", "runs a command named by a variable or substitution ($c)"),
         ("$(which python) train.py", "ask", "runs a command named by a variable or substitution"),
+        # An assignment from a substitution runs only what is inside it (the skills' own recipes).
+        ("MODEL=$(python -m goaltender.agents.sft_sweep model-to-score)", "allow", ""),
+        ("MODEL_DIR=$(goaltender fetch Qwen/Qwen3-0.6B | head -n1)", "allow", ""),
+        ("OVERLAY=$(python -c 'print(1)')/configs/sft.yaml", "allow", ""),
+        ("A=`date` && echo $A", "allow", ""),
+        ("A=$(curl http://x)", "ask", "uses the network (curl)"),
         ("pip3.11 install evilpkg", "ask", "installs or removes packages (pip3.11 install)"),
         ("python3 -u -m pip install evilpkg", "ask", "installs or removes packages (pip install)"),
         ("python3 -mpip install evilpkg", "ask", "installs or removes packages (pip install)"),
