@@ -179,7 +179,6 @@ class Redactor:
             ),
             re.DOTALL,
         )
-        self._byte_needles = _Needles(longest_first, encode=True)
         self._escaped = re.compile(b"|".join(re.escape(form) for form in encoded)) if encoded else None
         #: Bytes a secret may span on either side of a point: `uncut` looks that far around it.
         self.reach = max([SHAPE_REACH, *(len(_as_bytes(value)) for value in longest_first)])
@@ -261,7 +260,8 @@ class Redactor:
         the secret it falls inside. A chunk ends there and the next starts there, whatever offsets
         and sizes are asked for (a chunk wholly inside a secret is then empty): no piece of one is
         ever sent on its own, where redaction could not know it for one."""
-        if 0 < at < len(around) and self._byte_needles.in_(around):
+        # The line needles hold every secret's raw bytes (among its escaped forms) and the shapes'.
+        if 0 < at < len(around) and self._line_needles.in_(around):
             for match in self._bytes.finditer(around):
                 if match.start() >= at:
                     break
