@@ -1,21 +1,27 @@
-"""What agents and experiments find in their environment: caches routed under the runner's home,
-and the GOALTENDER_* variables that lead them back to the runner (to their goal's socket). Which GPUs
-an experiment gets is the box's fair queue's word (runner/slots.py)."""
+"""What agents and experiments find in their environment: their goal's own caches, the shared hub
+cache, and the GOALTENDER_* variables that lead them back to the runner (to their goal's socket).
+Which GPUs an experiment gets is the box's fair queue's word (runner/slots.py).
+
+Every cache variable points into the goal's own cache directory, whatever the box or the agent
+says: what one goal leaves in a cache another would load and run (a pickle, a wheel, a kernel).
+The hub cache (models, data sets) is the exception, being large: shared, read-only to goals, and
+written only by `goaltender fetch`, which the runner runs for them. What a request's environment
+says never changes where anything is mounted (runner/sandbox.py decides that from the goal alone).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.secrets import agent_safe
 from goaltender.storage.records import Experiment, Goal
 
-# Caches and temp files go under the runner's home (the big disk), unless the box already says where.
+# Each cache variable's directory inside the goal's cache (RunnerSettings.goal_cache).
 CACHE_DIRS = {
     "XDG_CACHE_HOME": "xdg",
-    "HF_HOME": "huggingface",
+    "HF_HOME": "huggingface",  # its hub part is HF_HUB_CACHE, the shared one
     "TORCH_HOME": "torch",
     "TRITON_CACHE_DIR": "triton",
     "PIP_CACHE_DIR": "pip",
@@ -27,12 +33,11 @@ CACHE_DIRS = {
 }
 
 
-def cache_routing(settings: RunnerSettings, env: Mapping[str, str]) -> dict[str, Path]:
-    """Where each cache variable points for a goal: where the box (`env`) says, else under the
-    runner's cache directory. Nothing is created (`goaltender doctor` reads it too)."""
-    return {
-        var: Path(env[var]) if var in env else settings.cache_dir / sub for var, sub in CACHE_DIRS.items()
-    }
+def cache_routing(settings: RunnerSettings, goal_id: int) -> dict[str, Path]:
+    """Where each cache variable points for a goal: into its own cache; HF_HUB_CACHE at the shared
+    hub cache. Nothing is created (`goaltender doctor` reads it too)."""
+    own = settings.goal_cache(goal_id)
+    return {var: own / sub for var, sub in CACHE_DIRS.items()} | {"HF_HUB_CACHE": settings.hub_cache}
 
 
 SANDBOX_SOCKET = Path("/run/goaltender/runner.sock")  # the goal's socket, as its sandbox shows it
@@ -46,12 +51,12 @@ def goal_socket(settings: RunnerSettings, goal_id: int) -> Path:
 
 def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
     """The runner's own environment without its secrets (runner/secrets.py: all but the granted
-    ones), plus cache routing and the goal's GOALTENDER_* variables."""
+    ones), plus the goal's caches and its GOALTENDER_* variables."""
     env = agent_safe(os.environ, settings)
-    for var, path in cache_routing(settings, env).items():
-        if var not in env:
-            path.mkdir(parents=True, exist_ok=True)
-            env[var] = str(path)
+    for var, path in cache_routing(settings, goal.id).items():
+        if var != "HF_HUB_CACHE":  # the box's, made by whoever fetches first
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env[var] = str(path)
     env.update(
         GOALTENDER_SOCKET=str(goal_socket(settings, goal.id)),
         GOALTENDER_GOAL_ID=str(goal.id),
@@ -73,7 +78,8 @@ def agent_environment(settings: RunnerSettings, goal: Goal, *, resumed: bool) ->
 def experiment_environment(
     settings: RunnerSettings, goal: Goal, experiment: Experiment, requested: dict[str, str]
 ) -> dict[str, str]:
-    """An experiment (and its eval command): what the agent asked for, then where the run lives."""
+    """An experiment (and its eval command): what the agent asked for, then where the run lives.
+    What it asks for sets variables only: its sandbox is the goal's whatever they say."""
     return (
         goal_environment(settings, goal)
         | requested

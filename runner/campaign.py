@@ -81,8 +81,8 @@ class Campaigns:
         self.settings = settings
         self.store = store
         self.sockets = sockets
-        self.sandbox = Sandbox(settings)
         inventory = gpus.inventory() if settings.compute_unit != "cpu" else []
+        self.sandbox = Sandbox(settings, {g.index: g.minor for g in inventory if g.minor is not None})
         self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or inventory) else "cpu"
         self.slots = Slots(
             settings.slots or os.cpu_count() or 1, [g.index for g in inventory], self._queue_moved
@@ -772,6 +772,8 @@ class Campaigns:
     ) -> tuple[Experiment, bool]:
         env = self._environment(goal, experiment, req, grant)
         job = self._job(goal, experiment, req.command, cwd=req.cwd, env=env, timeout_s=req.timeout_s)
+        if grant is not None and experiment.executor == "local":
+            job = dataclasses.replace(job, devices=grant.devices)
         executor = self.executor(experiment.executor)
         usage = gpus.Usage()
         watching = (

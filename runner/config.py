@@ -7,6 +7,7 @@ import os
 import shlex
 import sys
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -216,6 +217,26 @@ class RunnerSettings(GoaltenderSettings):
     @property
     def cache_dir(self) -> Path:
         return self.home / "cache"
+
+    @property
+    def hub_cache(self) -> Path:
+        """The hub cache every goal reads and none writes (only `goaltender fetch`, run by the
+        runner, downloads into it)."""
+        return self.hub_cache_in(os.environ)
+
+    def hub_cache_in(self, env: Mapping[str, str]) -> Path:
+        """The hub cache of a runner started with `env`: its HF_HUB_CACHE, else $HF_HOME/hub,
+        else under the cache directory."""
+        if value := env.get("HF_HUB_CACHE"):
+            return Path(os.path.abspath(Path(value).expanduser()))
+        if value := env.get("HF_HOME"):
+            return Path(os.path.abspath(Path(value).expanduser())) / "hub"
+        return self.cache_dir / "huggingface" / "hub"
+
+    def goal_cache(self, goal_id: int) -> Path:
+        """The goal's own caches (pip, uv, torch, triton, HF_HOME but its hub…): one goal's cache is
+        never another's, which would load and run what the first left there. Removed with the goal."""
+        return self.cache_dir / "goals" / f"goal-{goal_id}"
 
     @property
     def skill_folder(self) -> Path:

@@ -7,7 +7,7 @@ order of `CHECKS`, and everything shown passes through the runner's redactor: ke
 said to be set, never shown. `goaltender doctor` exits 1 when any check fails, else 0.
 
 What is looked at is what agents and experiments will get: the caches as `agent_env.cache_routing`
-routes them, the model endpoint's variables as the LLM agents read them, the runner's own sandbox
+routes them (each goal's own, and the shared hub cache), the model endpoint's variables as the LLM agents read them, the runner's own sandbox
 probe. A check that cannot be made (a crash in it) is a fail that says so, not a traceback.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from goaltender.runner import protocol as p
-from goaltender.runner.agent_env import cache_routing
+from goaltender.runner.agent_env import CACHE_DIRS
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.gpus import Gpu, Gpus, NoDriver, read_all_gpus
@@ -178,24 +178,23 @@ def check_disk(box: Box) -> Verdict:
 
 
 def check_caches(box: Box) -> Verdict:
-    routes = cache_routing(box.settings, box.env)
-    unwritable = [f"{var}={path}" for var, path in routes.items() if not _writable(path)]
-    small = [f"{var}={path}" for var, path in routes.items() if var in box.env and box.on_small_disk(path)]
-    if unwritable:
+    goals, hub = box.settings.cache_dir / "goals", box.settings.hub_cache_in(box.env)
+    if unwritable := [str(path) for path in (goals, hub) if not _writable(path)]:
         return fail(
             f"not writable: {', '.join(unwritable)}",
-            "make them writable for the runner's user, or unset them so they go under $GOALTENDER_HOME/cache",
+            "make them writable for the runner's user, or unset HF_HUB_CACHE and HF_HOME so the hub "
+            "cache goes under $GOALTENDER_HOME/cache",
         )
-    if small:
+    boxes = [var for var in ("HF_HUB_CACHE", "HF_HOME") if var in box.env]
+    if boxes and box.on_small_disk(hub):
         return warn(
-            f"the box sets {', '.join(small)}: on the small disk (HOME's)",
-            "unset them (the runner routes them under $GOALTENDER_HOME/cache) or point them at the big disk",
+            f"the box sets {boxes[0]}={box.env[boxes[0]]}: the hub cache {hub} is on the small disk (HOME's)",
+            f"unset {' and '.join(boxes)} (the hub cache goes under $GOALTENDER_HOME/cache) or point it at the big disk",
         )
-    own = [var for var in routes if var not in box.env]
-    detail = f"{len(own)} cache variables under {box.settings.cache_dir}, writable"
-    if kept := [f"{var}={routes[var]}" for var in routes if var in box.env]:
-        detail += f"; as the box sets them: {', '.join(kept)}"
-    return ok(detail)
+    return ok(
+        f"each goal's own caches ({len(CACHE_DIRS)} variables) under {goals}, removed with the goal; "
+        f"the hub cache {hub}{' as the box sets it' if boxes else ''}, shared, read-only to goals"
+    )
 
 
 def check_nemo_rl(box: Box) -> Verdict:
@@ -243,10 +242,13 @@ def check_nemo_rl_venv(box: Box) -> Verdict:
     if not nemo_rl:
         return warn(f"{uv_version}; {venv} (Python {python}) has no nemo-rl installed", sync)
     workers = _worker_venvs(box)
-    built = f"{sum(1 for _ in workers.iterdir())} built" if workers.is_dir() else "built on first run"
-    detail = (
-        f"{uv_version}; nemo-rl {nemo_rl} in {venv} (Python {python}); worker venvs in {workers} ({built})"
-    )
+    if workers is None:
+        where = "worker venvs in each goal's cache (built on its first run)"
+    else:
+        built = f"{sum(1 for _ in workers.iterdir())} built" if workers.is_dir() else "built on first run"
+        where = f"worker venvs in {workers} ({built})"
+    workers = workers or box.settings.cache_dir
+    detail = f"{uv_version}; nemo-rl {nemo_rl} in {venv} (Python {python}); {where}"
     if box.on_small_disk(workers):
         return warn(
             f"{detail}: on the small disk (HOME's)",
@@ -560,12 +562,11 @@ def _nemo_rl_dir(box: Box) -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def _worker_venvs(box: Box) -> Path:
-    """Where NeMo RL builds its per-worker venvs in a run: NEMO_RL_VENV_DIR as the box sets it,
-    else in the goal's cache, where `goaltender nemo-rl` points it (training/nemo_rl.py)."""
-    if value := box.env.get("NEMO_RL_VENV_DIR"):
-        return Path(value).expanduser()
-    return worker_venvs(cache_routing(box.settings, box.env)["GOALTENDER_CACHE_DIR"])
+def _worker_venvs(box: Box) -> Path | None:
+    """Where NeMo RL builds its per-worker venvs in a run: NEMO_RL_VENV_DIR as the box sets it;
+    None: in the goal's own cache, where `goaltender nemo-rl` points it (training/nemo_rl.py)."""
+    value = box.env.get("NEMO_RL_VENV_DIR")
+    return Path(value).expanduser() if value else None
 
 
 def _clone_command(box: Box) -> str:
@@ -594,9 +595,7 @@ def _hub_token(box: Box) -> str:
 
 
 def _hub_cache(box: Box) -> Path:
-    if value := box.env.get("HF_HUB_CACHE"):
-        return Path(value)
-    return cache_routing(box.settings, box.env)["HF_HOME"] / "hub"
+    return box.settings.hub_cache_in(box.env)
 
 
 def _first_set(env: Mapping[str, str], *names: str) -> str | None:

@@ -53,6 +53,7 @@ class Job:
     gpus: int  # GPUs it asks for (a remote engine picks them; locally they are in env)
     timeout_s: float | None
     grace_s: float
+    devices: tuple[int, ...] = ()  # the GPUs this box granted it (NVML indices): all its sandbox shows
 
 
 class Executor(Protocol):
@@ -85,7 +86,7 @@ class LocalExecutor:
         self.standbys = standbys
 
     def launch(self, job: Job) -> Launch:
-        return self.sandbox.launch(job.goal, job.command, cwd=job.cwd, env=job.env)
+        return self.sandbox.launch(job.goal, job.command, cwd=job.cwd, env=job.env, gpus=job.devices)
 
     async def run(self, job: Job, *, on_points: OnPoints, on_start: OnStart) -> ProcessResult:
         async def started(pid: int) -> None:

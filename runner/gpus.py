@@ -31,6 +31,7 @@ class Gpu:
     uuid: str = ""
     memory_used_mib: int = 0
     utilization: int = 0  # percent of the last sample period the GPU was busy
+    minor: int | None = None  # its device node is /dev/nvidia<minor>
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,13 @@ def _device(nvml: Any, index: int) -> Gpu:
         busy = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except nvml.NVMLError:  # not supported on some boards
         busy = 0
+    try:
+        minor: int | None = int(nvml.nvmlDeviceGetMinorNumber(handle))
+    except nvml.NVMLError:  # not on this platform: the sandbox takes the index for it
+        minor = None
     return Gpu(
         index=index,
+        minor=minor,
         name=str(nvml.nvmlDeviceGetName(handle)),
         memory_mib=int(memory.total) // 2**20,
         uuid=str(nvml.nvmlDeviceGetUUID(handle)),

@@ -2,15 +2,19 @@
 default), or unsandboxed (GOALTENDER_SANDBOX=none, which lets them control every goal).
 
 An agent's only way to the runner is its goal's socket (runner/trust.py); the sandbox makes sure
-it has no other. The machine is read-only; the runner's home (runner.db, the operator socket, the
-other goals' workspaces and sockets, the logs) is an empty tmpfs; /run is an empty tmpfs too (no
-docker or session sockets; the resolver's directory is put back), and so is ~/.ssh (no `ssh
-localhost goaltender approve`). Put back: the goal's workspace and the caches (read-write), its
-socket at SANDBOX_SOCKET, the goal's own /tmp (a directory on the big disk, shared by the goal's
-agent and experiments), the GPUs, and read-only: the runner's own code and Python, the configured
-agent command's files, the command policy, the box's skill folder and the NeMo RL checkout
-($NEMO_RL_DIR). The network stays. The sandbox has its own pid namespace, drops every capability
-and dies with the runner.
+it has no other. What a sandbox shows is the runner's decision alone, made from the goal (and the
+GPUs a run was granted): nothing an agent asks for — its experiment's environment above all —
+changes a mount. The machine is read-only; the runner's home (runner.db, the operator socket, the
+other goals' workspaces, caches and sockets, the logs) is an empty tmpfs; /run is an empty tmpfs
+too (no docker or session sockets; the resolver's directory is put back), and so are the runner
+user's credentials (~/.ssh, ~/.aws, ~/.netrc and the like), every file GOALTENDER_SECRETS names and
+every file a secret-named variable that is not granted points at. Put back: the goal's workspace
+and its own caches (read-write), its socket at SANDBOX_SOCKET, the goal's own /tmp (a directory on
+the big disk, shared by the goal's agent and experiments), and read-only: the shared hub cache, the
+runner's own code and Python, the configured agent command's files, the command policy, the box's
+skill folder and the NeMo RL checkout ($NEMO_RL_DIR). A run sees the GPUs it was granted, no
+others; an agent sees none. The sandbox has its own pid namespace, drops every capability and dies
+with the runner.
 
 Process supervision sees through it. `env --ignore-signal=TERM bwrap … sh -c 'env
 --default-signal "$@" & wait $!'`: bwrap leads the process group as before, and ignores the
@@ -32,14 +36,16 @@ import compileall
 import glob
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import goaltender
-from goaltender.runner.agent_env import CACHE_DIRS, SANDBOX_SOCKET
+from goaltender.runner.agent_env import SANDBOX_SOCKET
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.secrets import SECRET_WORDS
 from goaltender.runner.supervisor import Launch
 from goaltender.storage.records import Goal
 
@@ -55,6 +61,18 @@ UNSAFE_WARNING = (
 )
 # pid 1 inside: runs the command with default signal handling and waits for it (see above).
 _INIT = ["/bin/sh", "-c", 'env --default-signal "$@" & wait $!', "goaltender-sandbox"]
+# Where a user's credentials live, under the runner user's home: hidden in every sandbox. (Codex's
+# own login, ~/.codex, is not: the Codex agent is given it, as a granted key.)
+CREDENTIALS = (
+    ".ssh", ".gnupg", ".netrc", ".git-credentials", ".aws", ".azure", ".config/gcloud", ".config/gh",
+    ".config/hub", ".config/rclone", ".docker", ".kube", ".cache/huggingface", ".huggingface",
+    ".pypirc", ".npmrc", ".yarnrc", ".databrickscfg", ".boto", ".s3cfg", ".vault-token",
+    ".password-store", ".local/share/keyrings", ".cargo/credentials", ".cargo/credentials.toml",
+    ".bash_history", ".zsh_history", ".python_history", ".psql_history", ".mysql_history",
+)  # fmt: skip
+
+
+_GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")  # one GPU's node; the rest are the driver's
 
 
 class SandboxError(OSError):
@@ -62,8 +80,10 @@ class SandboxError(OSError):
 
 
 class Sandbox:
-    def __init__(self, settings: RunnerSettings):
+    def __init__(self, settings: RunnerSettings, gpu_minors: dict[int, int] | None = None):
+        """`gpu_minors`: each GPU's NVML index -> its device's minor number (/dev/nvidiaN)."""
         self.settings = settings
+        self.gpu_minors = gpu_minors or {}
         self.enabled = settings.sandbox == "bwrap"
         self._checked = False
         self._problem: str | None = None
@@ -92,15 +112,23 @@ class Sandbox:
         return None
 
     def launch(
-        self, goal: Goal, command: list[str], *, cwd: Path, env: dict[str, str], agent: bool = False
+        self,
+        goal: Goal,
+        command: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        agent: bool = False,
+        gpus: tuple[int, ...] = (),
     ) -> Launch:
         """How to start `command` for `goal`: in its sandbox, or as it is with GOALTENDER_SANDBOX=none.
-        `agent`: the configured agent command, whose own files are made visible."""
+        `agent`: the configured agent command, whose own files are made visible. `gpus`: the NVML
+        indices of the GPUs it was granted, the only ones it sees."""
         if not self.enabled:
             return Launch(command, cwd, env)
         if problem := self.problem():
             raise SandboxError(problem)
-        options = self._mounts(goal, command if agent else [], env)
+        options = self._mounts(goal, command if agent else [], gpus)
         options += ["--chdir", str(cwd), "--clearenv"]
         for name, value in self.environment(env).items():
             options += ["--setenv", name, value]
@@ -124,24 +152,25 @@ class Sandbox:
         """The environment a command given `env` finds in its sandbox: its /tmp is the goal's."""
         return env | {"TMPDIR": "/tmp"} if self.enabled else env
 
-    def mounts(self, goal: Goal, env: dict[str, str]) -> list[str]:
+    def mounts(self, goal: Goal, gpus: tuple[int, ...] = ()) -> list[str]:
         """What an experiment's sandbox shows it (a standby's must be its run's; runner/standby.py)."""
-        return self._mounts(goal, [], env) if self.enabled else []
+        return self._mounts(goal, [], gpus) if self.enabled else []
 
     def remove_goal_files(self, goal_id: int) -> None:
-        """The goal has ended: its /tmp goes."""
+        """The goal has ended: its /tmp and its caches go."""
         shutil.rmtree(self.settings.goal_tmp(goal_id), ignore_errors=True)
+        shutil.rmtree(self.settings.goal_cache(goal_id), ignore_errors=True)
 
-    def _mounts(self, goal: Goal, agent_command: list[str], env: dict[str, str]) -> list[str]:
+    def _mounts(self, goal: Goal, agent_command: list[str], gpus: tuple[int, ...]) -> list[str]:
         settings = self.settings
         home = settings.home.resolve()
-        ssh = Path.home().resolve() / ".ssh"
-        hidden = [home, Path("/tmp"), Path("/run"), ssh]
+        credentials = hidden_credentials(settings)
+        hidden = [home, Path("/tmp"), Path("/run"), *credentials]
         tmp = settings.goal_tmp(goal.id)
         tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
 
         args = ["--ro-bind", "/", "/", "--dev", "/dev"]
-        for device in sorted(glob.glob("/dev/nvidia*")):
+        for device in self.gpu_devices(gpus):
             args += ["--dev-bind", device, device]
         args += ["--perms", "1777", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/run"]
         resolver = Path(os.path.realpath("/etc/resolv.conf")).parent
@@ -155,17 +184,16 @@ class Sandbox:
             (SANDBOX_SOCKET, False, ["--bind", str(settings.agent_socket(goal.id)), str(SANDBOX_SOCKET)])
         )
         mounts.append((Path("/tmp"), True, ["--bind", str(tmp), "/tmp"]))
-        if ssh.is_dir():
-            mounts.append((ssh, True, ["--tmpfs", str(ssh)]))
         mounts.append((home, True, ["--tmpfs", str(home)]))
-        writable = [Path(goal.workspace).resolve(), settings.cache_dir.resolve()]
-        for var in CACHE_DIRS:  # caches the box keeps elsewhere (not containing the home)
-            if (value := env.get(var)) and not _under(home, [Path(value).resolve()]) and _made(Path(value)):
-                writable.append(Path(value).resolve())
+        for path in credentials:
+            cover = ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+            mounts.append((path, True, cover))
+        writable = [Path(goal.workspace).resolve(), settings.goal_cache(goal.id).resolve()]
         for path in dict.fromkeys(writable):
             mounts.append((path, False, ["--bind", str(path), str(path)]))
         readable = [settings.home / "command-policy.toml", settings.home / "command-policy.json"]
         readable.append(settings.skill_folder)  # the box's skills: agents read them, only the runner writes
+        readable.append(settings.hub_cache)  # models and data sets: only the runner's fetch writes
         readable += [Path(sys.prefix), Path(goaltender.__file__).parent]
         readable += [Path(word) for word in agent_command if word.startswith("/")]
         readable += nemo_rl_checkout(home)
@@ -178,7 +206,42 @@ class Sandbox:
             mounts.append((operator_socket, True, ["--ro-bind", "/dev/null", str(operator_socket)]))
         for _, _, words in sorted(mounts, key=lambda mount: (len(mount[0].parts), mount[1])):
             args += words
+        for path in [home, *credentials]:  # covered, not a scratch space: its binds stay as they are
+            if path.is_dir():
+                args += ["--remount-ro", str(path)]
         return args
+
+    def gpu_devices(self, gpus: tuple[int, ...]) -> list[str]:
+        """The device nodes a run granted `gpus` (NVML indices) needs: theirs and the driver's
+        shared ones (nvidiactl, nvidia-uvm, …); none without a GPU."""
+        if not gpus:
+            return []
+        found = sorted(glob.glob("/dev/nvidia*"))
+        own = {f"/dev/nvidia{self.gpu_minors.get(index, index)}" for index in gpus}
+        return [device for device in found if not _GPU_NODE.fullmatch(device) or device in own]
+
+
+def hidden_credentials(settings: RunnerSettings) -> list[Path]:
+    """What no sandbox shows: the runner user's credentials, the files GOALTENDER_SECRETS names, and
+    files named by a secret-looking variable of the runner's that goals are not granted
+    (GOOGLE_APPLICATION_CREDENTIALS=/etc/key.json). Only what exists: there is nothing to cover else,
+    and the machine is read-only in the sandbox, so nothing can be put there."""
+    user_home = Path.home()
+    paths = [user_home / name for name in CREDENTIALS]
+    paths += [Path(entry).expanduser() for entry in settings.secrets if "/" in entry]
+    for name, value in os.environ.items():
+        upper = name.upper()
+        named = any(word in upper for word in SECRET_WORDS) and name not in settings.grants
+        if named and value.startswith(("/", "~")) and "\n" not in value and len(value) < 4096:
+            paths.append(Path(value).expanduser())
+    found = []
+    for path in paths:
+        try:
+            if path.exists() or path.is_symlink():
+                found.append(path.resolve())
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return [path for path in dict.fromkeys(found) if path != Path("/")]
 
 
 def compile_package() -> None:
@@ -202,16 +265,6 @@ def nemo_rl_checkout(home: Path) -> list[Path]:
     value = os.environ.get("NEMO_RL_DIR", "")
     checkout = Path(value).resolve() if value.startswith("/") else None
     return [checkout] if checkout is not None and not _under(home, [checkout]) else []
-
-
-def _made(directory: Path) -> bool:
-    """Is `directory` there, made now if need be? A cache the box configured but nobody has made
-    yet must still be shared: unbound, its path would land in the goal's private /tmp or fail."""
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return directory.is_dir()
 
 
 def _under(path: Path, roots: list[Path]) -> bool:

@@ -169,7 +169,7 @@ class Standbys:
                 self.release(standby)
             kept.ready.clear()
             return None
-        mounts = self.sandbox.mounts(job.goal, job.env)
+        mounts = self.sandbox.mounts(job.goal, job.devices)
         fitting = [s for s in kept.ready if s.proc.poll() is None and s.mounts == mounts]
         if not fitting:
             return None
@@ -271,7 +271,7 @@ class Standbys:
             theirs.close()
             return None
         ours.setblocking(False)
-        standby = Standby(goal.id, proc, launch, ours, self.sandbox.mounts(goal, env))
+        standby = Standby(goal.id, proc, launch, ours, self.sandbox.mounts(goal))
         standby.loop = asyncio.get_running_loop()
         standby.loop.add_reader(ours.fileno(), self._signalled, standby)
         return standby

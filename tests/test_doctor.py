@@ -141,7 +141,10 @@ async def test_doctor_on_this_box_with_a_running_runner(start_runner, tmp_path):
     # HOME is a directory on the same filesystem as GOALTENDER_HOME here: the doctor says so.
     assert line(output, "disk").startswith("warn disk: ") and "the same filesystem as HOME" in output
     cache = runner.settings.cache_dir
-    assert line(output, "caches") == f"ok   caches: {len(CACHE_DIRS)} cache variables under {cache}, writable"
+    assert line(output, "caches") == (
+        f"ok   caches: each goal's own caches ({len(CACHE_DIRS)} variables) under {cache / 'goals'}, "
+        f"removed with the goal; the hub cache {cache / 'huggingface' / 'hub'}, shared, read-only to goals"
+    )
     assert line(output, "nemo-rl").startswith("warn nemo-rl: no checkout configured (NEMO_RL_DIR)")
     assert "git clone --recursive --branch v0.7.0 https://github.com/NVIDIA-NeMo/RL" in line(
         output, "nemo-rl"
@@ -337,21 +340,23 @@ def test_disk_and_caches_on_two_filesystems(tmp_path):
         disk = check_disk(box)
         assert disk.status == "ok" and f"HOME ({small}) is on another filesystem" in disk.detail
         caches = check_caches(box)
-        assert (
-            caches.status == "warn"
-            and f"the box sets HF_HOME={small / 'hf'}: on the small disk" in caches.detail
+        assert caches.status == "warn" and caches.detail == (
+            f"the box sets HF_HOME={small / 'hf'}: the hub cache {small / 'hf' / 'hub'} is on the small disk (HOME's)"
         )
         box = Box(settings, box_env(small, HF_HOME=str(tmp_path / "hf")), user_home=small)
         caches = check_caches(box)
-        assert caches.status == "ok" and f"as the box sets them: HF_HOME={tmp_path / 'hf'}" in caches.detail
+        assert (
+            caches.status == "ok"
+            and f"the hub cache {tmp_path / 'hf' / 'hub'} as the box sets it" in caches.detail
+        )
     finally:
         shutil.rmtree(small)
 
 
 def test_a_cache_that_cannot_be_written_fails(tmp_path):
-    box = make_box(tmp_path, box_env(tmp_path, XDG_CACHE_HOME="/proc/goaltender-doctor-cache"))
+    box = make_box(tmp_path, box_env(tmp_path, HF_HUB_CACHE="/proc/goaltender-doctor-cache"))
     caches = check_caches(box)
-    assert caches.status == "fail" and "XDG_CACHE_HOME=/proc/goaltender-doctor-cache" in caches.detail
+    assert caches.status == "fail" and caches.detail == "not writable: /proc/goaltender-doctor-cache"
 
 
 # ---- NeMo RL and Gym ----
@@ -397,11 +402,8 @@ def test_nemo_rl_checkout_and_its_venv(tmp_path):
     fake_venv(checkout / ".venv", sys.executable, "nemo_rl", "0.7.0")
     venv = check_nemo_rl_venv(make_box(tmp_path, env))
     assert venv.status == "ok", venv
-    workers = (
-        tmp_path / "home" / "cache" / "goaltender" / "nemo-rl" / "venvs"
-    )  # where goaltender nemo-rl puts them
     assert venv.detail.startswith(f"uv 0.9.5; nemo-rl 0.7.0 in {checkout / '.venv'} (Python 3.")
-    assert venv.detail.endswith(f"worker venvs in {workers} (built on first run)")
+    assert venv.detail.endswith("worker venvs in each goal's cache (built on its first run)")
 
     older = nemo_rl_checkout(tmp_path / "RL-old", "v0.6.0")
     found = check_nemo_rl(make_box(tmp_path, box_env(tmp_path, NEMO_RL_DIR=str(older))))

@@ -119,7 +119,8 @@ attempt bare-stop-B bare goaltender --socket {operator_socket} stop {b}
 attempt read-runner-db cat {home}/runner.db
 attempt list-B-workspace ls {home}/workspaces/goal-{b}
 attempt write-workspace touch "$GOALTENDER_WORKSPACE/mine"
-attempt write-cache touch {home}/cache/mine
+attempt write-cache touch "$XDG_CACHE_HOME/mine"
+attempt write-shared-cache touch {home}/cache/mine
 attempt write-tmp touch /tmp/mine
 touch done
 sleep 300
@@ -235,7 +236,8 @@ async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
     assert rc == 4 and said.startswith("bad_request") and "NUL" in said, said  # refused at the socket
     assert results["read-runner-db"][0] != 0 and results["list-B-workspace"][0] != 0
     assert all(results[name][0] == 0 for name in ("write-workspace", "write-cache", "write-tmp"))
-    assert (runner.settings.cache_dir / "mine").exists() and not (Path("/tmp") / "mine").exists()
+    assert results["write-shared-cache"][0] != 0 and not (runner.settings.cache_dir / "mine").exists()
+    assert (runner.settings.goal_cache(a) / "xdg" / "mine").exists() and not (Path("/tmp") / "mine").exists()
 
     # Nothing of B changed, and A's own approval still waits for a person.
     assert await goal_b_state(runner, operator, b) == before
@@ -594,23 +596,30 @@ async def _other_than(pending, approval_id: int):
     return rest or None
 
 
-async def test_a_cache_the_box_configured_but_never_made_is_made_and_shared(
-    start_runner, connect, tmp_path, monkeypatch
-):
-    """GOALTENDER_CACHE_DIR under /tmp, not there yet: the sandbox makes and binds it, so what a run
-    caches lands in the box's directory, not in the goal's private /tmp (and is there for the next)."""
-    cache = Path(tempfile.mkdtemp(dir="/tmp")) / "not" / "yet"
-    monkeypatch.setenv("GOALTENDER_CACHE_DIR", str(cache))
-    run = "cat > c.sh <<'EOF'\necho kept > \"$GOALTENDER_CACHE_DIR/made\"\necho 'acc: 1'\nEOF\n"
-    agent = write_agent(tmp_path, "a.sh", run + "goaltender experiment -d c --metric acc -- sh c.sh\n")
-    runner = await start_runner(agents={"a": agent})
+async def test_a_goals_caches_are_its_own_and_go_with_it(start_runner, connect, tmp_path, monkeypatch):
+    """Even where the box names a cache of its own (GOALTENDER_CACHE_DIR in the runner's
+    environment), a goal's runs cache in the goal's cache: kept for its next run, never another
+    goal's to load, removed when the goal ends."""
+    box_cache = tmp_path / "box-cache"
+    monkeypatch.setenv("GOALTENDER_CACHE_DIR", str(box_cache))
+    run = (
+        "cat > c.sh <<'EOF'\n"
+        'cat "$GOALTENDER_CACHE_DIR/made" 2>/dev/null || echo none\n'
+        'echo "kept by $GOALTENDER_GOAL_ID" > "$GOALTENDER_CACHE_DIR/made"\necho \'acc: 1\'\nEOF\n'
+    )
+    twice = "goaltender experiment -d c --metric acc -- sh c.sh\n" * 2
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", run + twice)})
     client = await connect(runner)
-    goal = await submit(client, "cache, max 1 experiments", agent="a")
-    await eventually(lambda: _state(runner, goal, lambda g: g.state == "finished"))
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
-    assert row.status == "keep", row.note
-    assert (cache / "made").read_text() == "kept\n"
-    shutil.rmtree(cache.parent.parent)
+    first = await submit(client, "cache, max 2 experiments", agent="a")
+    await eventually(lambda: _state(runner, first, lambda g: g.state == "finished"))
+    second = await submit(client, "cache again, max 2 experiments", agent="a")
+    await eventually(lambda: _state(runner, second, lambda g: g.state == "finished"))
+    for goal in (first, second):
+        ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+        said = [Path(row.log_path).read_text().splitlines()[0] for row in ledger]
+        assert said == ["none", f"kept by {goal}"], said  # its own first run's, never the other goal's
+        assert not runner.settings.goal_cache(goal).exists()
+    assert not box_cache.exists()
 
 
 async def test_a_runner_home_inside_a_directory_the_sandbox_shows_stays_hidden(

@@ -55,6 +55,10 @@ def nvmlDeviceGetName(handle: int) -> str:
     return _state["devices"][handle]["name"]
 
 
+def nvmlDeviceGetMinorNumber(handle: int) -> int:
+    return _state["devices"][handle].get("minor", handle)
+
+
 def nvmlDeviceGetUUID(handle: int) -> str:
     return f"GPU-fake-{handle:04d}"
 
