@@ -3,7 +3,10 @@
 - **deny** never runs: `rm -rf /` (or home, or a top-level directory), `mkfs`, `dd` onto a device,
   shutdown/reboot, a fork bomb, the runner's control verbs (`goaltender approve`, `reject`,
   `steer`, `budget`, `stop`, `pause`, `resume`, `submit`, `audit`: people decide those, and the
-  goal's socket refuses them anyway), and whatever the policy file's `deny` patterns match.
+  goal's socket refuses them anyway), setting the runner's own variables (GOALTENDER_SOCKET,
+  GOALTENDER_GOAL_ID, ...) or `goaltender --socket`, pointing a cache variable outside the workspace
+  and the goal's caches (the sandbox binds nothing by them; the attempt is refused all the same),
+  and whatever the policy file's `deny` patterns match.
 - **ask** goes to a person first (runner Ask, kind="command"): sudo and friends, deleting or
   writing outside the workspace, package installs, network fetches and pushes, killing processes
   the agent did not start, system configuration, and the file's `ask` patterns; and whatever it
@@ -214,6 +217,7 @@ def check_text(text: str, scope: Scope) -> None:
 def check_words(words: list[str], scope: Scope) -> None:
     """One simple command: its name picks the checker."""
     while words and (words[0] in _KEYWORDS or _ASSIGNMENT.match(words[0])):
+        guard_assignment(words[0], scope)
         words = words[1:]
     if not words or words[0] in ("for", "select"):
         return  # `for x in a b c` names values, not a command; the loop body comes after `do`
@@ -374,6 +378,8 @@ def run_wrapped(name: str, args: list[str], scope: Scope) -> None:
     rest = list(args)
     while rest and (rest[0].startswith("-") or (name == "env" and _ASSIGNMENT.match(rest[0]))):
         option = rest.pop(0)
+        if name == "env" and _ASSIGNMENT.match(option):
+            guard_assignment(option, scope)
         if name == "env" and (split := _env_split(option, rest)) is not None:
             # Checked as shell text: stricter than env's own splitting, never laxer.
             check_text(" ".join([split, *map(shlex.quote, rest)]), scope.nested())
@@ -535,9 +541,51 @@ def guard_uv(name: str, args: list[str], scope: Scope) -> None:
         scope.ask(f"installs or removes packages (uv {positional[0]})")
 
 
+# The runner's own variables lead an agent to its goal's socket: set by the runner, never by it.
+RUNNER_VARIABLES = {"GOALTENDER_SOCKET", "GOALTENDER_GOAL_ID", "GOALTENDER_HOME", "GOALTENDER_WORKSPACE"}
+# Caches the runner routes into the goal's own cache (runner/agent_env.py), and the shared hub's.
+CACHE_VARIABLES = {
+    "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME", "TRITON_CACHE_DIR", "PIP_CACHE_DIR",
+    "UV_CACHE_DIR", "RAY_TMPDIR", "MPLCONFIGDIR", "CUDA_CACHE_PATH", "GOALTENDER_CACHE_DIR",
+}  # fmt: skip
+
+
+def guard_assignment(word: str, scope: Scope) -> None:
+    """`NAME=value` (before a command, or to export/declare/env): the runner's variables are not the
+    agent's to set, and a cache goes in the workspace or the goal's own caches. Redirecting them was
+    how an agent reached other goals' sockets through its experiment's environment; the sandbox
+    binds nothing by them now, and the policy refuses the attempt outright."""
+    name, _, value = word.partition("=")
+    if name in RUNNER_VARIABLES:
+        scope.deny(f"sets {name}, which the runner sets: it leads to the goal's own socket")
+    elif name in CACHE_VARIABLES:
+        path = resolve(os.path.expandvars(value), scope.base)
+        caches = [
+            os.path.dirname(os.environ[var])
+            for var in ("XDG_CACHE_HOME", "PIP_CACHE_DIR")
+            if var in os.environ
+        ]
+        if path is None:
+            scope.ask(f"points {name} at {value}, unknown until it runs")
+        elif not under(path, [*scope.writable, *caches, "/tmp"]):
+            scope.deny(
+                f"points {name} outside the workspace and the goal's caches ({path}): the goal's caches "
+                "are where the runner put them"
+            )
+
+
+def guard_declaration(name: str, args: list[str], scope: Scope) -> None:
+    """export, declare, typeset, local, readonly: their `NAME=value` words are assignments."""
+    for arg in args:
+        if _ASSIGNMENT.match(arg):
+            guard_assignment(arg, scope)
+
+
 def guard_control_verb(name: str, args: list[str], scope: Scope) -> None:
     """The agent verbs are the agent's; deciding, steering, budgets, stopping belong to people."""
-    _, positional = options_and_args(args, {"--socket"})
+    options, positional = options_and_args(args, {"--socket"})
+    if any(option == "--socket" or option.startswith("--socket=") for option in options):
+        scope.deny("`goaltender --socket`: an agent speaks to the runner through its goal's socket only")
     if positional and positional[0] in CONTROL_VERBS:
         scope.deny(
             f"`goaltender {positional[0]}` is for people, not agents: a person decides approvals, "
@@ -735,6 +783,7 @@ CHECKS: dict[str, Checker] = {
     "flock": guard_flock,
     "uv": guard_uv,
     "goaltender": guard_control_verb,
+    **dict.fromkeys(["export", "declare", "typeset", "local", "readonly"], guard_declaration),
     **dict.fromkeys(MACHINE_DOWN, guard_machine_down),
     **dict.fromkeys(DISK_TOOLS, guard_disk_wipe),
     "dd": guard_dd,

@@ -442,6 +442,7 @@ class Campaigns:
         if why := stages.experiments_refused(goal):
             raise Refused("conflict", f"experiment not started: {why}")
         executor = req.executor or goal.executor or self.settings.executor
+        self.check_executor(executor)
         wanted = self._gpus_wanted(req, goal, executor)
         unpaused = self._unpaused_event(goal.id)
         if not unpaused.is_set():
@@ -491,6 +492,18 @@ class Campaigns:
             assert finished is not None, "its row was written before its task started"
             return finished, False
 
+    def check_executor(self, executor: str) -> None:
+        """Refused unless an operator lets this runner's goals use `executor`: a remote one runs
+        outside the goal's sandbox, so a goal's agent (or its submitter) cannot pick one alone."""
+        allowed = self.settings.allowed_executors
+        if executor not in allowed:
+            raise Refused(
+                "forbidden",
+                f"this runner's goals may not use the {executor} executor: it runs commands outside "
+                f"the goal's sandbox, so an operator allows it (GOALTENDER_EXECUTORS); allowed here: "
+                f"{', '.join(allowed)}",
+            )
+
     def _gpus_wanted(self, req: p.RunExperiment, goal: Goal, executor: str) -> int:
         """GPUs the experiment asks for: its own word, its goal's, the box's, else 1 where there
         are GPUs (0 elsewhere). Refused at once when this box can never give them."""
@@ -502,10 +515,10 @@ class Campaigns:
             try:
                 self.slots.check(wanted)
             except Unfit as exc:
+                remote = [name for name in self.settings.allowed_executors if name != "local"]
+                elsewhere = f", or run it on a cluster (--executor {'|'.join(remote)})" if remote else ""
                 raise Refused(
-                    "bad_request",
-                    f"experiment not started: {exc}. Ask for fewer (--gpus), or run it on a cluster "
-                    "(--executor ray|slurm).",
+                    "bad_request", f"experiment not started: {exc}. Ask for fewer (--gpus){elsewhere}."
                 ) from None
         return wanted
 

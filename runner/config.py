@@ -127,6 +127,10 @@ class RunnerSettings(GoaltenderSettings):
     """GPUs an experiment gets unless it or its goal says: default 1 on a box with GPUs, else 0."""
     executor: Literal["local", "ray", "slurm"] = "local"
     """Where experiments run unless they or their goal say: this box, a Ray cluster, Slurm."""
+    executors: Annotated[list[Literal["local", "ray", "slurm"]], NoDecode] = Field(default_factory=list)
+    """Remote executors goals may use besides `executor` (comma-separated or a JSON list); local,
+    in the goal's sandbox, is always allowed. A remote one runs a goal's commands outside its sandbox, as the runner's user on the cluster's
+    nodes: allow it only where the cluster is the isolation you want (README, Executors)."""
     ray_address: str = "http://127.0.0.1:8265"
     """The Ray cluster's dashboard (its Job Submission API) for `--executor ray`."""
     ray_token: str = ""
@@ -185,7 +189,7 @@ class RunnerSettings(GoaltenderSettings):
             return json.loads(value) if value.lstrip().startswith("[") else shlex.split(value)
         return value
 
-    @field_validator("secrets", "grants", "operators", "preload", mode="before")
+    @field_validator("secrets", "grants", "operators", "preload", "executors", mode="before")
     @classmethod
     def _names(cls, value: object) -> object:
         if isinstance(value, str):
@@ -201,6 +205,12 @@ class RunnerSettings(GoaltenderSettings):
         if uri in ("", "sqlite"):
             return f"sqlite:///{self.home / 'mlflow.db'}" if self.mlflow or uri else None
         return uri
+
+    @property
+    def allowed_executors(self) -> list[str]:
+        """Where this runner's goals may run experiments: in their sandbox here, the default
+        executor, and those `executors` names."""
+        return list(dict.fromkeys(["local", self.executor, *self.executors]))
 
     @property
     def socket_path(self) -> Path:

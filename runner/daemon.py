@@ -242,6 +242,8 @@ class Runner:
             raise Refused(
                 "bad_request", f"unknown agent {agent!r}; this runner has: {', '.join(self.settings.agents)}"
             )
+        if spec.executor is not None:
+            self.campaigns.check_executor(spec.executor)
         budget = req.budget or explicit_budget(spec, utcnow(), self.settings.experiment_timeout_s)
         try:
             goal = await self.store.create_goal(

@@ -129,12 +129,37 @@ WS = "/srv/gt/workspaces/goal-1"
         ("rm -r -f $HOME", "deny", "recursive delete of $HOME"),
         ("git -c x=y pull", "ask", "uses the network (git pull)"),
         ("xargs -0 curl < urls", "ask", "uses the network (curl)"),
+        # The escape through an experiment's environment, and acting through another socket.
+        ("HF_HOME=/srv/gt/agents goaltender experiment -- python x.py", "deny", "points HF_HOME outside"),
+        ("export XDG_CACHE_HOME=/etc && goaltender experiment -- true", "deny", "XDG_CACHE_HOME outside"),
+        ("env TORCH_HOME=/root python t.py", "deny", "points TORCH_HOME outside the workspace"),
+        ("declare -x UV_CACHE_DIR=/proc", "deny", "points UV_CACHE_DIR outside"),
+        (
+            "GOALTENDER_SOCKET=/srv/gt/agents/goal-2.sock goaltender milestone hi",
+            "deny",
+            "sets GOALTENDER_SOCKET",
+        ),
+        ("export GOALTENDER_GOAL_ID=2; goaltender report done", "deny", "sets GOALTENDER_GOAL_ID"),
+        ("goaltender --socket /srv/gt/runner.sock status", "deny", "through its goal's socket only"),
+        ("HF_HOME=$SOMEWHERE_UNSET python x.py", "ask", "points HF_HOME at $SOMEWHERE_UNSET"),
+        ("HF_HOME=./hf MPLCONFIGDIR=/tmp/mpl python x.py", "allow", ""),
     ],
 )
 def test_classifier(command, action, reason):
     verdict = classify_command(command, WS)
     assert verdict.action == action, verdict
     assert reason in verdict.reason
+
+
+def test_a_cache_aimed_through_the_runners_variables_is_refused(monkeypatch):
+    """As the agent sees them: $GOALTENDER_HOME/agents (every goal's socket) is outside; the goal's
+    own caches, where the runner put them, are not."""
+    monkeypatch.setenv("GOALTENDER_HOME", "/srv/gt")
+    monkeypatch.setenv("PIP_CACHE_DIR", "/srv/gt/cache/goals/goal-1/pip")
+    escape = classify_command("HF_HOME=$GOALTENDER_HOME/agents goaltender experiment -- true", WS)
+    assert escape.action == "deny" and "(/srv/gt/agents)" in escape.reason
+    own = classify_command("TORCH_HOME=${GOALTENDER_HOME}/cache/goals/goal-1/torch2 python x.py", WS)
+    assert own.action == "allow", own
 
 
 def test_kill_of_own_process_is_allowed():
@@ -184,6 +209,8 @@ RISKY = [
     ("sudo id", "ask"),
     ("goaltender approve 3", "deny"),
     ("rm -rf /", "deny"),
+    ("HF_HOME=/srv/gt/agents goaltender experiment -- true", "deny"),
+    ("goaltender --socket /srv/gt/runner.sock milestone x", "deny"),
 ]
 # Ways to run a command: each takes the command's text and gives a command that runs it.
 WRAPS = [

@@ -19,6 +19,7 @@ RUN = (
     "\"import json; print(json.dumps({{'step': 1, 'loss': 0.5}})); print('score: 0.75')\"\n"
 )
 LONG = "goaltender experiment -d 'long on {engine}' --metric score {flags} -- sleep 600\n"
+REMOTE = ["ray", "slurm"]  # GOALTENDER_EXECUTORS: an operator lets goals use them
 
 
 @pytest.fixture(params=["ray", "slurm"])
@@ -34,7 +35,7 @@ async def test_an_experiment_runs_on_a_cluster_and_lands_in_the_ledger(
     flags = "--executor ray" if engine == "ray" else ""
     goal_text = "one run, max 1 experiments" + (" via slurm" if engine == "slurm" else "")
     agent = write_agent(tmp_path, "a.sh", RUN.format(engine=engine, flags=flags))
-    runner = await start_runner(agents={"a": agent}, compute_unit="cpu", ray_address=RAY)
+    runner = await start_runner(agents={"a": agent}, compute_unit="cpu", ray_address=RAY, executors=REMOTE)
     client = await connect(runner)
     goal_id = await submit(client, goal_text, agent="a")
     await events_until_report(client, goal_id, timeout=120)
@@ -55,7 +56,7 @@ async def test_an_experiment_runs_on_a_cluster_and_lands_in_the_ledger(
 
 async def test_stop_cancels_the_job_in_its_engine(start_runner, connect, tmp_path, engine):
     agent = write_agent(tmp_path, "a.sh", LONG.format(engine=engine, flags=f"--executor {engine}"))
-    runner = await start_runner(agents={"a": agent}, compute_unit="cpu", ray_address=RAY)
+    runner = await start_runner(agents={"a": agent}, compute_unit="cpu", ray_address=RAY, executors=REMOTE)
     client = await connect(runner)
     goal_id = await submit(client, "a long run, max 1 experiments", agent="a")
 
@@ -100,7 +101,7 @@ async def test_a_cluster_job_outlives_a_runner_restart(start_runner, connect, tm
         "\"import os, time\nwhile not os.path.exists('go'): time.sleep(0.1)\nprint('score: 0.5')\"\n"
         "sleep 600\n",
     )
-    options = {"agents": {"a": agent}, "compute_unit": "cpu", "ray_address": RAY}
+    options = {"agents": {"a": agent}, "compute_unit": "cpu", "ray_address": RAY, "executors": REMOTE}
     runner = await start_runner(**options)
     client = await connect(runner)
     goal_id = await submit(client, "outlive a restart, max 2 experiments", agent="a")

@@ -289,3 +289,25 @@ async def test_a_run_sees_only_the_gpus_it_was_granted(start_runner, connect, tm
     finally:
         for node in nodes:
             node.unlink(missing_ok=True)
+
+
+async def test_remote_executors_only_where_an_operator_allows_them(start_runner, connect, tmp_path):
+    """A remote executor runs a goal's commands outside its sandbox: an agent cannot pick one, nor a
+    submitter, unless the runner's operator allows it (GOALTENDER_EXECUTORS)."""
+    script = (
+        "goaltender experiment -d out --executor ray -- true > ray.out 2>&1; echo $? > ray.rc\n"
+        "goaltender experiment -d out --executor slurm -- true > slurm.out 2>&1; echo $? > slurm.rc\n"
+    )
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)})
+    client = await connect(runner)
+    with pytest.raises(p.ProtocolError, match="may not use the slurm executor") as refused:
+        await submit(client, "on the cluster via slurm, max 1 experiments", agent="a")
+    assert refused.value.error.code == "forbidden" and "GOALTENDER_EXECUTORS" in str(refused.value)
+    goal = await submit(client, "here, max 2 experiments", agent="a")
+    done = await eventually(lambda: _ended(runner, goal))
+    workspace = Path(done.workspace)
+    for engine in ("ray", "slurm"):
+        assert (workspace / f"{engine}.rc").read_text() == "4\n"
+        said = (workspace / f"{engine}.out").read_text()
+        assert f"may not use the {engine} executor" in said and "allowed here: local" in said, said
+    assert await runner.store.experiments(goal) == []  # nothing started, nothing counted
