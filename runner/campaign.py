@@ -240,6 +240,7 @@ class Campaigns:
                 self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
                 task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
+        self.sandbox.networks.close_all()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -256,6 +257,8 @@ class Campaigns:
         env = agent_environment(self.settings, goal, resumed=resumed)
         command = self.settings.agents[goal.agent]
         try:
+            if self.sandbox.enabled:
+                await self.sandbox.networks.open(goal.id)
             await self.sockets.open_agent_socket(goal.id, self.settings.agent_socket(goal.id))
             if (goal.executor or self.settings.executor) == "local":
                 # Before the agent, whose start is shorter than the first run's standby's (numpy):
@@ -1094,6 +1097,7 @@ class Campaigns:
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
         self.forget_disk_pause(goal_id)
         self.sockets.close_agent_socket(goal_id)
+        self.sandbox.networks.close(goal_id)
         self.sandbox.remove_goal_files(goal_id)
         for approval in await self.store.pending_approvals(goal_id):
             approval, _ = await self.store.decide_approval(

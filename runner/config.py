@@ -152,6 +152,16 @@ class RunnerSettings(GoaltenderSettings):
     sandbox: Literal["bwrap", "none"] = "bwrap"
     """Where agents and experiments run: bwrap (bubblewrap; they cannot reach the runner's state or
     the operator socket), or none — unsandboxed, which lets them control every goal."""
+    sandbox_network: Literal["isolated", "host", "none"] = "isolated"
+    """What a goal's sandboxes reach (runner/goal_network.py): isolated, a network namespace per
+    goal with a way out through slirp4netns but none to the box's loopback services or abstract
+    sockets, except the allowed ports; none, the goal's own loopback alone; host, the box's
+    network as it is."""
+    sandbox_ports: Annotated[list[Annotated[int, Field(ge=1, le=65535)]], NoDecode] = Field(
+        default_factory=list
+    )
+    """Loopback ports of the box that isolated goals may reach, besides those the runner's own URL
+    variables name (OPENAI_BASE_URL=http://127.0.0.1:8080/v1 and the like). Comma-separated."""
     standby: bool = True
     """Keep a sandboxed Python interpreter ready for each running goal's next run or eval, with
     `preload` imported (runner/standby.py): a `python -m …` or `python script.py …` command with
@@ -189,7 +199,7 @@ class RunnerSettings(GoaltenderSettings):
             return json.loads(value) if value.lstrip().startswith("[") else shlex.split(value)
         return value
 
-    @field_validator("secrets", "grants", "operators", "preload", "executors", mode="before")
+    @field_validator("secrets", "grants", "operators", "preload", "executors", "sandbox_ports", mode="before")
     @classmethod
     def _names(cls, value: object) -> object:
         if isinstance(value, str):

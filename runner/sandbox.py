@@ -45,6 +45,7 @@ from pathlib import Path
 import goaltender
 from goaltender.runner.agent_env import SANDBOX_SOCKET
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.goal_network import GoalNetworks
 from goaltender.runner.secrets import SECRET_WORDS
 from goaltender.runner.supervisor import Launch
 from goaltender.storage.records import Goal
@@ -59,8 +60,14 @@ UNSAFE_WARNING = (
     "GOALTENDER_SANDBOX=none: agents and experiments run unsandboxed; they can reach the operator "
     "socket and runner.db, which lets them control every goal on this runner"
 )
-# pid 1 inside: runs the command with default signal handling and waits for it (see above).
-_INIT = ["/bin/sh", "-c", 'env --default-signal "$@" & wait $!', "goaltender-sandbox"]
+# pid 1 inside: runs the command with default signal handling and waits for it (see above). Its
+# `env` by its real path: the command's PATH is the agent's to choose.
+_INIT = [
+    "/bin/sh",
+    "-c",
+    '"$0" --default-signal "$@" & wait $!',
+    os.path.realpath(shutil.which("env") or "/usr/bin/env"),
+]
 # Where a user's credentials live, under the runner user's home: hidden in every sandbox. (Codex's
 # own login, ~/.codex, is not: the Codex agent is given it, as a granted key.)
 CREDENTIALS = (
@@ -84,6 +91,7 @@ class Sandbox:
         """`gpu_minors`: each GPU's NVML index -> its device's minor number (/dev/nvidiaN)."""
         self.settings = settings
         self.gpu_minors = gpu_minors or {}
+        self.networks = GoalNetworks(settings)
         self.enabled = settings.sandbox == "bwrap"
         self._checked = False
         self._problem: str | None = None
@@ -100,8 +108,19 @@ class Sandbox:
     def _probe(self) -> str | None:
         if shutil.which("bwrap") is None:
             return f"the agent sandbox needs bubblewrap, which is not installed: {INSTALL_HINT}"
+        if problem := self.networks.problem():
+            return problem
         probe = [self._env, "--ignore-signal=TERM", self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev"]
-        probe += ["--proc", "/proc", "--unshare-pid", "--as-pid-1", "--die-with-parent", "--", *_INIT, "true"]
+        probe += [
+            "--proc",
+            "/proc",
+            "--unshare-pid",
+            "--as-pid-1",
+            "--die-with-parent",
+            "--",
+            *_INIT,
+            "/bin/true",
+        ]
         try:
             done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -133,18 +152,20 @@ class Sandbox:
         for name, value in self.environment(env).items():
             options += ["--setenv", name, value]
         options += ["--unshare-pid", "--as-pid-1", "--die-with-parent", "--cap-drop", "ALL"]
+        options += self.networks.user_words(goal.id)
         if any("\0" in word for word in [*options, *command]):
             raise SandboxError("a NUL byte in the command, its environment or its directory")
+        enter, network_fds = self.networks.entry(goal.id)  # the goal's network namespace, first
         options_fd = os.memfd_create("goaltender-bwrap-args")
         with os.fdopen(os.dup(options_fd), "wb") as f:
             f.write(b"".join(os.fsencode(word) + b"\0" for word in options))
         os.lseek(options_fd, 0, os.SEEK_SET)
-        argv = [self._env, "--ignore-signal=TERM", self._bwrap, "--args", str(options_fd), "--"]
+        argv = [*enter, self._env, "--ignore-signal=TERM", self._bwrap, "--args", str(options_fd), "--"]
         return Launch(
             argv=[*argv, *_INIT, *command],
             cwd=Path(goal.workspace),
             env={"PATH": os.environ.get("PATH", os.defpath)},  # bwrap's own; the command's is in the options
-            pass_fds=(options_fd,),
+            pass_fds=(options_fd, *network_fds),
             signals_as_codes=True,
         )
 
@@ -173,9 +194,12 @@ class Sandbox:
         for device in self.gpu_devices(gpus):
             args += ["--dev-bind", device, device]
         args += ["--perms", "1777", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/run"]
-        resolver = Path(os.path.realpath("/etc/resolv.conf")).parent
+        resolv_conf = Path(os.path.realpath("/etc/resolv.conf"))
+        resolver = resolv_conf.parent
         if _under(resolver, [Path("/run")]) and resolver != Path("/run"):
             args += ["--ro-bind", str(resolver), str(resolver)]
+        if (own_resolver := self.networks.resolver()) is not None:  # the box's is on its loopback
+            args += ["--ro-bind", str(own_resolver), str(resolv_conf)]
         # Applied parents first, whatever their kind: a bind inside a hidden directory (a goal's
         # workspace in the home) shows through it, and a hidden directory inside a readable one
         # (a demo's home in its checkout under /tmp) stays hidden. At one depth, hiding goes last.

@@ -11,10 +11,12 @@ credentials and secret files of the runner's user, other goals' caches and GPUs 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
+import socket
+import stat
 import string
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pytest
 from conftest import eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_box_slots import gpu_box  # noqa: F401 (a fixture)
 
 from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import CACHE_DIRS, experiment_environment
@@ -252,39 +255,34 @@ async def _look_for_keys(start_runner, connect, tmp_path, monkeypatch, where: Pa
     }
 
 
-async def test_a_run_sees_only_the_gpus_it_was_granted(start_runner, connect, tmp_path, monkeypatch):
+async def test_a_run_sees_only_the_gpus_it_was_granted(start_runner, connect, tmp_path, gpu_box):  # noqa: F811
     """Two fake GPUs whose device nodes are real (mknod, minors no driver uses): a 1-GPU run's
     sandbox holds its own node and the driver's shared ones, not the other GPU's; the agent's holds
     none."""
-    minors = (231, 232)
-    nodes = [Path(f"/dev/nvidia{m}") for m in minors] + [Path("/dev/nvidia-gt-test-ctl")]
     if os.getuid() != 0:
         pytest.skip("making device nodes needs root")
-    for node in nodes:
+    minors = (231, 232)
+    nodes = [Path(f"/dev/nvidia{m}") for m in minors] + [Path("/dev/nvidia-gt-test-ctl")]
+    for number, node in enumerate(nodes):
         if not node.exists():
-            os.mknod(node, 0o600 | 0o020000, os.makedev(195, 230 + len(str(node))))
+            os.mknod(node, 0o600 | stat.S_IFCHR, os.makedev(195, 230 + number))
     try:
-        state = tmp_path / "nvml.json"
-        devices = [{"name": "Fake GPU", "memory_mib": 1024, "minor": m} for m in minors]
-        state.write_text(json.dumps({"devices": devices}))
-        monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-        monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent / "fake_nvml"))
-        monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_nvml"))
-        monkeypatch.delitem(__import__("sys").modules, "pynvml", raising=False)
+        gpu_box([{"name": "Fake GPU", "memory_mib": 1024, "minor": m} for m in minors])
+        run = "ls -d /dev/nvidia* > run-devices.txt; echo $CUDA_VISIBLE_DEVICES > run-cuda.txt"
         script = (
             "ls -d /dev/nvidia* > agent-devices.txt 2>/dev/null\n"
-            "goaltender experiment -d gpu --gpus 1 -- sh -c 'ls -d /dev/nvidia* > run-devices.txt; echo \"$CUDA_VISIBLE_DEVICES\" > run-cuda.txt'\n"
+            f"goaltender experiment -d gpu --gpus 1 -- sh -c '{run}'\n"
         )
-        runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)}, compute_unit="gpu")
+        runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)})
         client = await connect(runner)
         goal = await submit(client, "gpus, max 1 experiments", agent="a")
         done = await eventually(lambda: _ended(runner, goal))
         workspace = Path(done.workspace)
+        assert (workspace / "run-cuda.txt").exists(), (workspace / "agent.log").read_text()
         index = int((workspace / "run-cuda.txt").read_text())
-        mine = f"/dev/nvidia{minors[index]}"
-        other = f"/dev/nvidia{minors[1 - index]}"
+        mine, other = f"/dev/nvidia{minors[index]}", f"/dev/nvidia{minors[1 - index]}"
         run_devices = (workspace / "run-devices.txt").read_text().split()
-        assert mine in run_devices and other not in run_devices and "/dev/nvidia-gt-test-ctl" in run_devices
+        assert mine in run_devices and other not in run_devices and str(nodes[2]) in run_devices
         assert not (workspace / "agent-devices.txt").read_text().split()
     finally:
         for node in nodes:
@@ -311,3 +309,139 @@ async def test_remote_executors_only_where_an_operator_allows_them(start_runner,
         said = (workspace / f"{engine}.out").read_text()
         assert f"may not use the {engine} executor" in said and "allowed here: local" in said, said
     assert await runner.store.experiments(goal) == []  # nothing started, nothing counted
+
+
+# ---- the network: a namespace per goal ----
+
+# Tries each target (host:port, or @name for an abstract Unix socket); prints "target ok|refused".
+REACH = r"""
+import socket, sys
+for target in sys.argv[1:]:
+    try:
+        if target.startswith("@"):
+            s = socket.socket(socket.AF_UNIX)
+            s.settimeout(5)
+            s.connect("\0" + target[1:])
+        else:
+            host, port = target.rsplit(":", 1)
+            s = socket.create_connection((host, int(port)), timeout=5)
+            s.sendall(b"hello\n")
+            assert s.recv(16) == b"hello\n"
+        print(target, "ok")
+    except OSError as exc:
+        print(target, "refused", type(exc).__name__)
+"""
+
+
+async def _echo_server(host: str) -> asyncio.Server:
+    async def echo(reader, writer):
+        writer.write(await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(echo, host, 0)
+
+
+def _outside_address() -> str | None:
+    """An address of this machine's that is not loopback: where a goal's way out leads back in."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    return None
+
+
+async def test_a_goal_reaches_the_outside_but_not_the_boxs_loopback(
+    start_runner, connect, tmp_path, monkeypatch
+):
+    """Goal A's agent and its experiment share the goal's own loopback (a server the agent starts,
+    the run reaches); neither reaches a service on the box's loopback, nor an abstract socket, nor
+    goal B's loopback; the box's ports the runner allows (its URL variables, GOALTENDER_SANDBOX_PORTS)
+    are relayed; the way out (here: back in, through this machine's own address) works."""
+    private = await _echo_server("127.0.0.1")
+    allowed = await _echo_server("127.0.0.1")
+    named = await _echo_server("127.0.0.1")
+    outside_host = _outside_address()
+    outside = await _echo_server("0.0.0.0") if outside_host else None
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0gt-test-{os.getpid()}")
+    abstract.listen()
+    port = {server: server.sockets[0].getsockname()[1] for server in (private, allowed, named)}
+    monkeypatch.setenv("GT_TEST_MODEL_URL", f"http://localhost:{port[named]}/v1")
+    targets = [
+        f"127.0.0.1:{port[private]}",
+        f"127.0.0.1:{port[allowed]}",
+        f"localhost:{port[named]}",
+        f"@gt-test-{os.getpid()}",
+        "127.0.0.1:47001",  # the goal's own server
+    ]
+    if outside is not None:
+        targets.append(f"{outside_host}:{outside.sockets[0].getsockname()[1]}")
+    own_server = (
+        "cat > reach.py <<'EOF'\n" + REACH + "EOF\n"
+        "cat > serve.py <<'EOF'\n"
+        "import socket\ns = socket.create_server(('127.0.0.1', 47001))\n"
+        "while True:\n    c, _ = s.accept(); c.sendall(c.recv(16)); c.close()\nEOF\n"
+        "python serve.py &\n"
+        "until python -c \"import socket; socket.create_connection(('127.0.0.1', 47001))\" 2>/dev/null; do sleep 0.1; done\n"
+    )
+    agent = own_server + (
+        f"python reach.py {' '.join(targets)} > agent-reach.txt\n"
+        f"goaltender experiment -d reach -- python reach.py {' '.join(targets)}\n"
+        "touch done\nsleep 300\n"
+    )
+    other = "cat > reach.py <<'EOF'\n" + REACH + "EOF\npython reach.py 127.0.0.1:47001 > reach.txt\n"
+    try:
+        runner = await start_runner(
+            agents={"a": write_agent(tmp_path, "a.sh", agent), "b": write_agent(tmp_path, "b.sh", other)},
+            sandbox_ports=[port[allowed]],
+        )
+        client = await connect(runner)
+        a = await runner.store.get_goal(await submit(client, "reach, max 1 experiments", agent="a"))
+        await eventually(lambda: (Path(a.workspace) / "done").exists(), timeout=60)
+        b_id = await submit(client, "reach A, max 1 experiments", agent="b")
+        b = await eventually(lambda: _ended(runner, b_id))
+        [row] = await runner.store.experiments(a.id)
+        expected = {
+            f"127.0.0.1:{port[private]}": "refused",
+            f"127.0.0.1:{port[allowed]}": "ok",
+            f"localhost:{port[named]}": "ok",
+            f"@gt-test-{os.getpid()}": "refused",
+            "127.0.0.1:47001": "ok",
+        }
+        if outside is not None:
+            expected[targets[-1]] = "ok"
+        for said in ((Path(a.workspace) / "agent-reach.txt").read_text(), Path(row.log_path).read_text()):
+            outcome = {line.split()[0]: line.split()[1] for line in said.splitlines() if line.strip()}
+            assert outcome == expected, said
+        assert (Path(b.workspace) / "reach.txt").read_text().split()[1] == "refused"  # A's loopback is A's
+    finally:
+        abstract.close()
+        for server in (private, allowed, named, outside):
+            if server is not None:
+                server.close()
+
+
+async def test_a_runner_without_slirp4netns_fails_goals_clearly(start_runner, connect, tmp_path, monkeypatch):
+    """Isolated networks are the default: without slirp4netns a goal fails saying what to install
+    or which setting trades the isolation away; GOALTENDER_SANDBOX_NETWORK=none needs no way out."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("bwrap", "nsenter"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{tools}")
+    agent = write_agent(tmp_path, "a.sh", "goaltender milestone 'in a sandbox'\n")
+    runner = await start_runner(agents={"a": agent})
+    client = await connect(runner)
+    goal = await submit(client, "no way out, max 1 experiments", agent="a")
+    failed = await eventually(lambda: _ended(runner, goal))
+    assert failed.state == "failed" and "install slirp4netns (apt install slirp4netns)" in failed.end_reason
+    assert "GOALTENDER_SANDBOX_NETWORK=host" in failed.end_reason
+    await runner.close()
+    runner = await start_runner(agents={"a": agent}, sandbox_network="none")
+    client = await connect(runner)
+    goal = await submit(client, "no network at all, max 1 experiments", agent="a")
+    done = await eventually(lambda: _ended(runner, goal))
+    assert done.state == "finished", done.end_reason
