@@ -257,8 +257,7 @@ class Campaigns:
         env = agent_environment(self.settings, goal, resumed=resumed)
         command = self.settings.agents[goal.agent]
         try:
-            if self.sandbox.enabled:
-                await self.sandbox.networks.open(goal.id)
+            await self.sandbox.open_goal(goal.id)
             await self.sockets.open_agent_socket(goal.id, self.settings.agent_socket(goal.id))
             if (goal.executor or self.settings.executor) == "local":
                 # Before the agent, whose start is shorter than the first run's standby's (numpy):

@@ -243,9 +243,11 @@ class GoalNetworks:
         ports = allowed_ports(self.settings, os.environ)
         network = await asyncio.to_thread(self._hold, ports)
         try:
+            # The holder's listeners first: by then bwrap has set up the namespace's loopback, which
+            # slirp4netns's own setup of its device would race.
+            listeners = await asyncio.to_thread(_received, network)
             if self.mode == "isolated":
                 await asyncio.to_thread(self._way_out, network)
-            listeners = await asyncio.to_thread(_received, network)
             for listener in listeners:
                 port = listener.getsockname()[1]
                 host = "::1" if listener.family == socket.AF_INET6 else "127.0.0.1"

@@ -130,6 +130,13 @@ class Sandbox:
             return f"bubblewrap cannot make a sandbox here ({why}): {INSTALL_HINT}"
         return None
 
+    async def open_goal(self, goal_id: int) -> None:
+        """What the goal's sandboxes share, made as it starts: its network."""
+        if self.enabled:
+            if problem := self.problem():
+                raise SandboxError(problem)
+            await self.networks.open(goal_id)
+
     def launch(
         self,
         goal: Goal,

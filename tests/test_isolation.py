@@ -133,7 +133,8 @@ async def _sandbox_view(runner, goal, places: list[Path], requested: dict[str, s
     experiment = (await runner.store.experiments(goal.id))[0]
     env = experiment_environment(runner.settings, goal, experiment, requested)
     workspace = Path(goal.workspace)
-    launch = sandbox.launch(goal, ["sh", "-c", PROBE, "probe", *map(str, places)], cwd=workspace, env=env)
+    probe = ["/bin/sh", "-c", PROBE, "probe", *map(str, places)]  # its PATH is the request's
+    launch = sandbox.launch(goal, probe, cwd=workspace, env=env)
     log = workspace / "probe.log"
     log.unlink(missing_ok=True)
     proc = spawn(launch, log_path=log, beneath=workspace)

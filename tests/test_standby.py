@@ -358,8 +358,9 @@ async def test_a_standby_that_dies_is_replaced_and_one_that_dies_at_hand_off_sta
 
 
 def lone_goal(home: Path) -> tuple[RunnerSettings, Goal]:
-    """Settings under `home` and goal #1 with its workspace: what a goal's sandbox binds."""
-    settings_ = RunnerSettings(home=home, socket=home / "r.sock")
+    """Settings under `home` and goal #1 with its workspace: what a goal's sandbox binds. (The box's
+    network: a goal's own is opened by the runner as the goal starts, runner/goal_network.py.)"""
+    settings_ = RunnerSettings(home=home, socket=home / "r.sock", sandbox_network="host")
     settings_.make_dirs()
     (home / "agents").mkdir()
     goal = Goal.model_construct(id=1, workspace=str(home / "workspaces" / "goal-1"))
