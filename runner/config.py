@@ -218,6 +218,18 @@ class RunnerSettings(GoaltenderSettings):
         return self.home / "cache"
 
     @property
+    def hub_cache(self) -> Path:
+        """The Hugging Face hub cache every goal shares: read-only in their sandboxes (at this same
+        path, HF_HUB_CACHE), written only by the runner's own downloads (runner/fetches.py). Where
+        the runner's environment puts it, as huggingface_hub reads it (HF_HUB_CACHE, else
+        $HF_HOME/hub), else cache/huggingface/hub."""
+        if chosen := os.environ.get("HF_HUB_CACHE"):
+            return _absolute_path(chosen)
+        if home := os.environ.get("HF_HOME"):
+            return _absolute_path(home) / "hub"
+        return self.cache_dir / "huggingface" / "hub"
+
+    @property
     def skill_folder(self) -> Path:
         """The box's skills (runner/skill_folder.py); agents/briefing.py finds it the same way."""
         return self.home / "skills"
@@ -234,3 +246,9 @@ class RunnerSettings(GoaltenderSettings):
         """The home, workspaces/ and cache/: this user's alone (0700, tightened if they exist)."""
         for directory in (self.home, self.workspaces, self.cache_dir):
             private_directory(directory)
+
+
+def _absolute_path(value: str) -> Path:
+    """A path from the environment as huggingface_hub expands it (~, $VARS), made absolute: the
+    sandboxes see it at the same place."""
+    return Path(os.path.abspath(os.path.expandvars(os.path.expanduser(value))))

@@ -18,18 +18,25 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import astuple
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
-from conftest import BIN, events_until_report, submit, write_agent
+from conftest import BIN, events_until_report, eventually, submit, write_agent
 from fake_hub import FakeHub
 from fake_openai import FakeOpenAI, ToolCall, Turn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from goaltender.agents.policy import classify_command
 from goaltender.bot.thread import WRITES, EventInThread
+from goaltender.cli import build_parser
 from goaltender.display.terminal import ConsoleThread
 from goaltender.runner import protocol as p
+from goaltender.runner.fetch_spec import FetchSpec, spec_problem
+from goaltender.runner.fetches import download_command
 from goaltender.storage.records import Event, HubFetch, HubFetched, utcnow
 
 TOKEN = "hf_PlantedFetchToken0123456789abcdef"  # valid, may read org/private (not org/gated)
@@ -373,6 +380,185 @@ async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, conne
     assert result.splitlines()[:2] == ["exit code 0", fetched.path]
 
 
+# ---- the runner downloads for goals: the hub cache is theirs to read, not to write ----
+
+SELF_SERVED = """
+# The agent's own hub settings, none of which a goal's fetch may use: a dead hub, a token the hub
+# refuses, a cache of its own.
+export HF_ENDPOINT=http://127.0.0.1:{closed} HF_TOKEN=hf_TheAgentsOwnToken0123456789abc
+export HF_HUB_CACHE="$PWD/own-cache" HF_HOME="$PWD/own-home" HF_HUB_OFFLINE=1
+goaltender fetch org/private > private.out 2> private.err
+echo $? > private.rc
+"""
+
+
+async def test_a_goals_fetch_is_the_runners_download(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "shared-hub"))  # the box's: where goals read
+    agent = write_agent(tmp_path, "agent.sh", SELF_SERVED.format(closed=_closed_port()))
+    runner = await start_runner(agents={"a": agent})
+    assert runner.settings.hub_cache == tmp_path / "shared-hub"
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch a private model, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    said = (workspace / "private.err").read_text()
+    assert (workspace / "private.rc").read_text().strip() == "0", said
+    snapshot = tmp_path / "shared-hub" / "models--org--private" / "snapshots" / commit(hub, "org/private")
+    path, summary = (workspace / "private.out").read_text().splitlines()
+    assert path == str(snapshot) and (snapshot / "weights.bin").read_bytes() == b"p" * 100
+    [fetched] = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
+    assert fetched.path == path
+    assert summary.endswith(f"recorded in goal #{goal_id}'s ledger (event {_seq_of(events, fetched)})")
+    # The runner's hub, the runner's token (the agent's would have been refused), the runner's cache.
+    assert hub.requests and all(seen.with_token for seen in hub.requests)
+    assert not (workspace / "own-cache").exists() and not (workspace / "own-home").exists()
+
+
+UNGRANTED = """
+if [ -n "${HF_TOKEN:-}" ]; then echo "the agent has HF_TOKEN" > token.out; fi
+goaltender fetch org/private > private.out 2> private.err
+echo $? > private.rc
+goaltender fetch org/tiny --include '*.json' > tiny.out 2> tiny.err
+echo $? > tiny.rc
+"""
+
+
+async def test_without_the_grant_the_runner_fetches_with_no_token(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)  # HF_TOKEN is in the runner's environment ...
+    agent = write_agent(tmp_path, "agent.sh", UNGRANTED)
+    runner = await start_runner(agents={"a": agent}, grants=["OPENAI_API_KEY"])  # ... not granted
+    # A token file where huggingface_hub would look (HF_HOME's), as a login or a goal may leave one.
+    (runner.settings.cache_dir / "huggingface").mkdir(parents=True, exist_ok=True)
+    (runner.settings.cache_dir / "huggingface" / "token").write_text(TOKEN)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch without a token, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert not (workspace / "token.out").exists()
+    failed = subprocess.CompletedProcess(
+        [],
+        int((workspace / "private.rc").read_text()),
+        (workspace / "private.out").read_text(),
+        (workspace / "private.err").read_text(),
+    )
+    assert one_line_failure(failed) == (
+        f"goaltender: no model org/private on {hub.url} (check the name; is it a dataset? use --type "
+        "dataset; if it is private, it needs a token with access in HF_TOKEN, which is not set)\n"
+    )
+    assert (workspace / "tiny.rc").read_text().strip() == "0", (workspace / "tiny.err").read_text()
+    assert [e.data.fetch.repo for e in events if isinstance(e.data, HubFetched)] == ["org/tiny"]
+    assert hub.requests and not any(seen.with_token for seen in hub.requests)
+
+
+HELD = """
+goaltender fetch org/tiny > tiny.out 2> tiny.err
+echo $? > tiny.rc
+"""
+
+
+def downloads() -> list[psutil.Process]:
+    """The runner's download processes (the runner runs in this test's process)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[1:5] == ["-m", "goaltender.cli", "fetch", "--json"]:
+                found.append(child)
+    return found
+
+
+async def test_stopping_a_goal_kills_its_download(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    hub.hold()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch, then be stopped, max 1 experiments", agent="a")
+    await eventually(lambda: hub.held)  # the runner's download is under way, mid-file
+    [download] = await eventually(downloads)
+
+    async def milestones() -> list[str]:
+        return [
+            e.data.title
+            for e in await runner.store.events_since(0, goal_id=goal_id)
+            if e.data.kind == "milestone"
+        ]
+
+    assert await eventually(milestones) == ["Downloading model org/tiny (4.0 MB)"]
+    stopped = await client.call(p.Stop, p.Done, goal_id=goal_id, reason="enough")
+    assert "stopped" in stopped.message
+    assert not download.is_running()  # killed (and reaped) before the stop was answered
+    events = await events_until_report(client, goal_id)
+    assert not [e for e in events if isinstance(e.data, HubFetched)]
+    assert await milestones() == ["Downloading model org/tiny (4.0 MB)"]
+    hub.release()
+
+
+async def test_two_goals_fetching_one_repo_download_it_once(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)
+    hub.hold()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    client = await connect(runner)
+    first = await submit(client, "fetch org/tiny first, max 1 experiments", agent="a")
+    await eventually(lambda: hub.held)  # its download is under way
+    second = await submit(client, "fetch org/tiny too, max 1 experiments", agent="a")
+    await eventually(lambda: runner.campaigns.fetches.waiting(FetchSpec("org/tiny")) == 1)
+    hub.release()
+
+    records = []
+    for goal_id in (first, second):
+        events = await events_until_report(await connect(runner), goal_id)
+        workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+        assert (workspace / "tiny.rc").read_text().strip() == "0", (workspace / "tiny.err").read_text()
+        [fetched] = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
+        records.append(fetched)
+    assert hub.count("GET", "/resolve/") == 4  # each file once
+    assert records[0].path == records[1].path
+    assert (records[0].downloaded_bytes, records[1].downloaded_bytes) == (2 * SHARD + 21, 0)
+
+
+async def test_a_fetch_the_runner_cannot_take_is_refused(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 120\n")})
+    client = await connect(runner)
+    goal_id = await submit(client, "a goal to fetch for, max 1 experiments", agent="idle")
+    for fields, said in [
+        ({"repo": "org/tiny", "revision": "../../../../etc"}, "not a revision: '../../../../etc'"),
+        ({"repo": "org/tiny", "revision": "/abs"}, "not a revision: '/abs'"),
+        ({"repo": "--help"}, "not a repo id: '--help'"),
+        ({"repo": "org/tiny", "include": ["ok", "a\nb"]}, "not a file pattern: 'a\\nb'"),
+    ]:
+        with pytest.raises(p.ProtocolError) as refused:
+            await client.call(p.Fetch, p.FetchReply, goal_id=goal_id, **fields)
+        assert refused.value.error.code == "bad_request" and said in refused.value.error.message
+    assert hub.requests == []
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    repo=st.text(min_size=1, max_size=30),
+    revision=st.none() | st.text(max_size=30),
+    include=st.lists(st.text(max_size=20), max_size=4),
+    repo_type=st.sampled_from(["model", "dataset"]),
+)
+def test_a_spec_reaches_the_download_as_it_was_asked(repo, revision, include, repo_type):
+    """Whatever a goal's agent asks for: refused, or the download's own argument parser reads back
+    exactly that spec (no value is taken for an option)."""
+    spec = FetchSpec(repo, repo_type, revision, tuple(include))
+    if spec_problem(spec) is not None:
+        return
+    argv = download_command(spec, keep_free=5)
+    assert argv[:3] == [sys.executable, "-m", "goaltender.cli"]
+    args = build_parser(only="fetch").parse_args(argv[3:])
+    assert (args.repo, args.repo_type, args.revision, tuple(args.include)) == astuple(spec)
+    assert (args.json, args.keep_free, args.goal_id) == (True, 5, None)
+
+
 def _seq_of(events, fetch: HubFetch) -> int:
     return next(e.seq for e in events if isinstance(e.data, HubFetched) and e.data.fetch == fetch)
 
@@ -497,4 +683,4 @@ async def test_the_agent_does_not_wait_forever_for_a_fetch(start_runner, connect
         finally:
             await model.close()
     [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
-    assert result.startswith("timed out after 2s (GOALTENDER_FETCH_TIMEOUT_S): the fetch was killed")
+    assert result.startswith("timed out after 2s (GOALTENDER_FETCH_TIMEOUT_S): stopped waiting")
