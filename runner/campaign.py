@@ -1075,7 +1075,7 @@ class Campaigns:
         timer = self._deadline_timers.pop(goal_id, None)
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
-        await self.fetches.cancel(goal_id, f"goal #{goal_id} ended ({first_line})")
+        await self.fetches.cancel(goal_id, f"goal #{goal_id} ended: {first_line}")
         if (proc := self._agents.pop(goal_id, None)) is not None:
             # SIGTERM first: the agent may use the grace period to hand in its report.
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)

@@ -73,7 +73,8 @@ def _patterns_problem(patterns: tuple[str, ...]) -> str | None:
     for pattern in patterns:
         if not pattern.strip():
             return "an --include pattern is empty"
-        if len(pattern) > MAX_PATTERN_CHARS or _CONTROL.search(pattern):
+        # `--` alone: argparse takes it for the end of options, even as `--include=--`.
+        if len(pattern) > MAX_PATTERN_CHARS or _CONTROL.search(pattern) or pattern == "--":
             return (
                 f"not a file pattern: {pattern[:80]!r} (a glob such as '*.json', of at most "
                 f"{MAX_PATTERN_CHARS} characters, without control characters)"

@@ -15,8 +15,10 @@ The process tells its milestones and its outcome on stdout, one JSON object a li
 {"milestone": {"title": …, "text": …}}, then {"fetched": HubFetch} or {"failed": "one line"}.
 
 One download of a (type, repo, revision) at a time, across goals: a second waits for the first and
-then finds the files cached. A fetch runs until it is done, or its goal ends (`stop`, the
-deadline, …: `cancel` kills its process), or the runner shuts down.
+then finds the files cached. A goal downloads MAX_GOAL_DOWNLOADS things at once, and has at most
+MAX_GOAL_FETCHES fetches under way (a fetch whose client hung up goes on, so these bound what a
+goal can pile up). A fetch runs until it is done, or its goal ends (`stop`, the deadline, …:
+`cancel` kills its process), or the runner shuts down.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ log = logging.getLogger("goaltender.runner")
 
 Report = Callable[[str, str], Awaitable[None]]  # (title, details): a milestone of the goal
 Key = tuple[str, str, str]  # (type, repo, revision)
+MAX_GOAL_DOWNLOADS = 4  # a goal's downloads at once (a process each); its other fetches wait
+MAX_GOAL_FETCHES = 32  # a goal's fetches under way, waiting ones included; more are refused
 STDERR_LINES = 20  # the download's last lines of stderr, kept to say why it ended without a result
 OUTCOME_LINE = 1024 * 1024  # bytes a line of the download's stdout may hold
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE")
@@ -83,21 +87,35 @@ class _Turn:
     fetches: int = 0
 
 
+@dataclass
+class _GoalFetches:
+    """One goal's fetches: under way (downloading, or waiting their turn), a few downloading."""
+
+    jobs: set[asyncio.Task[HubFetch]] = field(default_factory=set)
+    slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(MAX_GOAL_DOWNLOADS))
+    downloading: int = 0
+
+
 class HubFetches:
     """The downloads goals asked for: one process each, killed when its goal ends."""
 
     def __init__(self, settings: RunnerSettings):
         self.settings = settings
         self._turns: dict[Key, _Turn] = {}
-        self._jobs: dict[int, set[asyncio.Task[HubFetch]]] = {}  # goal id -> its fetches
+        self._goals: dict[int, _GoalFetches] = {}
         self._why_cancelled: dict[asyncio.Task[HubFetch], str] = {}
 
     async def fetch(self, goal_id: int, spec: FetchSpec, report: Report) -> HubFetch:
         """Download what `spec` names into the shared cache (or find it there); FetchFailed says
         why not, in one line."""
-        job = asyncio.ensure_future(self._in_turn(spec, report))
-        jobs = self._jobs.setdefault(goal_id, set())
-        jobs.add(job)
+        goal = self._goals.setdefault(goal_id, _GoalFetches())
+        if len(goal.jobs) >= MAX_GOAL_FETCHES:
+            raise FetchFailed(
+                f"goal #{goal_id} has {MAX_GOAL_FETCHES} fetches under way, its most: fetch {spec.what} "
+                "once some of them have ended"
+            )
+        job = asyncio.ensure_future(self._in_turn(goal, spec, report))
+        goal.jobs.add(job)
         try:
             return await job  # cancelling this request cancels the job too
         except asyncio.CancelledError:
@@ -107,18 +125,20 @@ class HubFetches:
                 raise
             raise FetchFailed(f"the fetch of {spec.what} was cancelled: {why}") from None
         finally:
-            jobs.discard(job)
-            if not jobs:
-                self._jobs.pop(goal_id, None)
+            goal.jobs.discard(job)
+            if not goal.jobs:
+                self._goals.pop(goal_id, None)
 
-    def waiting(self, spec: FetchSpec) -> int:
-        """How many fetches of what `spec` names wait for another one's download to end."""
-        turn = self._turns.get(_key(spec))
-        return 0 if turn is None else turn.fetches - turn.lock.locked()
+    def under_way(self, goal_id: int) -> tuple[int, int]:
+        """The goal's fetches (downloading, waiting: for one of its download slots, or for
+        another fetch's download of the same repo)."""
+        goal = self._goals.get(goal_id)
+        return (0, 0) if goal is None else (goal.downloading, len(goal.jobs) - goal.downloading)
 
     async def cancel(self, goal_id: int, why: str) -> None:
         """The goal ends: its fetches stop (their processes killed) and answer `why`."""
-        jobs = list(self._jobs.get(goal_id, ()))
+        goal = self._goals.get(goal_id)
+        jobs = list(goal.jobs) if goal is not None else []
         for job in jobs:
             self._why_cancelled[job] = why
             job.cancel()
@@ -126,12 +146,16 @@ class HubFetches:
 
     async def close(self) -> None:
         """The runner shuts down: every download stops."""
-        for goal_id in list(self._jobs):
+        for goal_id in list(self._goals):
             await self.cancel(goal_id, "the runner is shutting down; fetch again once it is back")
 
-    async def _in_turn(self, spec: FetchSpec, report: Report) -> HubFetch:
-        async with self._turn(_key(spec)):
-            return await self._download(spec, report)
+    async def _in_turn(self, goal: _GoalFetches, spec: FetchSpec, report: Report) -> HubFetch:
+        async with goal.slots, self._turn(_key(spec)):
+            goal.downloading += 1
+            try:
+                return await self._download(spec, report)
+            finally:
+                goal.downloading -= 1
 
     @contextlib.asynccontextmanager
     async def _turn(self, key: Key) -> AsyncIterator[None]:
@@ -173,12 +197,12 @@ class HubFetches:
         if isinstance(outcome, HubFetch):
             return outcome
         if outcome is not None:
-            raise FetchFailed(outcome)
+            raise FetchFailed(_without_credentials(outcome))
         last = errors[-1] if errors else "it said nothing"
         log.warning("the download of %s ended with code %s: %s", spec.what, code, "\n".join(errors))
         raise FetchFailed(
             f"the download of {spec.what} ended without a result (exit code {code}): "
-            f"{_CREDENTIALS_IN_URL.sub('', last)[:300]}"
+            f"{_without_credentials(last)[:300]}"
         )
 
     async def _outcome(self, stdout: asyncio.StreamReader, report: Report) -> HubFetch | str | None:
@@ -196,6 +220,12 @@ class HubFetches:
             except (ValueError, TypeError, KeyError, ValidationError) as exc:  # ours: a bug, said once
                 log.warning("a line from a download was not understood (%s): %.200r", exc, line)
         return outcome
+
+
+def _without_credentials(text: str) -> str:
+    """`text` without the user:password@ of any URL in it (a mirror's address may carry them, and
+    huggingface_hub's errors quote it)."""
+    return _CREDENTIALS_IN_URL.sub("", text)
 
 
 def _key(spec: FetchSpec) -> Key:

@@ -5,6 +5,7 @@ the token never shows."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import http.server
@@ -27,7 +28,7 @@ import pytest
 from conftest import BIN, events_until_report, eventually, submit, write_agent
 from fake_hub import FakeHub
 from fake_openai import FakeOpenAI, ToolCall, Turn
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from goaltender.agents.policy import classify_command
@@ -35,8 +36,10 @@ from goaltender.bot.thread import WRITES, EventInThread
 from goaltender.cli import build_parser
 from goaltender.display.terminal import ConsoleThread
 from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient
 from goaltender.runner.fetch_spec import FetchSpec, spec_problem
-from goaltender.runner.fetches import download_command
+from goaltender.runner.fetches import MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES, download_command
+from goaltender.runner.trust import user_name
 from goaltender.storage.records import Event, HubFetch, HubFetched, utcnow
 
 TOKEN = "hf_PlantedFetchToken0123456789abcdef"  # valid, may read org/private (not org/gated)
@@ -497,6 +500,19 @@ async def test_stopping_a_goal_kills_its_download(hub, start_runner, connect, tm
     hub.release()
 
 
+async def test_a_runner_shutting_down_kills_the_downloads(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    hub.hold()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    client = await connect(runner)
+    await submit(client, "fetch, then the runner stops, max 1 experiments", agent="a")
+    await eventually(lambda: hub.held)
+    [download] = await eventually(downloads)
+    await runner.close()
+    assert not download.is_running()
+    hub.release()
+
+
 async def test_two_goals_fetching_one_repo_download_it_once(
     hub, start_runner, connect, tmp_path, monkeypatch
 ):
@@ -507,7 +523,8 @@ async def test_two_goals_fetching_one_repo_download_it_once(
     first = await submit(client, "fetch org/tiny first, max 1 experiments", agent="a")
     await eventually(lambda: hub.held)  # its download is under way
     second = await submit(client, "fetch org/tiny too, max 1 experiments", agent="a")
-    await eventually(lambda: runner.campaigns.fetches.waiting(FetchSpec("org/tiny")) == 1)
+    # The second goal's fetch has reached the runner, and waits: only the first one's download holds it.
+    await eventually(lambda: runner.campaigns.fetches.under_way(second) == (0, 1))
     hub.release()
 
     records = []
@@ -520,6 +537,52 @@ async def test_two_goals_fetching_one_repo_download_it_once(
     assert hub.count("GET", "/resolve/") == 4  # each file once
     assert records[0].path == records[1].path
     assert (records[0].downloaded_bytes, records[1].downloaded_bytes) == (2 * SHARD + 21, 0)
+
+
+async def test_a_goals_fetches_are_bounded(hub, start_runner, connect, tmp_path, monkeypatch):
+    """Through the goal's own socket, as its agent would: MAX_GOAL_DOWNLOADS download at once, up
+    to MAX_GOAL_FETCHES wait their turn, and one more is refused in one line."""
+    runner_environment(monkeypatch, hub)
+    repos = [f"org/m{i}" for i in range(MAX_GOAL_FETCHES + 1)]
+    for i, repo in enumerate(repos):
+        hub.add_repo(repo, {"w.bin": bytes([i]) * 10})
+    hub.hold()
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 120\n")})
+    operator = await connect(runner)
+    goal_id = await submit(operator, "a goal that fetches a lot, max 1 experiments", agent="idle")
+    agents = [
+        await RunnerClient.connect_unix(runner.settings.agent_socket(goal_id), client="agent")
+        for _ in range(5)  # its in-flight requests: 8 a connection
+    ]
+    calls = [
+        asyncio.ensure_future(agents[i % 5].call(p.Fetch, p.FetchReply, goal_id=goal_id, repo=repo))
+        for i, repo in enumerate(repos)
+    ]
+    try:
+        done, _ = await asyncio.wait(calls, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        [refused] = [call.result() for call in done]
+        assert refused.fetch is None and refused.failure.startswith(
+            f"goal #{goal_id} has {MAX_GOAL_FETCHES} fetches under way, its most: fetch model org/m"
+        )
+        fetches = runner.campaigns.fetches
+        busy = (MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES - MAX_GOAL_DOWNLOADS)
+        await eventually(lambda: hub.held == MAX_GOAL_DOWNLOADS and fetches.under_way(goal_id) == busy)
+        assert len(downloads()) == MAX_GOAL_DOWNLOADS
+
+        await operator.call(p.Stop, p.Done, goal_id=goal_id)
+        assert not downloads() and fetches.under_way(goal_id) == (0, 0)
+    finally:
+        for agent in agents:
+            await agent.close()
+        hub.release()
+    # Every other fetch is answered: cancelled with its goal, in one line.
+    operator_uid = f"uid {os.getuid()} ({user_name(os.getuid())})"
+    cancelled = [call.result() for call in calls if call not in done]
+    assert [reply.failure for reply in cancelled] == [
+        f"the fetch of model {repo} was cancelled: goal #{goal_id} ended: stopped by {operator_uid}"
+        for repo, call in zip(repos, calls, strict=True)
+        if call not in done
+    ]
 
 
 async def test_a_fetch_the_runner_cannot_take_is_refused(hub, start_runner, connect, tmp_path, monkeypatch):
@@ -539,6 +602,11 @@ async def test_a_fetch_the_runner_cannot_take_is_refused(hub, start_runner, conn
     assert hub.requests == []
 
 
+@example(
+    repo="org/x", revision="refs/pr/1", include=["--json", "-", "--", "--keep-free=1"], repo_type="model"
+)
+@example(repo="--json", revision=None, include=[], repo_type="model")
+@example(repo="org/x", revision="-r", include=["a b", "*"], repo_type="dataset")
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(
     repo=st.text(min_size=1, max_size=30),
