@@ -69,9 +69,11 @@ def fetch_environment(settings: RunnerSettings, environ: Mapping[str, str] = os.
 
 
 def download_command(spec: FetchSpec, keep_free: int) -> list[str]:
-    """The download process's argv. Every value rides in its option's own word (`--revision=…`),
-    and the repo after `--`: none can be read as another option."""
-    argv = [sys.executable, "-m", "goaltender.cli", "fetch", "--json", f"--keep-free={keep_free}"]
+    """The download process's argv. `-P`: its working directory is not on its import path, where a
+    goal could have planted a package named goaltender (its cache directory, say). Every value
+    rides in its option's own word (`--revision=…`), and the repo after `--`: none can be read as
+    another option."""
+    argv = [sys.executable, "-P", "-m", "goaltender.cli", "fetch", "--json", f"--keep-free={keep_free}"]
     argv.append(f"--type={spec.repo_type}")
     if spec.revision is not None:
         argv.append(f"--revision={spec.revision}")
@@ -177,7 +179,6 @@ class HubFetches:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=fetch_environment(self.settings),
-            cwd=self.settings.cache_dir,
             start_new_session=True,  # its own process group, killed whole
             limit=OUTCOME_LINE,
         )

@@ -275,6 +275,45 @@ def test_a_download_the_disk_has_no_room_for_is_refused_before_it_starts(hub, tm
     assert hub.count("GET", "/resolve/") == 0
 
 
+def test_the_runners_download_keeps_its_reserve_free(hub, tmp_path):
+    """The download the runner starts for a goal (`--json`) also keeps the runner's
+    GOALTENDER_MIN_FREE_MB (`--keep-free`) free; what is cached already needs no room."""
+    script = (
+        "import sys\n"
+        "from goaltender.runner import hub\n"
+        "from goaltender.storage.space import FreeSpace\n"
+        "hub.free_space = lambda path: FreeSpace(path, 4_500_000)\n"
+        "from goaltender import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GOALTENDER_"))}
+    env |= {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": hub.url}
+
+    def download(repo: str, keep_free: int) -> tuple[int, list[dict]]:
+        kind = "dataset" if repo == "org/data" else "model"
+        argv = ["fetch", "--json", f"--keep-free={keep_free}", f"--type={kind}", "--", repo]
+        done = subprocess.run(
+            [sys.executable, "-c", script, *argv], env=env, capture_output=True, text=True, timeout=120
+        )
+        return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+    assert download("org/tiny", 1_000_000) == (
+        1,
+        [
+            {
+                "failed": f"disk full: model org/tiny needs 4.0 MB more in {tmp_path / 'hub'}, which has "
+                "4.5 MB free and keeps 1.0 MB free (GOALTENDER_MIN_FREE_MB); make room, or fetch fewer "
+                "files with --include"
+            }
+        ],
+    )
+    assert hub.count("GET", "/resolve/") == 0
+    code, [fetched] = download("org/data", 0)  # nothing kept: room enough
+    assert code == 0 and fetched["fetched"]["repo"] == "org/data"
+    code, [again] = download("org/data", 10**12)  # cached: nothing to write, nothing refused
+    assert code == 0 and again["fetched"]["downloaded_bytes"] == 0
+
+
 def test_a_full_disk_mid_download_is_named():
     from goaltender.runner import hub
 
@@ -419,6 +458,39 @@ async def test_a_goals_fetch_is_the_runners_download(hub, start_runner, connect,
     assert not (workspace / "own-cache").exists() and not (workspace / "own-home").exists()
 
 
+PLANTER = """
+# A package named like the runner's, where the runner's download process might import it from.
+for dir in "$GOALTENDER_CACHE_DIR" "$GOALTENDER_HOME/cache/goaltender" "$PWD/goaltender"; do
+  mkdir -p "$dir" 2>/dev/null || continue
+  printf 'import os\\nopen(os.path.expanduser("~/pwned-by-goal"), "a").close()\\n' > "$dir/__init__.py"
+  printf 'open("pwned", "a").close()\\n' > "$dir/cli.py"
+done
+goaltender fetch org/tiny --include '*.json' > tiny.out 2> tiny.err
+echo $? > tiny.rc
+"""
+
+
+async def test_the_runners_download_imports_no_code_a_goal_planted(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)
+    monkeypatch.setenv("HOME", str(tmp_path / "runner-user"))  # where the planted code would leave its mark
+    (tmp_path / "runner-user").mkdir()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", PLANTER)})
+    client = await connect(runner)
+    goal_id = await submit(client, "plant a package, then fetch, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert (workspace / "tiny.rc").read_text().strip() == "0", (workspace / "tiny.err").read_text()
+    planted = [
+        Path(d) / "__init__.py" for d in (runner.settings.cache_dir / "goaltender", workspace / "goaltender")
+    ]
+    assert any(path.exists() for path in planted)  # the goal could write one of them ...
+    assert not (tmp_path / "runner-user" / "pwned-by-goal").exists()  # ... and it never ran
+    assert not list(runner.settings.home.rglob("pwned"))
+
+
 UNGRANTED = """
 if [ -n "${HF_TOKEN:-}" ]; then echo "the agent has HF_TOKEN" > token.out; fi
 goaltender fetch org/private > private.out 2> private.err
@@ -469,7 +541,7 @@ def downloads() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.cmdline()[1:5] == ["-m", "goaltender.cli", "fetch", "--json"]:
+            if child.cmdline()[1:6] == ["-P", "-m", "goaltender.cli", "fetch", "--json"]:
                 found.append(child)
     return found
 
@@ -482,6 +554,7 @@ async def test_stopping_a_goal_kills_its_download(hub, start_runner, connect, tm
     goal_id = await submit(client, "fetch, then be stopped, max 1 experiments", agent="a")
     await eventually(lambda: hub.held)  # the runner's download is under way, mid-file
     [download] = await eventually(downloads)
+    assert f"--keep-free={64 * 1000 * 1000}" in download.cmdline()  # the runner's GOALTENDER_MIN_FREE_MB
 
     async def milestones() -> list[str]:
         return [
@@ -621,8 +694,8 @@ def test_a_spec_reaches_the_download_as_it_was_asked(repo, revision, include, re
     if spec_problem(spec) is not None:
         return
     argv = download_command(spec, keep_free=5)
-    assert argv[:3] == [sys.executable, "-m", "goaltender.cli"]
-    args = build_parser(only="fetch").parse_args(argv[3:])
+    assert argv[:4] == [sys.executable, "-P", "-m", "goaltender.cli"]
+    args = build_parser(only="fetch").parse_args(argv[4:])
     assert (args.repo, args.repo_type, args.revision, tuple(args.include)) == astuple(spec)
     assert (args.json, args.keep_free, args.goal_id) == (True, 5, None)
 
