@@ -4,12 +4,13 @@ The hub cache (RunnerSettings.hub_cache) is shared by every goal and read-only i
 a goal that could write it could plant weights or a pickle that another goal's runs then load,
 and run its code as that goal. So a goal's `goaltender fetch` asks the runner (the `fetch`
 request), and the runner downloads with the download code operators use (runner/hub.py) in a
-process of its own: `python -m goaltender.cli fetch --json …`, which reads the hub settings when
+process of its own: `python -P -m goaltender.cli fetch --json …`, which reads the hub settings when
 it imports huggingface_hub. That process gets the runner's own hub environment, never the
 agent's: HF_HUB_CACHE is the shared cache, HF_ENDPOINT, HF_HUB_OFFLINE, HF_HUB_DISABLE_XET and
-the timeouts are the box's, and a token only when HF_TOKEN is granted to goals (else none at
-all, not even a token file). The spec was checked (fetch_spec.spec_problem) and goes as
-arguments, never through a shell; no code a goal chose runs.
+the timeouts are the box's, and a token only when HF_TOKEN is granted to goals: the runner's
+HF_TOKEN, else the token file of its own HF_HOME (`hf auth login`), never one in the cache
+directory goals share; without the grant, none at all. The spec was checked
+(fetch_spec.spec_problem) and goes as arguments, never through a shell; no code a goal chose runs.
 
 The process tells its milestones and its outcome on stdout, one JSON object a line:
 {"milestone": {"title": …, "text": …}}, then {"fetched": HubFetch} or {"failed": "one line"}.
@@ -34,6 +35,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -60,12 +62,22 @@ def fetch_environment(settings: RunnerSettings, environ: Mapping[str, str] = os.
     one from a token file), so a goal gets no access through the runner it would not have had."""
     env = agent_safe(environ, settings)
     env["HF_HUB_CACHE"] = str(settings.hub_cache)
-    env.setdefault("HF_HOME", str(settings.cache_dir / "huggingface"))  # its other caches (xet)
-    if "HF_TOKEN" not in settings.grants:
+    if "HF_TOKEN" in settings.grants:  # a login's token file: the runner's own, not HF_HOME's below
+        env.setdefault("HF_TOKEN_PATH", str(_own_token_file(environ)))
+    else:
         for name in TOKEN_VARIABLES:
             env.pop(name, None)
         env["HF_TOKEN_PATH"] = os.devnull
+    env.setdefault("HF_HOME", str(settings.cache_dir / "huggingface"))  # its other caches (xet)
     return env
+
+
+def _own_token_file(environ: Mapping[str, str]) -> Path:
+    """Where huggingface_hub in the runner itself would find a login's token: $HF_HOME/token, by
+    default under ~/.cache (the cache directory that goals' HF_HOME once was is no place to trust)."""
+    cache = environ.get("XDG_CACHE_HOME", "~/.cache")
+    home = environ.get("HF_HOME", os.path.join(cache, "huggingface"))
+    return Path(os.path.expandvars(os.path.expanduser(home))) / "token"
 
 
 def download_command(spec: FetchSpec, keep_free: int) -> list[str]:

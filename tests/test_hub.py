@@ -491,6 +491,37 @@ async def test_the_runners_download_imports_no_code_a_goal_planted(
     assert not list(runner.settings.home.rglob("pwned"))
 
 
+GATED = """
+goaltender fetch org/gated > gated.out 2> gated.err
+echo $? > gated.rc
+"""
+
+
+async def test_the_runners_download_uses_its_own_login_never_a_token_file_goals_could_write(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)
+    monkeypatch.delenv(
+        "HF_TOKEN"
+    )  # no token in the environment: a login's file, as `hf auth login` leaves it
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "runner-user"))
+    login = tmp_path / "runner-user" / ".cache" / "huggingface" / "token"
+    login.parent.mkdir(parents=True)
+    login.write_text(GATED_TOKEN)  # the runner's own: may read org/gated
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", GATED)})
+    # Where the goals' HF_HOME was (read-write in their sandboxes): a token with no access to org/gated.
+    (runner.settings.cache_dir / "huggingface").mkdir(parents=True, exist_ok=True)
+    (runner.settings.cache_dir / "huggingface" / "token").write_text(TOKEN)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch a gated model, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert (workspace / "gated.rc").read_text().strip() == "0", (workspace / "gated.err").read_text()
+    assert (Path((workspace / "gated.out").read_text().splitlines()[0]) / "weights.bin").is_file()
+
+
 UNGRANTED = """
 if [ -n "${HF_TOKEN:-}" ]; then echo "the agent has HF_TOKEN" > token.out; fi
 goaltender fetch org/private > private.out 2> private.err
