@@ -11,9 +11,10 @@ reads those variables when it is imported, so only that process imports this mod
 The real client does the work, in two steps: a dry run of snapshot_download says what the
 snapshot holds and what is not cached yet (so a download the disk has no room for is refused
 before it starts, and a big one reports milestones: at its start, then at each quarter), then the
-download itself. Every failure becomes FetchFailed, one line saying what happened and what to do:
-a gated repo, no such repo or revision, the hub unreachable, offline and not cached, a full disk,
-a refused token. Messages name HF_TOKEN, never its value.
+download itself; a repo folder in the cache with a link out of it is refused first (the download
+would write through it). Every failure becomes FetchFailed, one line saying what happened and
+what to do: a gated repo, no such repo or revision, the hub unreachable, offline and not cached, a
+full disk, a refused token. Messages name HF_TOKEN, never its value.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import DryRunFileInfo
+from huggingface_hub.file_download import DryRunFileInfo, repo_folder_name
 from huggingface_hub.utils import filter_repo_objects, get_token
 from huggingface_hub.utils import tqdm as HubBar
 from huggingface_hub.utils._http import default_client_factory
@@ -106,6 +107,7 @@ def _fill_timeouts(request: httpx2.Request) -> None:
 
 
 def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int, keep_free: int) -> HubFetch:
+    _check_links(spec)
     plan = _plan(spec)
     progress = Progress(spec, report, milestone_bytes)
     if plan is not None:
@@ -151,6 +153,30 @@ def _plan(spec: FetchSpec) -> list[DryRunFileInfo] | None:
         )
     except DryRunError:
         return None
+
+
+def _check_links(spec: FetchSpec) -> None:
+    """Refuse to write through a link that leads out of the cache. The download writes the repo's
+    folder (and its lock files) as whoever runs it, the runner for goals, following links: one left
+    there while goals could write the cache would take the files anywhere that user may write."""
+    cache = hub_cache()
+    root = cache.resolve()
+    folder = repo_folder_name(repo_id=spec.repo, repo_type=spec.repo_type)
+    for top in (cache / folder, cache / ".locks" / folder):
+        for path in [top, *_tree(top)]:
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise FetchFailed(
+                    f"the cache of {spec.repo_type} {spec.repo} holds a link out of {cache} "
+                    f"({path} -> {os.readlink(path)}); remove {top} and fetch again"
+                )
+
+
+def _tree(top: Path) -> list[Path]:
+    """Everything under `top`, links included, without following them."""
+    found = []
+    for folder, dirs, files in os.walk(top):
+        found += [Path(folder) / name for name in (*dirs, *files)]
+    return found
 
 
 def _check_room(spec: FetchSpec, needed: int, keep_free: int) -> None:

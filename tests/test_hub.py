@@ -491,6 +491,36 @@ async def test_the_runners_download_imports_no_code_a_goal_planted(
     assert not list(runner.settings.home.rglob("pwned"))
 
 
+async def test_the_runners_download_writes_through_no_link_out_of_the_cache(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    """Links left in the hub cache while goals could write it (before it was read-only to them):
+    the runner's download, which writes as the runner's user, refuses to follow them out."""
+    runner_environment(monkeypatch, hub)
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    outside = tmp_path / "outside"  # say the runner's ~/.ssh
+    outside.mkdir()
+    repo = runner.settings.hub_cache / "models--org--tiny"
+    repo.mkdir(parents=True)
+    (repo / "snapshots").symlink_to(outside)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch into a cache with a link out, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    failed = subprocess.CompletedProcess(
+        [],
+        int((workspace / "tiny.rc").read_text()),
+        (workspace / "tiny.out").read_text(),
+        (workspace / "tiny.err").read_text(),
+    )
+    assert one_line_failure(failed) == (
+        f"goaltender: the cache of model org/tiny holds a link out of {runner.settings.hub_cache} "
+        f"({repo / 'snapshots'} -> {outside}); remove {repo} and fetch again\n"
+    )
+    assert list(outside.iterdir()) == [] and hub.count("GET", "/resolve/") == 0
+
+
 GATED = """
 goaltender fetch org/gated > gated.out 2> gated.err
 echo $? > gated.rc
