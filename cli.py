@@ -600,13 +600,15 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
 
           MODEL_DIR=$(goaltender fetch Qwen/Qwen3-0.6B | head -n1)
 
-        Files land in $HF_HUB_CACHE (default $HF_HOME/hub; for goals the runner puts HF_HOME
-        on its big disk). HF_ENDPOINT names a mirror; with HF_HUB_OFFLINE=1 only the cache is
-        used. Gated and private repos need a token in HF_TOKEN (the runner grants it to goals;
-        it is never printed). Inside a goal the fetch is recorded in the goal's ledger (repo,
-        revision, the commit it resolved to), and a download of more than
-        GOALTENDER_FETCH_MILESTONE_MB (default 100) reports milestones as it goes. Outside a
-        goal it only downloads. Exit 1 when the fetch fails, saying why in one line.""",
+        Inside a goal the runner downloads it: the hub cache ($HF_HUB_CACHE) is shared by
+        every goal and read-only in their sandboxes, and only the runner writes it, with the
+        box's hub settings (HF_ENDPOINT, HF_HUB_OFFLINE; HF_TOKEN when granted to goals, never
+        printed), whatever this environment says. The fetch is recorded in the goal's ledger
+        (repo, revision, the commit it resolved to), and a download of more than
+        GOALTENDER_FETCH_MILESTONE_MB (default 100, the runner's) reports milestones as it
+        goes. One download of a repo at a time: a second fetch waits for it, then finds the
+        files cached. Outside a goal (an operator's shell) it downloads here, with this
+        environment's HF_* variables. Exit 1 when the fetch fails, saying why in one line.""",
     )
     cmd.add_argument("repo", help="owner/name on the hub")
     cmd.add_argument("--revision", help="a branch, tag or commit (default: main)")
@@ -620,6 +622,10 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         help="only the files these globs match, e.g. '*.json' '*.safetensors' (default: every file)",
     )
     goal_arg(cmd)
+    # The runner's own download for a goal (runner/fetches.py): never a goal's, and results as
+    # JSON lines on stdout; `--keep-free` bytes stay free on the cache's disk.
+    cmd.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    cmd.add_argument("--keep-free", type=COUNT, default=0, help=argparse.SUPPRESS)
 
     cmd = command(
         "skill-edit",
@@ -1464,48 +1470,70 @@ def cmd_report(args):
 
 
 def cmd_fetch(args):
-    # huggingface_hub reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HOME when it is imported: here, in
-    # this process's environment (an agent's is the one the runner gave its goal).
-    import asyncio
+    from goaltender.runner.fetch_spec import FetchSpec, spec_problem
 
-    from goaltender.runner import hub
-    from goaltender.runner.client import RunnerUnavailable
-
-    spec = hub.FetchSpec(args.repo, args.repo_type, args.revision, tuple(args.include))
-    if problem := hub.spec_problem(spec):
+    spec = FetchSpec(args.repo, args.repo_type, args.revision, tuple(args.include))
+    if problem := spec_problem(spec):
         raise UsageError(problem)
-    milestone_bytes = _milestone_bytes()
-    in_goal = args.goal_id is not None or "GOALTENDER_GOAL_ID" in os.environ
-    if not in_goal:  # an operator on the box: the download alone, its progress on stderr
-        try:
-            fetch = hub.fetch(spec, _say_progress, milestone_bytes=milestone_bytes)
-        except hub.FetchFailed as failed:
-            print(f"goaltender: {failed}", file=sys.stderr)
-            return EXIT_NO
-        _print_fetch(fetch)
-        return EXIT_OK
-    goal_id = _goal_id(args)
+    if args.json:
+        return _fetch_for_the_runner(spec, args.keep_free)
+    if args.goal_id is None and "GOALTENDER_GOAL_ID" not in os.environ:
+        return _fetch_here(spec)
+    # Inside a goal: the runner downloads, outside the sandbox, and records it.
+    fields = _checked(
+        p.Fetch,
+        goal_id=_goal_id(args),
+        repo=spec.repo,
+        repo_type=spec.repo_type,
+        revision=spec.revision,
+        include=list(spec.include),
+    )
 
     async def body(runner: RunnerClient):
-        loop = asyncio.get_running_loop()
-
-        def milestone(title: str, text: str) -> None:  # called from the download's threads
-            call = runner.call(p.ReportMilestone, p.Done, goal_id=goal_id, title=title, text=text)
-            try:
-                asyncio.run_coroutine_threadsafe(call, loop).result()
-            except (p.ProtocolError, RunnerUnavailable) as exc:  # the record, at the end, says what counts
-                print(f"goaltender: progress milestone not posted: {exc}", file=sys.stderr)
-
-        try:
-            fetch = await asyncio.to_thread(hub.fetch, spec, milestone, milestone_bytes=milestone_bytes)
-        except hub.FetchFailed as failed:
-            print(f"goaltender: {failed}", file=sys.stderr)
+        reply = await runner.call(p.Fetch, p.FetchReply, **fields)
+        if reply.fetch is None:
+            print(f"goaltender: {reply.failure}", file=sys.stderr)
             return EXIT_NO
-        recorded = await runner.call(p.RecordFetch, p.Done, goal_id=goal_id, fetch=fetch)
-        _print_fetch(fetch, recorded.message)
+        _print_fetch(reply.fetch, reply.message)
         return EXIT_OK
 
     return _run(args, body)
+
+
+def _fetch_here(spec: Any) -> int:
+    """An operator on the box: the download in this process, with this environment (huggingface_hub
+    reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HUB_CACHE when it is imported), progress on stderr."""
+    from goaltender.runner import hub
+
+    milestone_bytes = _milestone_bytes()
+    try:
+        fetch = hub.fetch(spec, _say_progress, milestone_bytes=milestone_bytes)
+    except hub.FetchFailed as failed:
+        print(f"goaltender: {failed}", file=sys.stderr)
+        return EXIT_NO
+    _print_fetch(fetch)
+    return EXIT_OK
+
+
+def _fetch_for_the_runner(spec: Any, keep_free: int) -> int:
+    """The download the runner runs for a goal (runner/fetches.py), in the runner's hub
+    environment: milestones and the outcome as JSON lines on stdout, which the runner reads."""
+    from goaltender.runner import hub
+
+    def say(**line: Any) -> None:
+        print(json.dumps(line), flush=True)
+
+    def milestone(title: str, text: str) -> None:  # from the download's threads, one at a time
+        say(milestone={"title": title, "text": text})
+
+    milestone_bytes = _milestone_bytes()
+    try:
+        fetch = hub.fetch(spec, milestone, milestone_bytes=milestone_bytes, keep_free=keep_free)
+    except hub.FetchFailed as failed:
+        say(failed=str(failed))
+        return EXIT_NO
+    say(fetched=fetch.model_dump(mode="json"))
+    return EXIT_OK
 
 
 def _milestone_bytes() -> int:

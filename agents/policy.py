@@ -12,7 +12,7 @@
   the agent did not start, system configuration, and the file's `ask` patterns; and whatever it
   cannot tell before it runs: `eval`, a shell reading commands from its input (`... | sh`,
   `bash -s`, a heredoc), a command named by a variable (`$c`, `$'...'`). (Not `goaltender fetch`:
-  it downloads from the hub into the cache the runner set, and is recorded.)
+  the runner downloads from the box's hub into the shared cache, and records it.)
 - **allow** is everything else, and whatever the file's `allow` patterns match (an allow pattern
   overrides the built-in ask rules, never a deny).
 

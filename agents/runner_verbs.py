@@ -181,8 +181,9 @@ class RunnerVerbs:
         return reply.message
 
     async def fetch_from_hub(self, args: FetchFromHub) -> str:
-        """`goaltender fetch` itself, so that the download, its milestones and its record are the
-        same for every agent (it reads the goal from this process's environment)."""
+        """`goaltender fetch` itself, so that the fetch is the same for every agent: it reads the
+        goal from this process's environment and asks the runner, which downloads into the shared
+        hub cache (read-only here), posts the milestones and records it."""
         argv = ["goaltender", "fetch", args.repo, "--type", args.repo_type]
         argv += ["--revision", args.revision] if args.revision else []
         argv += ["--include", *args.include] if args.include else []
@@ -202,8 +203,9 @@ class RunnerVerbs:
             output, _ = await asyncio.wait_for(fetching.communicate(), self.fetch_timeout_s)
         except TimeoutError:
             return (
-                f"{note}timed out after {self.fetch_timeout_s:g}s (GOALTENDER_FETCH_TIMEOUT_S): the fetch "
-                "was killed; fetching again resumes what was downloaded"
+                f"{note}timed out after {self.fetch_timeout_s:g}s (GOALTENDER_FETCH_TIMEOUT_S): stopped "
+                "waiting; the runner's download goes on until it ends or the goal does. Fetching "
+                "again waits for it, then finds the files cached (or resumes)"
             )
         finally:
             if fetching.returncode is None:  # timed out, or the agent is stopping

@@ -214,10 +214,11 @@ class SubmitReport(ToolArguments):
 
 
 class FetchFromHub(ToolArguments):
-    """Download a model or data set from the Hugging Face hub (or the box's mirror) into the
-    shared cache on the big disk, and record it in the goal's ledger (what `goaltender fetch`
-    does). Returns the local path and the commit the revision resolved to; a big download posts
-    progress milestones. Gated and private repos use the HF_TOKEN the runner granted, if any."""
+    """Have the runner download a model or data set from the Hugging Face hub (or the box's
+    mirror) into the hub cache shared by goals (read-only to you: this is the only way in), and
+    record it in the goal's ledger (what `goaltender fetch` does). Returns the local path and the
+    commit the revision resolved to; a big download posts progress milestones. Gated and private
+    repos use the box's HF_TOKEN when it is granted to goals."""
 
     repo: str = Field(description="owner/name on the hub, e.g. Qwen/Qwen3-0.6B")
     repo_type: Literal["model", "dataset"] = "model"

@@ -2,9 +2,9 @@
 budget, supervised, judged and entered in the ledger; the approvals it waits on; its deadline.
 
 Every way a goal ends (its agent exits or cannot start, the deadline passes, an operator stops it)
-goes through `end_goal`: the agent and the goal's experiments are stopped with their whole process
-groups, pending approvals expire, the goal's socket and /tmp go, and the final report is written
-once.
+goes through `end_goal`: its downloads from the hub (runner/fetches.py), the agent and the goal's
+experiments are stopped with their whole process groups, pending approvals expire, the goal's
+socket and /tmp go, and the final report is written once.
 
 The agent and every experiment and eval command run in the goal's sandbox (runner/sandbox.py),
 holding only the goal's own socket (`AgentSockets`, the server), which lets them act on this goal
@@ -30,6 +30,7 @@ from goaltender.runner.agent_env import agent_environment, experiment_environmen
 from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Executor, Job, LocalExecutor, OnStart, Placement
+from goaltender.runner.fetches import HubFetches
 from goaltender.runner.report import best_experiment, final_report
 from goaltender.runner.retention import prune_checkpoints
 from goaltender.runner.sandbox import Sandbox
@@ -88,6 +89,7 @@ class Campaigns:
             settings.slots or os.cpu_count() or 1, [g.index for g in inventory], self._queue_moved
         )
         self.standbys = Standbys(self.sandbox, settings)
+        self.fetches = HubFetches(settings)  # goals' downloads into the shared hub cache
         self._executors: dict[str, Executor] = {
             "local": LocalExecutor(self.sandbox, settings.name, self.standbys)
         }
@@ -226,6 +228,7 @@ class Campaigns:
         restart resumes them)."""
         for task in self._tasks:
             task.cancel()
+        await self.fetches.close()
         await self.standbys.close()
         for proc in list(self._agents.values()):
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
@@ -1089,6 +1092,7 @@ class Campaigns:
         timer = self._deadline_timers.pop(goal_id, None)
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
+        await self.fetches.cancel(goal_id, f"goal #{goal_id} ended: {first_line}")
         if (proc := self._agents.pop(goal_id, None)) is not None:
             # SIGTERM first: the agent may use the grace period to hand in its report.
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)

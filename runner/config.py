@@ -240,17 +240,17 @@ class RunnerSettings(GoaltenderSettings):
 
     @property
     def hub_cache(self) -> Path:
-        """The hub cache every goal reads and none writes (only `goaltender fetch`, run by the
-        runner, downloads into it)."""
+        """The Hugging Face hub cache every goal shares: read-only in their sandboxes (at this same
+        path, HF_HUB_CACHE), written only by the runner's own downloads (runner/fetches.py)."""
         return self.hub_cache_in(os.environ)
 
     def hub_cache_in(self, env: Mapping[str, str]) -> Path:
-        """The hub cache of a runner started with `env`: its HF_HUB_CACHE, else $HF_HOME/hub,
-        else under the cache directory."""
-        if value := env.get("HF_HUB_CACHE"):
-            return Path(os.path.abspath(Path(value).expanduser()))
-        if value := env.get("HF_HOME"):
-            return Path(os.path.abspath(Path(value).expanduser())) / "hub"
+        """The hub cache of a runner started with `env`, as huggingface_hub reads it: HF_HUB_CACHE,
+        else $HF_HOME/hub, else cache/huggingface/hub."""
+        if chosen := env.get("HF_HUB_CACHE"):
+            return _absolute_path(chosen)
+        if home := env.get("HF_HOME"):
+            return _absolute_path(home) / "hub"
         return self.cache_dir / "huggingface" / "hub"
 
     def goal_cache(self, goal_id: int) -> Path:
@@ -275,3 +275,9 @@ class RunnerSettings(GoaltenderSettings):
         """The home, workspaces/ and cache/: this user's alone (0700, tightened if they exist)."""
         for directory in (self.home, self.workspaces, self.cache_dir):
             private_directory(directory)
+
+
+def _absolute_path(value: str) -> Path:
+    """A path from the environment as huggingface_hub expands it (~, $VARS), made absolute: the
+    sandboxes see it at the same place."""
+    return Path(os.path.abspath(os.path.expandvars(os.path.expanduser(value))))

@@ -34,6 +34,7 @@ from goaltender.runner.budget import (
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import ConfigError, RunnerSettings
 from goaltender.runner.disk_usage import goal_usage
+from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.report import best_experiment, goal_stop_status, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
@@ -95,7 +96,7 @@ class Runner:
             p.StageDone: self._on_stage_done,
             p.CrossCheck: self._on_cross_check,
             p.RunExperiment: self._on_run_experiment,
-            p.RecordFetch: self._on_record_fetch,
+            p.Fetch: self._on_fetch,
             p.SkillEdit: self._on_skill_edit,
         }
         self.server = SocketServer(
@@ -516,10 +517,25 @@ class Runner:
         await self.store.set_agent_report(req.goal_id, req.text)
         return p.Done(message="report text stored; it goes into the final report")
 
-    async def _on_record_fetch(self, req: p.RecordFetch, who: Principal) -> p.Reply:
+    async def _on_fetch(self, req: p.Fetch, who: Principal) -> p.Reply:
+        """Download into the shared hub cache, outside the sandbox (runner/fetches.py); the
+        milestones and the record go to the goal."""
         goal = await self.campaigns.active_goal(req.goal_id)
-        event = await self.store.append_event(goal.id, HubFetched(fetch=req.fetch))
-        return p.Done(message=f"recorded in goal #{goal.id}'s ledger (event {event.seq})")
+        spec = FetchSpec(req.repo, req.repo_type, req.revision, tuple(req.include))
+        if problem := await asyncio.to_thread(spec_problem, spec):
+            raise Refused("bad_request", problem)
+
+        async def milestone(title: str, text: str) -> None:
+            await self.store.append_event(goal.id, MilestoneReported(title=title, text=text))
+
+        try:
+            fetched = await self.campaigns.fetches.fetch(goal.id, spec, milestone)
+        except FetchFailed as failed:
+            return p.FetchReply(failure=str(failed))
+        event = await self.store.append_event(goal.id, HubFetched(fetch=fetched))
+        return p.FetchReply(
+            fetch=fetched, message=f"recorded in goal #{goal.id}'s ledger (event {event.seq})"
+        )
 
     async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)

@@ -1,19 +1,20 @@
 """`goaltender fetch`: a model or data set from the Hugging Face hub, or a mirror, into the hub cache.
 
 Its home is the runner package because it belongs to the box, yet it never runs in the daemon: it
-runs in the `goaltender fetch` process — a goal's agent in its sandbox, or an operator's shell —
-and downloads with that process's environment. For a goal that is the one the runner gives it:
-HF_HOME under the runner's cache on the big disk, HF_ENDPOINT (a mirror) and HF_HUB_OFFLINE as
-the box sets them, and HF_TOKEN when it is granted to goals (GOALTENDER_GRANTS). huggingface_hub
-reads those variables when it is imported, so only the command imports this module. The daemon
-only records what was fetched (RecordFetch).
+runs in a `goaltender fetch` process and downloads with that process's environment. That process
+is an operator's shell, or the one the runner starts for a goal's agent (runner/fetches.py): the
+hub cache is shared by every goal and read-only in their sandboxes, so only the runner's own
+download writes it, with the box's hub settings (HF_HUB_CACHE, HF_ENDPOINT for a mirror,
+HF_HUB_OFFLINE) and HF_TOKEN when it is granted to goals (GOALTENDER_GRANTS). huggingface_hub
+reads those variables when it is imported, so only that process imports this module.
 
 The real client does the work, in two steps: a dry run of snapshot_download says what the
 snapshot holds and what is not cached yet (so a download the disk has no room for is refused
 before it starts, and a big one reports milestones: at its start, then at each quarter), then the
-download itself. Every failure becomes FetchFailed, one line saying what happened and what to do:
-a gated repo, no such repo or revision, the hub unreachable, offline and not cached, a full disk,
-a refused token. Messages name HF_TOKEN, never its value.
+download itself; a repo folder in the cache with a link out of it is refused first (the download
+would write through it). Every failure becomes FetchFailed, one line saying what happened and
+what to do: a gated repo, no such repo or revision, the hub unreachable, offline and not cached, a
+full disk, a refused token. Messages name HF_TOKEN, never its value.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import httpx2
 from huggingface_hub import constants, set_client_factory, snapshot_download
@@ -34,24 +34,25 @@ from huggingface_hub.errors import (
     FileMetadataError,
     GatedRepoError,
     HfHubHTTPError,
-    HFValidationError,
     IncompleteSnapshotError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import DryRunFileInfo
-from huggingface_hub.utils import filter_repo_objects, get_token, validate_repo_id
+from huggingface_hub.file_download import DryRunFileInfo, repo_folder_name
+from huggingface_hub.utils import filter_repo_objects, get_token
 from huggingface_hub.utils import tqdm as HubBar
 from huggingface_hub.utils._http import default_client_factory
 
+from goaltender.runner.fetch_spec import FetchFailed as FetchFailed
+from goaltender.runner.fetch_spec import FetchSpec as FetchSpec
+from goaltender.runner.fetch_spec import spec_problem as spec_problem
 from goaltender.runner.report import format_bytes
 from goaltender.runner.secrets import url_shown
 from goaltender.storage.records import HubFetch
 from goaltender.storage.space import free_space, is_disk_full, probe_after_failure
 
-RepoType = Literal["model", "dataset"]
 MILESTONE_BYTES = 100 * 1000 * 1000
 """Downloads this big report their progress as milestones; smaller ones only their result."""
 
@@ -59,32 +60,9 @@ Report = Callable[[str, str], None]  # (title, details): a milestone
 E = TypeVar("E", bound=BaseException)
 
 
-@dataclass(frozen=True)
-class FetchSpec:
-    repo: str
-    repo_type: RepoType = "model"
-    revision: str | None = None  # a branch, tag or commit; None: the hub's default, main
-    include: tuple[str, ...] = ()  # glob patterns of the files wanted; none: every file
-
-
-class FetchFailed(Exception):
-    """The fetch did not happen; the message says why in one line, and what to do."""
-
-
-def spec_problem(spec: FetchSpec) -> str | None:
-    """What makes `spec` unusable before the hub is asked (None: nothing)."""
-    try:
-        validate_repo_id(spec.repo)
-    except HFValidationError:
-        return f"not a repo id: {spec.repo[:80]!r} (expected owner/name, e.g. Qwen/Qwen3-0.6B)"
-    if spec.revision is not None and not spec.revision.strip():
-        return "the revision is empty"
-    return None
-
-
 def hub_cache() -> Path:
-    """Where snapshots land: $HF_HUB_CACHE, by default $HF_HOME/hub (the runner puts HF_HOME
-    under its cache directory for goals)."""
+    """Where snapshots land: $HF_HUB_CACHE, by default $HF_HOME/hub (for goals, the runner's
+    shared hub cache: RunnerSettings.hub_cache)."""
     return Path(constants.HF_HUB_CACHE)
 
 
@@ -93,11 +71,14 @@ def endpoint() -> str:
     return url_shown(constants.ENDPOINT)
 
 
-def fetch(spec: FetchSpec, report: Report, *, milestone_bytes: int = MILESTONE_BYTES) -> HubFetch:
-    """Download the snapshot `spec` names (or find it in the cache) and say what it holds."""
+def fetch(
+    spec: FetchSpec, report: Report, *, milestone_bytes: int = MILESTONE_BYTES, keep_free: int = 0
+) -> HubFetch:
+    """Download the snapshot `spec` names (or find it in the cache) and say what it holds.
+    `keep_free`: bytes the cache's disk must still have free afterwards (the runner's reserve)."""
     set_client_factory(_client_with_timeouts)
     try:
-        return _fetch(spec, report, milestone_bytes)
+        return _fetch(spec, report, milestone_bytes, keep_free)
     except FetchFailed:
         raise
     except Exception as exc:
@@ -125,13 +106,14 @@ def _fill_timeouts(request: httpx2.Request) -> None:
     }
 
 
-def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int) -> HubFetch:
+def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int, keep_free: int) -> HubFetch:
+    _check_links(spec)
     plan = _plan(spec)
     progress = Progress(spec, report, milestone_bytes)
     if plan is not None:
         wanted = [f for f in plan if f.will_download]
         progress.total = sum(f.file_size or 0 for f in wanted)
-        _check_room(spec, progress.total)
+        _check_room(spec, progress.total, keep_free)
         progress.begin(len(wanted))
     path = Path(
         snapshot_download(
@@ -173,17 +155,45 @@ def _plan(spec: FetchSpec) -> list[DryRunFileInfo] | None:
         return None
 
 
-def _check_room(spec: FetchSpec, needed: int) -> None:
-    """Refuse a download the cache's disk has no room for (huggingface_hub only warns). A disk
-    that cannot be probed is left to the download, which says so if it fills up."""
+def _check_links(spec: FetchSpec) -> None:
+    """Refuse to write through a link that leads out of the cache. The download writes the repo's
+    folder (and its lock files) as whoever runs it, the runner for goals, following links: one left
+    there while goals could write the cache would take the files anywhere that user may write."""
+    cache = hub_cache()
+    root = cache.resolve()
+    folder = repo_folder_name(repo_id=spec.repo, repo_type=spec.repo_type)
+    for top in (cache / folder, cache / ".locks" / folder):
+        for path in [top, *_tree(top)]:
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise FetchFailed(
+                    f"the cache of {spec.repo_type} {spec.repo} holds a link out of {cache} "
+                    f"({path} -> {os.readlink(path)}); remove {top} and fetch again"
+                )
+
+
+def _tree(top: Path) -> list[Path]:
+    """Everything under `top`, links included, without following them."""
+    found = []
+    for folder, dirs, files in os.walk(top):
+        found += [Path(folder) / name for name in (*dirs, *files)]
+    return found
+
+
+def _check_room(spec: FetchSpec, needed: int, keep_free: int) -> None:
+    """Refuse a download the cache's disk has no room for (huggingface_hub only warns), or that
+    would eat into the `keep_free` bytes the runner keeps free. A disk that cannot be probed is
+    left to the download, which says so if it fills up."""
+    if not needed:
+        return  # all cached: nothing is written
     try:
         free = free_space(_existing(hub_cache())).free_bytes
     except OSError:
         return
-    if needed > free:
+    if needed > free - keep_free:
+        kept = f" and keeps {format_bytes(keep_free)} free (GOALTENDER_MIN_FREE_MB)" if keep_free else ""
         raise FetchFailed(
             f"disk full: {spec.repo_type} {spec.repo} needs {format_bytes(needed)} more in {hub_cache()}, "
-            f"which has {format_bytes(free)} free; make room, or fetch fewer files with --include"
+            f"which has {format_bytes(free)} free{kept}; make room, or fetch fewer files with --include"
         )
 
 

@@ -34,6 +34,7 @@ from pydantic import (
 
 from goaltender.runner import wire
 from goaltender.runner.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
+from goaltender.runner.fetch_spec import MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_REVISION_CHARS
 from goaltender.runner.quick_client import RunnerRefused
 from goaltender.storage.records import (
     Approval,
@@ -414,12 +415,20 @@ class SubmitReport(Request):
     text: Words = Field(min_length=1, max_length=50_000)
 
 
-class RecordFetch(Request):
-    """A model or data set `goaltender fetch` put in the cache, for the goal's record."""
+class Fetch(Request):
+    """Bring a model or data set from the hub into the shared hub cache, and record it in the
+    goal's ledger. The runner downloads it itself, outside every sandbox (the cache is read-only
+    in them; runner/fetches.py), posting milestones as a big download goes; the reply comes when
+    it is there, or says in one line why not."""
 
-    type: Literal["record_fetch"] = "record_fetch"
+    type: Literal["fetch"] = "fetch"
     goal_id: RowId
-    fetch: HubFetch
+    repo: OsText = Field(min_length=1, max_length=200)  # owner/name; checked as the hub checks it
+    repo_type: Literal["model", "dataset"] = "model"
+    revision: OsText | None = Field(default=None, max_length=MAX_REVISION_CHARS)
+    include: list[Annotated[OsText, Field(max_length=MAX_PATTERN_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_PATTERNS
+    )
 
 
 # ---- the box's skill folder (runner/skill_folder.py) ----
@@ -485,7 +494,7 @@ AnyRequest = Annotated[
     | WriteDiary
     | ReadDiary
     | SubmitReport
-    | RecordFetch,
+    | Fetch,
     Field(discriminator="type"),
 ]
 
@@ -565,6 +574,15 @@ class CrossCheckReply(Reply):
     table: str  # the disagreements (markdown)
     logs: list[str]  # A's and B's logs
     approval: Approval | None = None  # the decision on a disagreement
+
+
+class FetchReply(Reply):
+    """A fetch's outcome: what is in the cache now (and its record), or why it is not."""
+
+    type: Literal["fetched"] = "fetched"
+    fetch: HubFetch | None = None  # None: it failed
+    failure: str = ""  # why, in one line
+    message: str = ""  # where it was recorded
 
 
 class InboxReply(Reply):
@@ -702,6 +720,7 @@ AnyReply = Annotated[
     | DecisionReply
     | StageReply
     | CrossCheckReply
+    | FetchReply
     | InboxReply
     | DiaryReply
     | AuditReply

@@ -115,7 +115,7 @@ AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
         p.WriteDiary,
         p.ReadDiary,
         p.SubmitReport,
-        p.RecordFetch,
+        p.Fetch,  # the runner downloads (runner/fetches.py): the hub cache is read-only to goals
         p.SkillEdit,  # proposes only: a person's approval applies it
     }
 )

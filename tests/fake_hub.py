@@ -11,6 +11,8 @@ HF_ENDPOINT pointing here.
     url = hub.start()                                 # http://127.0.0.1:PORT, served from a thread
     ...
     hub.requests                                      # every request: method, path, whether it had a token
+    hub.hold()                                        # file downloads wait (hub.held counts them) ...
+    hub.release()                                     # ... until released
     hub.stop()
 
 Endpoints:
@@ -31,7 +33,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -68,6 +72,8 @@ class FakeHub:
         self.tokens: dict[str, set[str]] = {}  # a valid token -> the gated or private repos it may read
         self.requests: list[Seen] = []
         self.down: int | None = None  # a status (503) every request gets: the hub is down
+        self.held = 0  # file downloads that have waited on hold()
+        self._gate: asyncio.Event | None = None  # set: downloads go on (None: never held)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -136,6 +142,25 @@ class FakeHub:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
 
+    def hold(self) -> None:
+        """File downloads (GET …/resolve/…) wait from now on, until release()."""
+
+        async def close_the_gate() -> None:
+            self._gate = asyncio.Event()
+
+        self._in_loop(close_the_gate())
+
+    def release(self) -> None:
+        async def open_the_gate() -> None:
+            if self._gate is not None:
+                self._gate.set()
+
+        self._in_loop(open_the_gate())
+
+    def _in_loop(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None, "start() first"
+        asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
     def count(self, method: str, contains: str = "") -> int:
         return sum(1 for r in self.requests if r.method == method and contains in r.path)
 
@@ -183,6 +208,9 @@ class FakeHub:
             }
         if request.method == "HEAD":
             return web.Response(headers=headers | {"Content-Length": str(len(data))})
+        if self._gate is not None and not self._gate.is_set():
+            self.held += 1
+            await self._gate.wait()
         return web.Response(body=data, headers=headers, content_type="application/octet-stream")
 
     def _resolve(

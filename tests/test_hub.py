@@ -5,6 +5,7 @@ the token never shows."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import http.server
@@ -18,18 +19,27 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import astuple
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
-from conftest import BIN, events_until_report, submit, write_agent
+from conftest import BIN, events_until_report, eventually, submit, write_agent
 from fake_hub import FakeHub
 from fake_openai import FakeOpenAI, ToolCall, Turn
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from goaltender.agents.policy import classify_command
 from goaltender.bot.thread import WRITES, EventInThread
+from goaltender.cli import build_parser
 from goaltender.display.terminal import ConsoleThread
 from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient
+from goaltender.runner.fetch_spec import FetchSpec, spec_problem
+from goaltender.runner.fetches import MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES, download_command
+from goaltender.runner.trust import user_name
 from goaltender.storage.records import Event, HubFetch, HubFetched, utcnow
 
 TOKEN = "hf_PlantedFetchToken0123456789abcdef"  # valid, may read org/private (not org/gated)
@@ -265,6 +275,45 @@ def test_a_download_the_disk_has_no_room_for_is_refused_before_it_starts(hub, tm
     assert hub.count("GET", "/resolve/") == 0
 
 
+def test_the_runners_download_keeps_its_reserve_free(hub, tmp_path):
+    """The download the runner starts for a goal (`--json`) also keeps the runner's
+    GOALTENDER_MIN_FREE_MB (`--keep-free`) free; what is cached already needs no room."""
+    script = (
+        "import sys\n"
+        "from goaltender.runner import hub\n"
+        "from goaltender.storage.space import FreeSpace\n"
+        "hub.free_space = lambda path: FreeSpace(path, 4_500_000)\n"
+        "from goaltender import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GOALTENDER_"))}
+    env |= {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": hub.url}
+
+    def download(repo: str, keep_free: int) -> tuple[int, list[dict]]:
+        kind = "dataset" if repo == "org/data" else "model"
+        argv = ["fetch", "--json", f"--keep-free={keep_free}", f"--type={kind}", "--", repo]
+        done = subprocess.run(
+            [sys.executable, "-c", script, *argv], env=env, capture_output=True, text=True, timeout=120
+        )
+        return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+    assert download("org/tiny", 1_000_000) == (
+        1,
+        [
+            {
+                "failed": f"disk full: model org/tiny needs 4.0 MB more in {tmp_path / 'hub'}, which has "
+                "4.5 MB free and keeps 1.0 MB free (GOALTENDER_MIN_FREE_MB); make room, or fetch fewer "
+                "files with --include"
+            }
+        ],
+    )
+    assert hub.count("GET", "/resolve/") == 0
+    code, [fetched] = download("org/data", 0)  # nothing kept: room enough
+    assert code == 0 and fetched["fetched"]["repo"] == "org/data"
+    code, [again] = download("org/data", 10**12)  # cached: nothing to write, nothing refused
+    assert code == 0 and again["fetched"]["downloaded_bytes"] == 0
+
+
 def test_a_full_disk_mid_download_is_named():
     from goaltender.runner import hub
 
@@ -371,6 +420,345 @@ async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, conne
     assert (fetched.repo, fetched.repo_type, fetched.files) == ("org/data", "dataset", 1)
     [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
     assert result.splitlines()[:2] == ["exit code 0", fetched.path]
+
+
+# ---- the runner downloads for goals: the hub cache is theirs to read, not to write ----
+
+SELF_SERVED = """
+# The agent's own hub settings, none of which a goal's fetch may use: a dead hub, a token the hub
+# refuses, a cache of its own.
+export HF_ENDPOINT=http://127.0.0.1:{closed} HF_TOKEN=hf_TheAgentsOwnToken0123456789abc
+export HF_HUB_CACHE="$PWD/own-cache" HF_HOME="$PWD/own-home" HF_HUB_OFFLINE=1
+goaltender fetch org/private > private.out 2> private.err
+echo $? > private.rc
+"""
+
+
+async def test_a_goals_fetch_is_the_runners_download(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "shared-hub"))  # the box's: where goals read
+    agent = write_agent(tmp_path, "agent.sh", SELF_SERVED.format(closed=_closed_port()))
+    runner = await start_runner(agents={"a": agent})
+    assert runner.settings.hub_cache == tmp_path / "shared-hub"
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch a private model, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    said = (workspace / "private.err").read_text()
+    assert (workspace / "private.rc").read_text().strip() == "0", said
+    snapshot = tmp_path / "shared-hub" / "models--org--private" / "snapshots" / commit(hub, "org/private")
+    path, summary = (workspace / "private.out").read_text().splitlines()
+    assert path == str(snapshot) and (snapshot / "weights.bin").read_bytes() == b"p" * 100
+    [fetched] = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
+    assert fetched.path == path
+    assert summary.endswith(f"recorded in goal #{goal_id}'s ledger (event {_seq_of(events, fetched)})")
+    # The runner's hub, the runner's token (the agent's would have been refused), the runner's cache.
+    assert hub.requests and all(seen.with_token for seen in hub.requests)
+    assert not (workspace / "own-cache").exists() and not (workspace / "own-home").exists()
+
+
+PLANTER = """
+# A package named like the runner's, where the runner's download process might import it from.
+for dir in "$GOALTENDER_CACHE_DIR" "$GOALTENDER_HOME/cache/goaltender" "$PWD/goaltender"; do
+  mkdir -p "$dir" 2>/dev/null || continue
+  printf 'import os\\nopen(os.path.expanduser("~/pwned-by-goal"), "a").close()\\n' > "$dir/__init__.py"
+  printf 'open("pwned", "a").close()\\n' > "$dir/cli.py"
+done
+goaltender fetch org/tiny --include '*.json' > tiny.out 2> tiny.err
+echo $? > tiny.rc
+"""
+
+
+async def test_the_runners_download_imports_no_code_a_goal_planted(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)
+    monkeypatch.setenv("HOME", str(tmp_path / "runner-user"))  # where the planted code would leave its mark
+    (tmp_path / "runner-user").mkdir()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", PLANTER)})
+    client = await connect(runner)
+    goal_id = await submit(client, "plant a package, then fetch, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert (workspace / "tiny.rc").read_text().strip() == "0", (workspace / "tiny.err").read_text()
+    planted = [
+        Path(d) / "__init__.py" for d in (runner.settings.cache_dir / "goaltender", workspace / "goaltender")
+    ]
+    assert any(path.exists() for path in planted)  # the goal could write one of them ...
+    assert not (tmp_path / "runner-user" / "pwned-by-goal").exists()  # ... and it never ran
+    assert not list(runner.settings.home.rglob("pwned"))
+
+
+async def test_the_runners_download_writes_through_no_link_out_of_the_cache(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    """Links left in the hub cache while goals could write it (before it was read-only to them):
+    the runner's download, which writes as the runner's user, refuses to follow them out."""
+    runner_environment(monkeypatch, hub)
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    outside = tmp_path / "outside"  # say the runner's ~/.ssh
+    outside.mkdir()
+    repo = runner.settings.hub_cache / "models--org--tiny"
+    repo.mkdir(parents=True)
+    (repo / "snapshots").symlink_to(outside)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch into a cache with a link out, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    failed = subprocess.CompletedProcess(
+        [],
+        int((workspace / "tiny.rc").read_text()),
+        (workspace / "tiny.out").read_text(),
+        (workspace / "tiny.err").read_text(),
+    )
+    assert one_line_failure(failed) == (
+        f"goaltender: the cache of model org/tiny holds a link out of {runner.settings.hub_cache} "
+        f"({repo / 'snapshots'} -> {outside}); remove {repo} and fetch again\n"
+    )
+    assert list(outside.iterdir()) == [] and hub.count("GET", "/resolve/") == 0
+
+
+GATED = """
+goaltender fetch org/gated > gated.out 2> gated.err
+echo $? > gated.rc
+"""
+
+
+async def test_the_runners_download_uses_its_own_login_never_a_token_file_goals_could_write(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)
+    monkeypatch.delenv(
+        "HF_TOKEN"
+    )  # no token in the environment: a login's file, as `hf auth login` leaves it
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "runner-user"))
+    login = tmp_path / "runner-user" / ".cache" / "huggingface" / "token"
+    login.parent.mkdir(parents=True)
+    login.write_text(GATED_TOKEN)  # the runner's own: may read org/gated
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", GATED)})
+    # Where the goals' HF_HOME was (read-write in their sandboxes): a token with no access to org/gated.
+    (runner.settings.cache_dir / "huggingface").mkdir(parents=True, exist_ok=True)
+    (runner.settings.cache_dir / "huggingface" / "token").write_text(TOKEN)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch a gated model, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert (workspace / "gated.rc").read_text().strip() == "0", (workspace / "gated.err").read_text()
+    assert (Path((workspace / "gated.out").read_text().splitlines()[0]) / "weights.bin").is_file()
+
+
+UNGRANTED = """
+if [ -n "${HF_TOKEN:-}" ]; then echo "the agent has HF_TOKEN" > token.out; fi
+goaltender fetch org/private > private.out 2> private.err
+echo $? > private.rc
+goaltender fetch org/tiny --include '*.json' > tiny.out 2> tiny.err
+echo $? > tiny.rc
+"""
+
+
+async def test_without_the_grant_the_runner_fetches_with_no_token(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)  # HF_TOKEN is in the runner's environment ...
+    agent = write_agent(tmp_path, "agent.sh", UNGRANTED)
+    runner = await start_runner(agents={"a": agent}, grants=["OPENAI_API_KEY"])  # ... not granted
+    # A token file where huggingface_hub would look (HF_HOME's), as a login or a goal may leave one.
+    (runner.settings.cache_dir / "huggingface").mkdir(parents=True, exist_ok=True)
+    (runner.settings.cache_dir / "huggingface" / "token").write_text(TOKEN)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch without a token, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert not (workspace / "token.out").exists()
+    failed = subprocess.CompletedProcess(
+        [],
+        int((workspace / "private.rc").read_text()),
+        (workspace / "private.out").read_text(),
+        (workspace / "private.err").read_text(),
+    )
+    assert one_line_failure(failed) == (
+        f"goaltender: no model org/private on {hub.url} (check the name; is it a dataset? use --type "
+        "dataset; if it is private, it needs a token with access in HF_TOKEN, which is not set)\n"
+    )
+    assert (workspace / "tiny.rc").read_text().strip() == "0", (workspace / "tiny.err").read_text()
+    assert [e.data.fetch.repo for e in events if isinstance(e.data, HubFetched)] == ["org/tiny"]
+    assert hub.requests and not any(seen.with_token for seen in hub.requests)
+
+
+HELD = """
+goaltender fetch org/tiny > tiny.out 2> tiny.err
+echo $? > tiny.rc
+"""
+
+
+def downloads() -> list[psutil.Process]:
+    """The runner's download processes (the runner runs in this test's process)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[1:6] == ["-P", "-m", "goaltender.cli", "fetch", "--json"]:
+                found.append(child)
+    return found
+
+
+async def test_stopping_a_goal_kills_its_download(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    hub.hold()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch, then be stopped, max 1 experiments", agent="a")
+    await eventually(lambda: hub.held)  # the runner's download is under way, mid-file
+    [download] = await eventually(downloads)
+    assert f"--keep-free={64 * 1000 * 1000}" in download.cmdline()  # the runner's GOALTENDER_MIN_FREE_MB
+
+    async def milestones() -> list[str]:
+        return [
+            e.data.title
+            for e in await runner.store.events_since(0, goal_id=goal_id)
+            if e.data.kind == "milestone"
+        ]
+
+    assert await eventually(milestones) == ["Downloading model org/tiny (4.0 MB)"]
+    stopped = await client.call(p.Stop, p.Done, goal_id=goal_id, reason="enough")
+    assert "stopped" in stopped.message
+    assert not download.is_running()  # killed (and reaped) before the stop was answered
+    events = await events_until_report(client, goal_id)
+    assert not [e for e in events if isinstance(e.data, HubFetched)]
+    assert await milestones() == ["Downloading model org/tiny (4.0 MB)"]
+    hub.release()
+
+
+async def test_a_runner_shutting_down_kills_the_downloads(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    hub.hold()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    client = await connect(runner)
+    await submit(client, "fetch, then the runner stops, max 1 experiments", agent="a")
+    await eventually(lambda: hub.held)
+    [download] = await eventually(downloads)
+    await runner.close()
+    assert not download.is_running()
+    hub.release()
+
+
+async def test_two_goals_fetching_one_repo_download_it_once(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    runner_environment(monkeypatch, hub)
+    hub.hold()
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "agent.sh", HELD)})
+    client = await connect(runner)
+    first = await submit(client, "fetch org/tiny first, max 1 experiments", agent="a")
+    await eventually(lambda: hub.held)  # its download is under way
+    second = await submit(client, "fetch org/tiny too, max 1 experiments", agent="a")
+    # The second goal's fetch has reached the runner, and waits: only the first one's download holds it.
+    await eventually(lambda: runner.campaigns.fetches.under_way(second) == (0, 1))
+    hub.release()
+
+    records = []
+    for goal_id in (first, second):
+        events = await events_until_report(await connect(runner), goal_id)
+        workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+        assert (workspace / "tiny.rc").read_text().strip() == "0", (workspace / "tiny.err").read_text()
+        [fetched] = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
+        records.append(fetched)
+    assert hub.count("GET", "/resolve/") == 4  # each file once
+    assert records[0].path == records[1].path
+    assert (records[0].downloaded_bytes, records[1].downloaded_bytes) == (2 * SHARD + 21, 0)
+
+
+async def test_a_goals_fetches_are_bounded(hub, start_runner, connect, tmp_path, monkeypatch):
+    """Through the goal's own socket, as its agent would: MAX_GOAL_DOWNLOADS download at once, up
+    to MAX_GOAL_FETCHES wait their turn, and one more is refused in one line."""
+    runner_environment(monkeypatch, hub)
+    repos = [f"org/m{i}" for i in range(MAX_GOAL_FETCHES + 1)]
+    for i, repo in enumerate(repos):
+        hub.add_repo(repo, {"w.bin": bytes([i]) * 10})
+    hub.hold()
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 120\n")})
+    operator = await connect(runner)
+    goal_id = await submit(operator, "a goal that fetches a lot, max 1 experiments", agent="idle")
+    agents = [
+        await RunnerClient.connect_unix(runner.settings.agent_socket(goal_id), client="agent")
+        for _ in range(5)  # its in-flight requests: 8 a connection
+    ]
+    calls = [
+        asyncio.ensure_future(agents[i % 5].call(p.Fetch, p.FetchReply, goal_id=goal_id, repo=repo))
+        for i, repo in enumerate(repos)
+    ]
+    try:
+        done, _ = await asyncio.wait(calls, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        [refused] = [call.result() for call in done]
+        assert refused.fetch is None and refused.failure.startswith(
+            f"goal #{goal_id} has {MAX_GOAL_FETCHES} fetches under way, its most: fetch model org/m"
+        )
+        fetches = runner.campaigns.fetches
+        busy = (MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES - MAX_GOAL_DOWNLOADS)
+        await eventually(lambda: hub.held == MAX_GOAL_DOWNLOADS and fetches.under_way(goal_id) == busy)
+        assert len(downloads()) == MAX_GOAL_DOWNLOADS
+
+        await operator.call(p.Stop, p.Done, goal_id=goal_id)
+        assert not downloads() and fetches.under_way(goal_id) == (0, 0)
+    finally:
+        for agent in agents:
+            await agent.close()
+        hub.release()
+    # Every other fetch is answered: cancelled with its goal, in one line.
+    operator_uid = f"uid {os.getuid()} ({user_name(os.getuid())})"
+    cancelled = [call.result() for call in calls if call not in done]
+    assert [reply.failure for reply in cancelled] == [
+        f"the fetch of model {repo} was cancelled: goal #{goal_id} ended: stopped by {operator_uid}"
+        for repo, call in zip(repos, calls, strict=True)
+        if call not in done
+    ]
+
+
+async def test_a_fetch_the_runner_cannot_take_is_refused(hub, start_runner, connect, tmp_path, monkeypatch):
+    runner_environment(monkeypatch, hub)
+    runner = await start_runner(agents={"idle": write_agent(tmp_path, "idle.sh", "sleep 120\n")})
+    client = await connect(runner)
+    goal_id = await submit(client, "a goal to fetch for, max 1 experiments", agent="idle")
+    for fields, said in [
+        ({"repo": "org/tiny", "revision": "../../../../etc"}, "not a revision: '../../../../etc'"),
+        ({"repo": "org/tiny", "revision": "/abs"}, "not a revision: '/abs'"),
+        ({"repo": "--help"}, "not a repo id: '--help'"),
+        ({"repo": "org/tiny", "include": ["ok", "a\nb"]}, "not a file pattern: 'a\\nb'"),
+    ]:
+        with pytest.raises(p.ProtocolError) as refused:
+            await client.call(p.Fetch, p.FetchReply, goal_id=goal_id, **fields)
+        assert refused.value.error.code == "bad_request" and said in refused.value.error.message
+    assert hub.requests == []
+
+
+@example(
+    repo="org/x", revision="refs/pr/1", include=["--json", "-", "--", "--keep-free=1"], repo_type="model"
+)
+@example(repo="--json", revision=None, include=[], repo_type="model")
+@example(repo="org/x", revision="-r", include=["a b", "*"], repo_type="dataset")
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    repo=st.text(min_size=1, max_size=30),
+    revision=st.none() | st.text(max_size=30),
+    include=st.lists(st.text(max_size=20), max_size=4),
+    repo_type=st.sampled_from(["model", "dataset"]),
+)
+def test_a_spec_reaches_the_download_as_it_was_asked(repo, revision, include, repo_type):
+    """Whatever a goal's agent asks for: refused, or the download's own argument parser reads back
+    exactly that spec (no value is taken for an option)."""
+    spec = FetchSpec(repo, repo_type, revision, tuple(include))
+    if spec_problem(spec) is not None:
+        return
+    argv = download_command(spec, keep_free=5)
+    assert argv[:4] == [sys.executable, "-P", "-m", "goaltender.cli"]
+    args = build_parser(only="fetch").parse_args(argv[4:])
+    assert (args.repo, args.repo_type, args.revision, tuple(args.include)) == astuple(spec)
+    assert (args.json, args.keep_free, args.goal_id) == (True, 5, None)
 
 
 def _seq_of(events, fetch: HubFetch) -> int:
@@ -497,4 +885,4 @@ async def test_the_agent_does_not_wait_forever_for_a_fetch(start_runner, connect
         finally:
             await model.close()
     [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
-    assert result.startswith("timed out after 2s (GOALTENDER_FETCH_TIMEOUT_S): the fetch was killed")
+    assert result.startswith("timed out after 2s (GOALTENDER_FETCH_TIMEOUT_S): stopped waiting")

@@ -54,11 +54,7 @@ REQUESTS = [
     p.ReadDiary(id=21, goal_id=1, last=3),
     p.SubmitReport(id=22, goal_id=1, text="done"),
     p.Audit(id=23, goal_id=1, limit=5),
-    p.RecordFetch(
-        id=24,
-        goal_id=1,
-        fetch=HubFetch(repo="org/tiny", repo_type="dataset", commit="a" * 40, path="/c/s", files=2, bytes=10),
-    ),
+    p.Fetch(id=24, goal_id=1, repo="org/tiny", repo_type="dataset", revision="v1", include=["*.json"]),
     p.SkillEdit(id=33, goal_id=1, skill="autoresearch", content="---\nname: autoresearch\n---\n", why="x"),
     p.SkillLog(id=34, limit=5),
     p.RevertSkill(id=35, commit="abc1234", by="ana"),
@@ -86,6 +82,12 @@ def test_reply_round_trip():
         p.Error(id=4, code="conflict", message="already decided"),
         p.LogReply(id=5, text="abc", offset=0, next_offset=3, eof=True),
         p.ArtifactReply(id=6, name="errors.json", data="e30="),
+        p.FetchReply(
+            id=7,
+            fetch=HubFetch(repo="org/tiny", commit="a" * 40, path="/c/s", files=2, bytes=10),
+            message="recorded",
+        ),
+        p.FetchReply(id=8, failure="no model org/nope on https://huggingface.co"),
     ]:
         assert p.parse_reply(p.encode(reply)) == reply
 

@@ -136,10 +136,13 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
             "b": ["true"],
         },
         {
-            "type": "record_fetch",
+            "type": "fetch",
             "id": 24,
             "goal_id": goal,
-            "fetch": {"repo": "org/tiny", "commit": "a" * 40, "path": "/c/s", "files": 2, "bytes": 10},
+            "repo": "org/tiny",
+            "repo_type": "dataset",
+            "revision": "v1",
+            "include": ["*.json"],
         },
         {
             "type": "skill_edit",

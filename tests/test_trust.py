@@ -97,6 +97,7 @@ attempt status-B goaltender status {b}
 attempt summary-B goaltender summary {b}
 attempt log-B goaltender log {b_experiment}
 attempt events-B goaltender events --goal {b}
+attempt fetch-B goaltender fetch org/tiny --goal {b}
 attempt approve-own goaltender approve "$own" --comment "the owner says yes"
 attempt approve-own-as-owner {python} raw.py decide "$own"
 attempt reject-own goaltender reject "$own"
@@ -158,6 +159,7 @@ OTHER_GOAL_ATTEMPTS = [
     "summary-B",
     "log-B",
     "events-B",
+    "fetch-B",
 ]
 BARE_ATTEMPTS = ["bare-operator-socket", "bare-default-socket", "bare-goal-B-socket", "bare-stop-B"]
 
@@ -263,6 +265,7 @@ async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
         ("approve", a),
     } <= actions
     assert ("submit", None) in actions and ("audit", None) in actions and ("submit_report", b) in actions
+    assert ("fetch", b) in actions
     cli = await _cli(runner, "audit", str(b))
     assert cli.returncode == 0
     assert f"agent of goal {a}  approve  goal #{b}  refused  an agent cannot decide approvals" in cli.stdout
