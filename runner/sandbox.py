@@ -40,6 +40,7 @@ from pathlib import Path
 import goaltender
 from goaltender.runner.agent_env import CACHE_DIRS, SANDBOX_SOCKET
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.limits import GoalCgroups
 from goaltender.runner.supervisor import Launch
 from goaltender.storage.records import Goal
 
@@ -62,8 +63,9 @@ class SandboxError(OSError):
 
 
 class Sandbox:
-    def __init__(self, settings: RunnerSettings):
+    def __init__(self, settings: RunnerSettings, limits: GoalCgroups | None = None):
         self.settings = settings
+        self.limits = limits  # each goal's cgroup, which its every process joins (runner/limits.py)
         self.enabled = settings.sandbox == "bwrap"
         self._checked = False
         self._problem: str | None = None
@@ -95,9 +97,11 @@ class Sandbox:
         self, goal: Goal, command: list[str], *, cwd: Path, env: dict[str, str], agent: bool = False
     ) -> Launch:
         """How to start `command` for `goal`: in its sandbox, or as it is with GOALTENDER_SANDBOX=none.
-        `agent`: the configured agent command, whose own files are made visible."""
+        `agent`: the configured agent command, whose own files are made visible. Either way in
+        the goal's cgroup, when there are limits."""
+        cgroup = self.limits.join(goal.id) if self.limits is not None else ()
         if not self.enabled:
-            return Launch(command, cwd, env)
+            return Launch(command, cwd, env, cgroup=cgroup)
         if problem := self.problem():
             raise SandboxError(problem)
         options = self._mounts(goal, command if agent else [], env)
@@ -118,6 +122,7 @@ class Sandbox:
             env={"PATH": os.environ.get("PATH", os.defpath)},  # bwrap's own; the command's is in the options
             pass_fds=(options_fd,),
             signals_as_codes=True,
+            cgroup=cgroup,
         )
 
     def environment(self, env: dict[str, str]) -> dict[str, str]:
