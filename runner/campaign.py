@@ -3,8 +3,9 @@ budget, supervised, judged and entered in the ledger; the approvals it waits on;
 
 Every way a goal ends (its agent exits or cannot start, the deadline passes, an operator stops it)
 goes through `end_goal`: its downloads from the hub (runner/fetches.py), the agent and the goal's
-experiments are stopped with their whole process groups, pending approvals expire, the goal's
-socket and /tmp go, and the final report is written once.
+experiments are stopped with their whole process groups, then whatever is left in the goal's cgroup
+(runner/limits.py), pending approvals expire, the goal's socket, network and /tmp go, and the final
+report is written once.
 
 The agent and every experiment and eval command run in the goal's sandbox (runner/sandbox.py),
 holding only the goal's own socket (`AgentSockets`, the server), which lets them act on this goal
@@ -31,6 +32,7 @@ from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experi
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Executor, Job, LocalExecutor, OnStart, Placement
 from goaltender.runner.fetches import HubFetches
+from goaltender.runner.limits import Counters, GoalCgroups
 from goaltender.runner.report import best_experiment, final_report
 from goaltender.runner.retention import prune_checkpoints
 from goaltender.runner.sandbox import Sandbox
@@ -82,8 +84,10 @@ class Campaigns:
         self.settings = settings
         self.store = store
         self.sockets = sockets
+        self.limits = GoalCgroups(settings)  # started by the runner (runner/daemon.py)
         inventory = gpus.inventory() if settings.compute_unit != "cpu" else []
-        self.sandbox = Sandbox(settings, {g.index: g.minor for g in inventory if g.minor is not None})
+        minors = {g.index: g.minor for g in inventory if g.minor is not None}
+        self.sandbox = Sandbox(settings, minors, self.limits)
         self.compute_unit = "gpu" if (settings.compute_unit == "gpu" or inventory) else "cpu"
         self.slots = Slots(
             settings.slots or os.cpu_count() or 1, [g.index for g in inventory], self._queue_moved
@@ -139,6 +143,9 @@ class Campaigns:
         """After a crash or restart: nothing the log says is running may be left half-done."""
         for experiment in await self.store.running_experiments():
             await self._close_interrupted(experiment)
+        # Measured (and killed by process group) above; now whatever of theirs is left anywhere,
+        # and the cgroups themselves: the goals resumed below get new ones.
+        await self.limits.clear_stale()
         for approval in await self.store.pending_approvals():
             await self.store.decide_approval(
                 approval.id,
@@ -244,6 +251,7 @@ class Campaigns:
                 task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
         self.sandbox.networks.close_all()
+        await self.limits.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -289,7 +297,12 @@ class Campaigns:
         else:
             goal = await self.goal(goal_id)
             tail = _tail_text(Path(goal.workspace), AGENT_LOG_TAIL)
-            await self.end_goal(goal_id, "failed", f"the agent exited with code {code}:\n{tail}")
+            # Its cgroup was made for it: what its limits did since is what they did in its life.
+            usage = self.limits.usage(goal_id, Counters())
+            said = (
+                "".join(f", {what}" for what in usage.verdict(-code if code < 0 else None)) if usage else ""
+            )
+            await self.end_goal(goal_id, "failed", f"the agent exited with code {code}{said}:\n{tail}")
 
     # ---- budget, deadline, pause ----
 
@@ -1098,6 +1111,7 @@ class Campaigns:
             await terminate_group(proc.pid, None, self.settings.stop_grace_s)
         await self.standbys.drop(goal_id)  # first: a run's end would otherwise make it new ones
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
+        await self.limits.end(goal_id)  # whatever escaped its process groups (a double fork) too
         self.forget_disk_pause(goal_id)
         self.sockets.close_agent_socket(goal_id)
         self.sandbox.networks.close(goal_id)
@@ -1145,15 +1159,21 @@ def _judge(
     """keep (for now; the best-so-far comparison may make it discard) or crash, with the reason."""
     prefix = "" if what == "run" else f"{what}: "
     if result.timed_out:
-        return "crash", f"{prefix}timeout after {timeout:.0f}s"
+        return "crash", prefix + _limited(result, f"timeout after {timeout:.0f}s", None)
     if result.exit_code != 0:
         how = (
             f"exit code {result.exit_code}" if result.signal is None else f"killed by signal {result.signal}"
         )
-        return "crash", prefix + how
+        return "crash", prefix + _limited(result, how, result.signal)
     if metric and metric not in summary:
         return "crash", f"{prefix}no '{metric}: <value>' summary line in the output"
     return "keep", None
+
+
+def _limited(result: ProcessResult, how: str, killed_by: int | None) -> str:
+    """How a crashed process ended, with what its goal's limits did meanwhile (runner/limits.py).
+    `killed_by`: the signal that ended it, unless the runner sent it (a timeout's SIGKILL)."""
+    return result.limits.explain(how, killed_by) if result.limits is not None else how
 
 
 def _together(first: ProcessResult, then: ProcessResult) -> ProcessResult:
@@ -1167,6 +1187,7 @@ def _together(first: ProcessResult, then: ProcessResult) -> ProcessResult:
         peak_rss_mb=max(first.peak_rss_mb, then.peak_rss_mb),
         timed_out=first.timed_out,
         summary=first.summary,
+        limits=first.limits,
     )
 
 

@@ -105,7 +105,8 @@ class GoaltenderSettings(BaseSettings):
 class RunnerSettings(GoaltenderSettings):
     home: Path = Field(default_factory=lambda: Path.home() / ".goaltender")
     """State lives here: runner.db, runner.sock, workspaces/, cache/, agents/ (the goals'
-    sockets), tmp/ (the goals' /tmp). Put it on the big disk."""
+    sockets), tmp/ (the goals' /tmp), limits.json (the per-goal limits it applies). Put it on
+    the big disk."""
     name: str = Field(default_factory=lambda: os.uname().nodename)
     socket: Path | None = None  # default: <home>/runner.sock
     default_agent: str = "sweep"
@@ -162,6 +163,15 @@ class RunnerSettings(GoaltenderSettings):
     )
     """Loopback ports of the box that isolated goals may reach, besides those the runner's own URL
     variables name (OPENAI_BASE_URL=http://127.0.0.1:8080/v1 and the like). Comma-separated."""
+    goal_pids: int = Field(default=8192, ge=16)
+    """Processes (threads count) each goal may have at once: its agent, runs, evals and standbys
+    together (runner/limits.py). Past it their forks fail, so a fork bomb stays in its goal."""
+    goal_memory_mb: int | None = Field(default=None, ge=32)
+    """Memory (MB, swap included) each goal's processes may hold together; past it the kernel's
+    OOM killer ends one of them (the largest). Default: the box's memory less max(1 GiB, 10%)."""
+    goal_cpu_weight: int = Field(default=100, ge=1, le=10000)
+    """A goal's share of the CPU when it is short, against the other goals' (cgroup v2's scale:
+    1-10000; every goal 100 by default, so equal shares)."""
     standby: bool = True
     """Keep a sandboxed Python interpreter ready for each running goal's next run or eval, with
     `preload` imported (runner/standby.py): a `python -m …` or `python script.py …` command with

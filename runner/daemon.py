@@ -156,6 +156,7 @@ class Runner:
             log.error("agents cannot start until this is fixed: %s", problem)
         elif not self.campaigns.sandbox.enabled:
             log.warning(UNSAFE_WARNING)
+        await asyncio.to_thread(self.campaigns.limits.start)  # says once when limits are off
         await self._listen()
         await self._seed_skills()  # before any agent starts: they read the box's skills
         await asyncio.to_thread(compile_package)  # before any agent starts, too (runner/sandbox.py)
@@ -166,13 +167,15 @@ class Runner:
             self.mirror.start()
         await self.server.start_serving()
         log.info(
-            "runner %s listening on %s (compute unit: %s; %d slots, GPUs %s; sandbox: %s; operators: %s)",
+            "runner %s listening on %s (compute unit: %s; %d slots, GPUs %s; sandbox: %s; limits: %s; "
+            "operators: %s)",
             settings.name,
             settings.socket_path,
             self.campaigns.compute_unit,
             self.campaigns.slots.slots,
             ",".join(map(str, self.campaigns.slots.gpus)) or "none",
             settings.sandbox,
+            self.campaigns.limits.text(),
             ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(self.server.operators)),
         )
 

@@ -33,11 +33,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
+
 from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import CACHE_DIRS
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.gpus import Gpu, Gpus, NoDriver, read_all_gpus
+from goaltender.runner.limits import ENABLE_HINT, GoalCgroups, plan
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
 from goaltender.runner.secrets import Redactor, url_shown
 from goaltender.training.nemo_rl import worker_venvs
@@ -418,6 +421,22 @@ def check_sandbox(box: Box) -> Verdict:
     return ok(f"{version} makes sandboxes here")
 
 
+def check_limits(box: Box) -> Verdict:
+    """Per-goal limits (runner/limits.py) as the running runner found them at its start (it may
+    run elsewhere: a systemd service's cgroup is not this shell's), else as one started here would."""
+    status = _runner_limits(box.settings)
+    if status is not None:
+        said = f"the runner (pid {status['pid']})"
+        if status.get("on"):
+            return ok(f"{said} holds each goal to {status['detail']}")
+        return warn(f"{said} runs goals without limits: {status['detail']}", ENABLE_HINT)
+    planned = plan(box.settings)
+    if isinstance(planned, str):
+        return warn(f"a runner started here would run goals without limits: {planned}", ENABLE_HINT)
+    held = planned.limits.text(planned.parents)
+    return ok(f"a runner started here would hold each goal to {held}, in {planned.describe()}")
+
+
 def check_ssh(box: Box) -> Verdict:
     snippet = _bot_entry(box)
     check_from_bot = "then, on the bot's machine, goaltender bot --check"
@@ -452,6 +471,7 @@ CHECKS: dict[str, Check] = {
     "model": check_model_endpoint,
     "runner": check_runner,
     "sandbox": check_sandbox,
+    "limits": check_limits,
     "ssh": check_ssh,
 }
 
@@ -493,6 +513,16 @@ def _guarded(check: Check, box: Box) -> Verdict:
         return check(box)
     except Exception as exc:  # a check that cannot be made is a failed check, not a traceback
         return fail(f"the check itself failed: {type(exc).__name__}: {exc}", "report this as a bug")
+
+
+def _runner_limits(settings: RunnerSettings) -> dict[str, Any] | None:
+    """What the runner of this home wrote of its limits at its start, if it still runs."""
+    try:
+        status = json.loads(GoalCgroups(settings).status_file.read_text())
+        running = isinstance(status, dict) and psutil.pid_exists(int(status["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return status if running else None
 
 
 def _existing(path: Path) -> Path:

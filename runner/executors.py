@@ -75,8 +75,9 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """On this box, in the goal's sandbox, as the leader of its own process group; handed to the
-    goal's standby interpreter when it can take the command (runner/standby.py)."""
+    """On this box, in the goal's sandbox and cgroup, as the leader of its own process group;
+    handed to the goal's standby interpreter when it can take the command (runner/standby.py).
+    Its result says what the goal's limits did while it ran (runner/limits.py)."""
 
     name = "local"
 
@@ -107,8 +108,10 @@ class LocalExecutor:
                 self.standbys.release(standby)
                 return spawn(self.launch(job), log_path=job.log_path, beneath=beneath)
 
+        limits = self.sandbox.limits
+        before = limits.counters(job.goal.id) if limits is not None else None
         try:
-            return await run_supervised(
+            result = await run_supervised(
                 launch,
                 log_path=job.log_path,
                 beneath=beneath,
@@ -118,6 +121,9 @@ class LocalExecutor:
                 grace_s=job.grace_s,
                 start=start,
             )
+            if limits is not None and before is not None:
+                result.limits = limits.usage(job.goal.id, before)
+            return result
         finally:
             # The goal's next standby warms once this process is done, not while it runs: on a
             # small box it would take the run's CPU (a training run's BLAS threads use every core).

@@ -46,6 +46,7 @@ import goaltender
 from goaltender.runner.agent_env import SANDBOX_SOCKET
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.goal_network import GoalNetworks
+from goaltender.runner.limits import GoalCgroups
 from goaltender.runner.secrets import SECRET_WORDS
 from goaltender.runner.supervisor import Launch
 from goaltender.storage.records import Goal
@@ -87,10 +88,17 @@ class SandboxError(OSError):
 
 
 class Sandbox:
-    def __init__(self, settings: RunnerSettings, gpu_minors: dict[int, int] | None = None):
-        """`gpu_minors`: each GPU's NVML index -> its device's minor number (/dev/nvidiaN)."""
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        gpu_minors: dict[int, int] | None = None,
+        limits: GoalCgroups | None = None,
+    ):
+        """`gpu_minors`: each GPU's NVML index -> its device's minor number (/dev/nvidiaN).
+        `limits`: each goal's cgroup, which its every process joins (runner/limits.py)."""
         self.settings = settings
         self.gpu_minors = gpu_minors or {}
+        self.limits = limits
         self.networks = GoalNetworks(settings)
         self.enabled = settings.sandbox == "bwrap"
         self._checked = False
@@ -149,9 +157,11 @@ class Sandbox:
     ) -> Launch:
         """How to start `command` for `goal`: in its sandbox, or as it is with GOALTENDER_SANDBOX=none.
         `agent`: the configured agent command, whose own files are made visible. `gpus`: the NVML
-        indices of the GPUs it was granted, the only ones it sees."""
+        indices of the GPUs it was granted, the only ones it sees. Either way in the goal's cgroup,
+        when there are limits."""
+        cgroup = self.limits.join(goal.id) if self.limits is not None else ()
         if not self.enabled:
-            return Launch(command, cwd, env)
+            return Launch(command, cwd, env, cgroup=cgroup)
         if problem := self.problem():
             raise SandboxError(problem)
         options = self._mounts(goal, command if agent else [], gpus)
@@ -174,6 +184,7 @@ class Sandbox:
             env={"PATH": os.environ.get("PATH", os.defpath)},  # bwrap's own; the command's is in the options
             pass_fds=(options_fd, *network_fds),
             signals_as_codes=True,
+            cgroup=cgroup,
         )
 
     def environment(self, env: dict[str, str]) -> dict[str, str]:

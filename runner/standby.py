@@ -254,7 +254,7 @@ class Standbys:
             launch = dataclasses.replace(launch, pass_fds=(*launch.pass_fds, theirs.detach()))
             try:
                 proc = subprocess.Popen(
-                    launch.argv,
+                    launch.command,
                     cwd=launch.cwd,
                     env=launch.env,
                     stdin=subprocess.DEVNULL,

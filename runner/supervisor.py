@@ -6,8 +6,9 @@ JSON-object lines are series points. Resources come from wait4(): CPU time and p
 process and every descendant it waited for.
 
 A process is started from a Launch: the command itself, or the sandbox wrapped around it
-(runner/sandbox.py). Its logs live in the goal's workspace, which the agent writes too, so the
-runner opens them with `open_beneath`: never through a symlink or onto a FIFO the agent left there.
+(runner/sandbox.py), in its goal's cgroup (runner/limits.py). Its logs live in the goal's
+workspace, which the agent writes too, so the runner opens them with `open_beneath`: never
+through a symlink or onto a FIFO the agent left there.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TypeGuard
 
 import psutil
 
+from goaltender.runner.limits import Usage, joined
 from goaltender.storage.records import MetricPoint
 
 MAX_METRIC_NAME = 128  # characters: a longer `name: value` or JSON key is no metric's name
@@ -127,6 +129,7 @@ class ProcessResult:
     peak_rss_mb: float
     timed_out: bool
     summary: dict[str, float]
+    limits: Usage | None = None  # what its goal's limits did while it ran (local runs; runner/limits.py)
 
 
 @dataclass
@@ -138,6 +141,12 @@ class Launch:
     env: dict[str, str]
     pass_fds: tuple[int, ...] = ()  # closed here once the process has them
     signals_as_codes: bool = False  # bwrap reports a death by signal N as exit code 128 + N
+    cgroup: tuple[str, ...] = ()  # its goal's cgroup.procs files, joined before it runs (runner/limits.py)
+
+    @property
+    def command(self) -> list[str]:
+        """What Popen runs: argv, in its goal's cgroup from its first instruction."""
+        return joined(self.cgroup, self.argv)
 
     def exit_code(self, status: int) -> int:
         """Like os.waitstatus_to_exitcode: the exit code, or -N for a death by signal N."""
@@ -159,7 +168,7 @@ def spawn(launch: Launch, *, log_path: Path, beneath: Path) -> subprocess.Popen:
         log = open_beneath(beneath, log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             return subprocess.Popen(
-                launch.argv,
+                launch.command,
                 cwd=launch.cwd,
                 env=launch.env,
                 stdin=subprocess.DEVNULL,

@@ -25,6 +25,7 @@ from goaltender.runner.doctor import (
     check_caches,
     check_disk,
     check_gpu,
+    check_limits,
     check_nemo_gym,
     check_nemo_rl,
     check_nemo_rl_venv,
@@ -155,6 +156,16 @@ async def test_doctor_on_this_box_with_a_running_runner(start_runner, tmp_path):
     assert line(output, "model").startswith("warn model: not configured")
     assert line(output, "runner") == f"ok   runner: test-runner answers on {runner.settings.socket_path}"
     assert line(output, "sandbox").startswith("ok   sandbox: bubblewrap ")
+    limits = runner.campaigns.limits
+    if limits.tree is not None:  # what the running runner applies (it may run in another cgroup)
+        assert (
+            line(output, "limits")
+            == f"ok   limits: the runner (pid {os.getpid()}) holds each goal to {limits.text()}"
+        )
+    else:
+        assert line(output, "limits").startswith(
+            f"warn limits: the runner (pid {os.getpid()}) runs goals without"
+        )
     assert line(output, "ssh").startswith(
         ("ok   ssh: sshd answers", "warn ssh: nothing answers on localhost:22")
     )
@@ -470,6 +481,9 @@ def test_runner_and_sandbox_checks(tmp_path):
     assert stale.status == "fail" and "goaltender runner" in stale.fix
     unsafe = check_sandbox(Box(RunnerSettings(home=tmp_path / "h", sandbox="none"), {}))
     assert unsafe.status == "warn" and "unsandboxed" in unsafe.detail
+    planned = check_limits(box)  # no runner: what one started from here would find
+    assert planned.detail.startswith("a runner started here would ")
+    assert ("hold each goal to 8192 processes" in planned.detail) == (planned.status == "ok"), planned
 
 
 async def test_ssh_check_reads_the_banner(tmp_path):
