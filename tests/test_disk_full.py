@@ -15,7 +15,9 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +29,7 @@ from test_recovery import TESTS, alive, connect_when_up
 
 from goaltender.runner import campaign
 from goaltender.runner import protocol as p
-from goaltender.storage.records import ExperimentFinished, GoalStateChanged
+from goaltender.storage.records import ExperimentFinished, GoalStateChanged, MilestoneReported
 from goaltender.storage.space import FreeSpace
 
 MB = 1024 * 1024
@@ -56,14 +58,17 @@ def start_runner_on_small_disk(tmp_path: Path, socket: Path, agent: list[str]) -
     )
 
 
-def runner_view(bwrap: subprocess.Popen, path: Path) -> Path:
-    """`path` as the runner (inside bwrap's mount namespace) sees it."""
-    runner = next(
+def runner_process(bwrap: subprocess.Popen) -> psutil.Process:
+    return next(
         proc
         for proc in psutil.Process(bwrap.pid).children(recursive=True)
         if "goaltender.cli" in proc.cmdline()
     )
-    return Path(f"/proc/{runner.pid}/root") / path.relative_to("/")
+
+
+def runner_view(bwrap: subprocess.Popen, path: Path) -> Path:
+    """`path` as the runner (inside bwrap's mount namespace) sees it."""
+    return Path(f"/proc/{runner_process(bwrap).pid}/root") / path.relative_to("/")
 
 
 def fill_leaving(mb: int) -> str:
@@ -188,6 +193,160 @@ async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_d
     )
     assert states[states.index(paused) + 1].reason.startswith("resumed: disk space is back (")
     assert out.read_text() == ("refused rc=4\n" if refused else "refused rc=0\n") + "later rc=0\n"
+
+
+def fill_and_hold(marker: Path) -> str:
+    """An experiment that fills the disk to its last byte, says so (`marker`, outside the small
+    disk), and keeps it full: it never ends on its own."""
+    code = f"""
+import pathlib, shutil, time
+with open("filler", "wb", buffering=0) as filler:
+    try:
+        while True:
+            filler.write(b"\\0" * (1 << 20))
+    except OSError:
+        pass
+    try:
+        while True:
+            filler.write(b"\\0" * 4096)
+    except OSError:
+        pass
+pathlib.Path({str(marker)!r}).touch()
+time.sleep(3600)
+"""
+    return f"python -c {shlex.quote(code)}"
+
+
+async def goaltender(socket: Path, *args: str) -> tuple[int, str, str]:
+    """The operator's CLI against the runner's socket: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "goaltender"),
+        *args,
+        env={**os.environ, "GOALTENDER_SOCKET": str(socket)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)  # generous: a hang fails, not a slow box
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def runner_db(bwrap: subprocess.Popen, home: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """What `sql` finds in runner.db as the runner has written it: in a copy of the file and its
+    log (SQLite, opened beside the runner through /proc, resolves the path to this namespace's).
+    A commit the copy cut in two is not there: SQLite checks the log's frames."""
+    copy = home.parent / "runner-db-copy"
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir()
+    for name in ("runner.db", "runner.db-wal"):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(runner_view(bwrap, home / name), copy / name)
+    with contextlib.closing(sqlite3.connect(copy / "runner.db")) as db:
+        return db.execute(sql, params).fetchall()
+
+
+AUDIT = "SELECT action, goal_id, outcome, detail FROM audit ORDER BY id"
+
+
+async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path, short_dir):
+    filled = tmp_path / "filled"
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(filled.exists, 30)
+
+        async def paused():
+            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            return status if status.goal.state == "paused" else None
+
+        # Paused for the disk, as its status shows, though runner.db cannot say so yet.
+        status = await eventually(paused, 30)
+        workspace = Path(status.goal.workspace)
+        assert psutil.disk_usage(str(runner_view(runner, workspace))).free < MB
+        started = runner_process(runner).children(recursive=True)
+        assert status.running is not None and status.running.pid in [proc.pid for proc in started]
+
+        # A refusal is answered at once (it used to wait on its audit entry).
+        with pytest.raises(p.ProtocolError) as refused:
+            await asyncio.wait_for(submit(client, "another, max 1 experiments", agent="a"), 60)
+        assert refused.value.error.code == "disk_full"
+
+        code, out, err = await goaltender(socket, "stop", str(goal_id), "--reason", "hogs the disk")
+        assert code == 0, err
+        assert out.startswith(f"goal #{goal_id} stopped by ")
+        assert "runner.db records it (and the final report) when the disk has room" in out
+        # The agent and the run (process groups) are gone, and the status says the goal stopped.
+        await eventually(lambda: not any(alive(proc.pid) for proc in started), 30)
+        stopped = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        assert stopped.goal.state == "stopped" and stopped.goal.end_reason.endswith(": hogs the disk")
+
+        runner_view(runner, workspace / "filler").unlink()  # room again
+        events = await events_until_report(client, goal_id, timeout=60)
+        home = tmp_path / "home"
+        audit = await eventually(
+            lambda: (rows := runner_db(runner, home, AUDIT)) and rows[-1][0] == "stop" and rows, 30
+        )
+        [(state,)] = runner_db(runner, home, "SELECT state FROM goals WHERE id = ?", (goal_id,))
+    finally:
+        await stop(runner)
+
+    assert state == "stopped"
+    assert [(action, goal, outcome) for action, goal, outcome, _ in audit] == [
+        ("submit", goal_id, "done"),
+        ("submit", None, "refused"),
+        ("stop", goal_id, "done"),
+    ]
+    assert audit[1][3].startswith("disk_full: no room for a new goal: disk full: ")
+    states = goal_states(events)
+    assert [s.state for s in states] == ["running", "paused", "stopped"]
+    assert states[1].reason.startswith("disk full: ")
+    assert states[2].reason.endswith(": hogs the disk")
+    run = next(e.data.experiment for e in events if isinstance(e.data, ExperimentFinished))
+    assert run.status == "crash" and run.note.startswith("ended with the goal: stopped by ")
+
+
+async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_room(tmp_path, short_dir):
+    filled, out, err = tmp_path / "filled", tmp_path / "agent.out", tmp_path / "agent.err"
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)} &\n"
+        f"until [ -e {filled} ]; do sleep 0.1; done\n"
+        # Its stdout (agent.log) is on the full disk too: what it is told goes to one that is not.
+        f"goaltender milestone 'on a full disk' 'said while the disk is full' >> {out} 2>> {err}\n"
+        f'echo "milestone rc=$?" >> {out}\n'
+        "wait\n",
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(lambda: out.exists() and "milestone rc=" in out.read_text(), 60)
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
+        code, _, stop_err = await goaltender(socket, "stop", str(goal_id))
+        assert code == 0, stop_err
+        events = await events_until_report(client, goal_id, timeout=60)
+    finally:
+        await stop(runner)
+
+    assert err.read_text() == ""
+    assert out.read_text() == (
+        "milestone taken: the disk is full; it is written in order when there is room\nmilestone rc=0\n"
+    )
+    # Written once there was room, before the goal's end.
+    said = [
+        e.data.title if isinstance(e.data, MilestoneReported) else e.data.state
+        for e in events
+        if isinstance(e.data, MilestoneReported | GoalStateChanged)
+    ]
+    assert said.count("on a full disk") == 1 and "paused" in said
+    assert said.index("running") < said.index("on a full disk") < said.index("stopped") == len(said) - 1
 
 
 # ---- the same rules with a stand-in for the free-space probe (in-process runners) ----
