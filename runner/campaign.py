@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -299,7 +300,10 @@ class Campaigns:
                 return await write()
             except DiskFull:  # only once the runner is shutting down
                 log.error(
-                    "goal #%d: %s is not in runner.db: the disk was still full at shutdown", goal_id, what
+                    "goal #%d: %s is not in runner.db: the disk was still full at shutdown; the next start "
+                    "takes the goal as runner.db has it",
+                    goal_id,
+                    what,
                 )
                 raise
             finally:
@@ -514,17 +518,31 @@ class Campaigns:
     # ---- approvals ----
 
     async def ask(
-        self, goal: Goal, kind: str, question: str, detail: str, timeout_s: float | None
+        self,
+        goal: Goal,
+        kind: str,
+        question: str,
+        detail: str,
+        timeout_s: float | None,
+        *,
+        agent_asks: bool = False,
     ) -> Approval:
-        """Ask the humans and wait for the decision; no decision in time expires the approval."""
+        """Ask the humans and wait for the decision; no decision in time expires the approval. A
+        question its agent asks is refused (disk_full) when the disk has no room to ask it."""
         timeout = timeout_s or self.settings.approval_timeout_s
-        approval = await self.store.create_approval(
-            goal.id,
-            kind=kind,
-            question=question,
-            detail=detail,
-            expires_at=utcnow() + timedelta(seconds=timeout),
-        )
+        try:
+            with self.store.refuse_when_full() if agent_asks else contextlib.nullcontext():
+                approval = await self.store.create_approval(
+                    goal.id,
+                    kind=kind,
+                    question=question,
+                    detail=detail,
+                    expires_at=utcnow() + timedelta(seconds=timeout),
+                )
+        except DiskFull as full:
+            raise Refused(
+                "disk_full", f"{full}: the question was not asked; try again when there is room"
+            ) from None
         waiter: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
         self._approval_waiters[approval.id] = waiter
         await self.store.set_goal_state(goal.id, "waiting_for_approval", question, only_from={"running"})
@@ -678,7 +696,9 @@ class Campaigns:
                 "(`goaltender report`, then exit)",
             )
         detail = stages.gate_detail(req.summary, req.document, req.document_name)
-        approval = await self.ask(goal, "stage_gate", stages.gate_question(goal), detail, None)
+        approval = await self.ask(
+            goal, "stage_gate", stages.gate_question(goal), detail, None, agent_asks=True
+        )
         if approval.state == "approved":
             goal = await self.store.advance_stage(goal.id, f"approved by {approval.decided_by}")
         return approval, goal

@@ -12,7 +12,7 @@ On a full disk every request is answered. Stop, pause and resume are carried out
 once (runner/campaign.py writes them when there is room, and the status shows them meanwhile); an
 agent's milestone, metrics, diary entry, report or fetch record is taken and written in its goal's
 order when there is room; what would change runner.db otherwise (a new goal, a steer, a budget, a
-decision) is refused at once with `disk_full`, changing nothing.
+decision, an agent's question) is refused at once with `disk_full`, changing nothing.
 """
 
 from __future__ import annotations
@@ -487,7 +487,7 @@ class Runner:
         goals = (
             [await self.campaigns.goal(req.goal_id)]
             if req.goal_id
-            else await self.store.list_goals(limit=200)
+            else [self.campaigns.as_it_stands(goal) for goal in await self.store.list_goals(limit=200)]
         )
 
         def measure() -> list[p.GoalDisk]:
@@ -602,7 +602,9 @@ class Runner:
 
     async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        approval = await self.campaigns.ask(goal, req.kind, req.question, req.detail, req.timeout_s)
+        approval = await self.campaigns.ask(
+            goal, req.kind, req.question, req.detail, req.timeout_s, agent_asks=True
+        )
         return p.DecisionReply(approval=approval)
 
     async def _on_stage_done(self, req: p.StageDone, who: Principal) -> p.Reply:
@@ -621,7 +623,9 @@ class Runner:
             raise Refused("bad_request", str(exc)) from None
         question = f"Goal #{goal.id}'s agent proposes a skill edit to `{edit.where}`. Apply it?"
         detail = (f"Why: {req.why}\n\n" if req.why else "") + diff_for_people(edit.diff)
-        approval = await self.campaigns.ask(goal, "skill_edit", question, detail, req.timeout_s)
+        approval = await self.campaigns.ask(
+            goal, "skill_edit", question, detail, req.timeout_s, agent_asks=True
+        )
         if approval.state != "approved":
             said = f"skill edit {approval.state}: nothing written"
             return p.SkillEditReply(approval=approval, message=said)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shlex
@@ -25,10 +26,14 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import events_until_report, eventually, submit, vouched, write_agent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_recovery import TESTS, alive, connect_when_up
 
 from goaltender.runner import campaign
 from goaltender.runner import protocol as p
+from goaltender.runner.client import RunnerClient
+from goaltender.runner.trust import user_name
 from goaltender.storage.records import ExperimentFinished, GoalStateChanged, MilestoneReported
 from goaltender.storage.space import FreeSpace
 
@@ -309,6 +314,50 @@ async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path
     assert run.status == "crash" and run.note.startswith("ended with the goal: stopped by ")
 
 
+async def test_a_pause_on_a_full_disk_holds_once_there_is_room(tmp_path, short_dir):
+    filled = tmp_path / "filled"
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(filled.exists, 30)
+
+        async def paused():
+            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            return status if status.goal.state == "paused" else None
+
+        status = await eventually(paused, 30)  # for the disk
+        code, out, err = await goaltender(socket, "pause", str(goal_id))
+        assert code == 0, err
+        me = f"uid {os.getuid()} ({user_name(os.getuid())})"
+        assert out == (
+            f"goal #{goal_id} paused by {me} (it was paused for a full disk); it stays paused until "
+            "resumed; the disk is full: runner.db records it when there is room\n"
+        )
+        runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
+
+        # Written once there is room, and kept: room alone no longer resumes it.
+        written = "SELECT state, paused_for_disk FROM goals"
+        await eventually(lambda: runner_db(runner, tmp_path / "home", written) == [("paused", 0)], 30)
+        assert await paused()
+        code, out, err = await goaltender(socket, "resume", str(goal_id))
+        assert code == 0 and out == f"goal #{goal_id} resumed\n", err
+        code, _, err = await goaltender(socket, "stop", str(goal_id))
+        assert code == 0, err
+        events = await events_until_report(client, goal_id, timeout=60)
+    finally:
+        await stop(runner)
+
+    reasons = [(s.state, s.reason.split(" by ")[0]) for s in goal_states(events)]
+    assert [state for state, _ in reasons] == ["running", "paused", "paused", "running", "stopped"]
+    assert reasons[1][1].startswith("disk full: ") and reasons[2][1] == "paused"
+    assert reasons[3][1] == "resumed"
+
+
 async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_room(tmp_path, short_dir):
     filled, out, err = tmp_path / "filled", tmp_path / "agent.out", tmp_path / "agent.err"
     agent = write_agent(
@@ -347,6 +396,121 @@ async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_
     ]
     assert said.count("on a full disk") == 1 and "paused" in said
     assert said.index("running") < said.index("on a full disk") < said.index("stopped") == len(said) - 1
+
+
+def fill(path: Path) -> None:
+    """Fill the disk `path` is on to its last byte, with `path`."""
+    with open(path, "wb", buffering=0) as ballast:
+        for size in (MB, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    ballast.write(b"\0" * size)
+
+
+MILESTONES = (
+    "SELECT json_extract(data, '$.title'), json_extract(data, '$.text') FROM events WHERE kind = 'milestone'"
+)
+
+
+async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(tmp_path, short_dir):
+    """Whatever an agent sends while the disk is full (milestones saying anything, requests it may
+    not make), each gets its reply, and once there is room runner.db has every milestone it was
+    told was taken, in the order sent, and every refusal in the audit trail, in order. Past
+    WAITING_WRITES_MOST writes waiting, a milestone is refused (disk_full), and the rest still kept."""
+    socket, home = short_dir / "runner.sock", tmp_path / "home"
+    runner = start_runner_on_small_disk(tmp_path, socket, write_agent(tmp_path, "a.sh", "sleep 3600\n"))
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "wait, max 1 experiments", agent="a")
+        agent_socket = runner_view(runner, home / "agents" / f"goal-{goal_id}.sock")
+        await eventually(agent_socket.exists, 30)
+        agent = await RunnerClient.connect_unix(agent_socket, client="agent")
+        ballast = runner_view(runner, home / "ballast")
+        loop = asyncio.get_running_loop()
+        rounds = itertools.count()
+        held: list[str] = []  # replies that said the disk was full: the case under test did happen
+
+        def on_loop(coro, timeout: float = 90):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+        async def send(asks: list[tuple[str, str] | None]) -> list[p.Reply]:
+            replies: list[p.Reply] = []
+            for ask in asks:
+                try:
+                    if ask is None:
+                        await asyncio.wait_for(agent.call(p.Stop, p.Done, goal_id=goal_id), 60)
+                    else:
+                        title, text = ask
+                        replies.append(
+                            await asyncio.wait_for(
+                                agent.call(
+                                    p.ReportMilestone, p.Done, goal_id=goal_id, title=title, text=text
+                                ),
+                                60,
+                            )
+                        )
+                        continue
+                except p.ProtocolError as refused:
+                    replies.append(refused.error)
+            return replies
+
+        def kept(milestones: int, refusals: int):
+            async def check():
+                said = runner_db(runner, home, MILESTONES)
+                audit = runner_db(runner, home, AUDIT)
+                return len(said) >= milestones and len(audit) >= refusals and (said, audit)
+
+            return on_loop(eventually(check, 60))
+
+        @settings(
+            max_examples=8,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        )
+        @given(st.lists(st.none() | st.text(max_size=300), min_size=1, max_size=20))
+        def answered_and_kept(asks: list[str | None]) -> None:
+            # A text is a milestone saying it; None a request an agent may not make (stop).
+            round_ = next(rounds)
+            before = kept(0, 0)
+            sent = [None if text is None else (f"round {round_} #{i}", text) for i, text in enumerate(asks)]
+            fill(ballast)
+            replies = on_loop(send(sent))
+            ballast.unlink()  # room again
+            milestones = [ask for ask in sent if ask is not None]
+            said, audit = kept(len(before[0]) + len(milestones), len(before[1]) + asks.count(None))
+            for ask, reply in zip(sent, replies, strict=True):
+                if ask is None:
+                    assert isinstance(reply, p.Error) and reply.code == "forbidden"
+                else:
+                    assert isinstance(reply, p.Done) and reply.message.startswith(
+                        ("milestone logged (event ", "milestone taken: the disk is full")
+                    ), reply
+                    held.extend([reply.message] if "taken" in reply.message else [])
+            assert said[len(before[0]) :] == milestones
+            refusals = audit[len(before[1]) :]
+            assert [(action, goal, outcome) for action, goal, outcome, _ in refusals] == [
+                ("stop", goal_id, "refused")
+            ] * asks.count(None)
+
+        await asyncio.to_thread(answered_and_kept)
+        assert held
+
+        # Past the most a goal may have waiting, refused, and the ones taken still kept.
+        before = len(runner_db(runner, home, MILESTONES))
+        fill(ballast)
+        many = [("many", str(i)) for i in range(campaign.WAITING_WRITES_MOST + 5)]
+        replies = await send(many)
+        ballast.unlink()
+        taken = [reply for reply in replies if isinstance(reply, p.Done)]
+        refused = [reply for reply in replies if isinstance(reply, p.Error)]
+        assert refused and all(reply.code == "disk_full" for reply in refused)
+        assert refused[0].message.endswith("writes waiting for room already; try again when there is room")
+        assert len(taken) < len(many)
+        await eventually(lambda: len(runner_db(runner, home, MILESTONES)) == before + len(taken), 60)
+        await agent.close()
+    finally:
+        await stop(runner)
 
 
 # ---- the same rules with a stand-in for the free-space probe (in-process runners) ----
