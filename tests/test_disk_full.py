@@ -358,7 +358,7 @@ async def test_a_pause_on_a_full_disk_holds_once_there_is_room(tmp_path, short_d
     assert reasons[3][1] == "resumed"
 
 
-async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_room(tmp_path, short_dir):
+async def test_an_agent_write_on_a_full_disk_is_taken_and_its_question_refused(tmp_path, short_dir):
     filled, out, err = tmp_path / "filled", tmp_path / "agent.out", tmp_path / "agent.err"
     agent = write_agent(
         tmp_path,
@@ -368,6 +368,8 @@ async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_
         # Its stdout (agent.log) is on the full disk too: what it is told goes to one that is not.
         f"goaltender milestone 'on a full disk' 'said while the disk is full' >> {out} 2>> {err}\n"
         f'echo "milestone rc=$?" >> {out}\n'
+        f"goaltender ask 'may I?' >> {out} 2>> {err}\n"  # no room to ask: refused, not left waiting
+        f'echo "ask rc=$?" >> {out}\n'
         "wait\n",
     )
     socket = short_dir / "runner.sock"
@@ -375,7 +377,7 @@ async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_
     try:
         client = await connect_when_up(socket)
         goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
-        await eventually(lambda: out.exists() and "milestone rc=" in out.read_text(), 60)
+        await eventually(lambda: out.exists() and "ask rc=" in out.read_text(), 60)
         status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
         runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
         code, _, stop_err = await goaltender(socket, "stop", str(goal_id))
@@ -384,9 +386,13 @@ async def test_an_agent_write_on_a_full_disk_is_taken_and_written_when_there_is_
     finally:
         await stop(runner)
 
-    assert err.read_text() == ""
     assert out.read_text() == (
         "milestone taken: the disk is full; it is written in order when there is room\nmilestone rc=0\n"
+        "ask rc=4\n"
+    )
+    refused = err.read_text()
+    assert refused.startswith("goaltender: the runner refused: disk full: ") and refused.endswith(
+        ": the question was not asked; try again when there is room\n"
     )
     # Written once there was room, before the goal's end.
     said = [
