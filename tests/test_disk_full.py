@@ -98,7 +98,11 @@ def goal_states(events) -> list[GoalStateChanged]:
 
 async def stop(bwrap: subprocess.Popen) -> None:
     """SIGTERM the runner's whole group (bwrap does not pass a signal on to the runner it wraps,
-    which would outlive the test), then reap bwrap."""
+    which would outlive the test), then reap bwrap. A runner still shutting down after that is
+    killed: one that hung (waiting for room that never came) outlived its tests."""
+    runner: psutil.Process | None = None
+    with contextlib.suppress(psutil.Error, StopIteration):
+        runner = runner_process(bwrap)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(bwrap.pid, signal.SIGTERM)
     try:
@@ -106,6 +110,13 @@ async def stop(bwrap: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(bwrap.pid, signal.SIGKILL)
         bwrap.wait()
+    if runner is not None:
+        try:
+            await asyncio.to_thread(runner.wait, 30)
+        except psutil.TimeoutExpired:
+            runner.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 async def test_a_run_that_ends_on_a_full_disk_is_closed_once_there_is_room(tmp_path, short_dir):
@@ -312,6 +323,37 @@ async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path
     assert states[2].reason.endswith(": hogs the disk")
     run = next(e.data.experiment for e in events if isinstance(e.data, ExperimentFinished))
     assert run.status == "crash" and run.note.startswith("ended with the goal: stopped by ")
+
+
+async def test_a_runner_stopped_on_a_full_disk_exits_and_says_what_it_could_not_write(tmp_path, short_dir):
+    filled = tmp_path / "filled"
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(filled.exists, 30)
+        code, out, err = await goaltender(socket, "stop", str(goal_id))
+        assert code == 0 and "when the disk has room" in out, err
+        process = runner_process(runner)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 60)  # it used to wait for room, forever
+    finally:
+        await stop(runner)
+
+    said = (tmp_path / "runner.log").read_text()
+    me = f"uid {os.getuid()} ({user_name(os.getuid())})"
+    unwritten = [
+        f"goal #{goal_id}: its end (stopped: stopped by {me}) is not in runner.db: the disk was still full",
+        f"experiment #1's row is not closed (crash: ended with the goal: stopped by {me})",
+        "audit: not recorded: runner.db had no room when the runner stopped: ",
+    ]
+    assert all(line in said for line in unwritten), said[-3000:]
+    assert f" stop goal #{goal_id} done by {me}: goal #{goal_id} stopped by {me}" in said
 
 
 async def test_a_pause_on_a_full_disk_holds_once_there_is_room(tmp_path, short_dir):
