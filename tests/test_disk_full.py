@@ -455,16 +455,22 @@ def fill(path: Path) -> None:
                     ballast.write(b"\0" * size)
 
 
-MILESTONES = (
-    "SELECT json_extract(data, '$.title'), json_extract(data, '$.text') FROM events WHERE kind = 'milestone'"
-)
+MILESTONES = "SELECT data FROM events WHERE kind = 'milestone' ORDER BY seq"
+
+
+def milestones(bwrap: subprocess.Popen, home: Path) -> list[tuple[str, str]]:
+    """(title, text) of each milestone in runner.db, read as the runner reads them (SQLite's JSON
+    functions end a text at a NUL)."""
+    said = [json.loads(data) for (data,) in runner_db(bwrap, home, MILESTONES)]
+    return [(milestone["title"], milestone["text"]) for milestone in said]
 
 
 async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(tmp_path, short_dir):
     """Whatever an agent sends while the disk is full (milestones saying anything, requests it may
     not make), each gets its reply, and once there is room runner.db has every milestone it was
     told was taken, in the order sent, and every refusal in the audit trail, in order. Past
-    WAITING_WRITES_MOST writes waiting, a milestone is refused (disk_full), and the rest still kept."""
+    WAITING_WRITES_MOST writes waiting, a milestone is refused (disk_full), and the rest still kept.
+    Its inbox is read all the same."""
     socket, home = short_dir / "runner.sock", tmp_path / "home"
     runner = start_runner_on_small_disk(tmp_path, socket, write_agent(tmp_path, "a.sh", "sleep 3600\n"))
     try:
@@ -502,11 +508,11 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
                     replies.append(refused.error)
             return replies
 
-        def kept(milestones: int, refusals: int):
+        def kept(said_count: int, refusals: int):
             async def check():
-                said = runner_db(runner, home, MILESTONES)
+                said = milestones(runner, home)
                 audit = runner_db(runner, home, AUDIT)
-                return len(said) >= milestones and len(audit) >= refusals and (said, audit)
+                return len(said) >= said_count and len(audit) >= refusals and (said, audit)
 
             return on_loop(eventually(check, 60))
 
@@ -525,8 +531,8 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
             fill(ballast)
             replies = on_loop(send(sent))
             ballast.unlink()  # room again
-            milestones = [ask for ask in sent if ask is not None]
-            said, audit = kept(len(before[0]) + len(milestones), len(before[1]) + asks.count(None))
+            told = [ask for ask in sent if ask is not None]
+            said, audit = kept(len(before[0]) + len(told), len(before[1]) + asks.count(None))
             for ask, reply in zip(sent, replies, strict=True):
                 if ask is None:
                     assert isinstance(reply, p.Error) and reply.code == "forbidden"
@@ -535,7 +541,7 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
                         ("milestone logged (event ", "milestone taken: the disk is full")
                     ), reply
                     held.extend([reply.message] if "taken" in reply.message else [])
-            assert said[len(before[0]) :] == milestones
+            assert said[len(before[0]) :] == told
             refusals = audit[len(before[1]) :]
             assert [(action, goal, outcome) for action, goal, outcome, _ in refusals] == [
                 ("stop", goal_id, "refused")
@@ -545,7 +551,7 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
         assert held
 
         # Past the most a goal may have waiting, refused, and the ones taken still kept.
-        before = len(runner_db(runner, home, MILESTONES))
+        before = len(milestones(runner, home))
         fill(ballast)
         many = [("many", str(i)) for i in range(campaign.WAITING_WRITES_MOST + 5)]
         replies = await send(many)
@@ -555,7 +561,24 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
         assert refused and all(reply.code == "disk_full" for reply in refused)
         assert refused[0].message.endswith("writes waiting for room already; try again when there is room")
         assert len(taken) < len(many)
-        await eventually(lambda: len(runner_db(runner, home, MILESTONES)) == before + len(taken), 60)
+        await eventually(lambda: len(milestones(runner, home)) == before + len(taken), 60)
+
+        # Its inbox: a message is given once, unmarked on a full disk, and marked once there is room.
+        await client.call(p.Steer, p.Done, goal_id=goal_id, text="try a smaller lr", author="ana")
+        fill(ballast)
+        inbox = await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)
+        assert [m.text for m in inbox.messages] == ["try a smaller lr"]
+        assert (await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)).messages == []
+        unread = "SELECT COUNT(*) FROM inbox WHERE read_at IS NULL"
+        assert runner_db(runner, home, unread) == [(1,)]
+        ballast.unlink()
+
+        async def read_when_there_is_room():
+            messages = (await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)).messages
+            assert messages == []  # given already
+            return runner_db(runner, home, unread) == [(0,)]
+
+        await eventually(read_when_there_is_room, 30)
         await agent.close()
     finally:
         await stop(runner)
