@@ -26,7 +26,7 @@ import os
 import signal
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -252,12 +252,6 @@ class Runner:
                 return await write
         except DiskFull as full:
             raise Refused("disk_full", f"{full}: not written; try again when there is room") from None
-
-    async def _in_turn(self, goal_id: int, write: Callable[[], Awaitable[T]], what: str) -> T | None:
-        """An agent's write: its result once written; None when the disk is full (it is written
-        in its goal's order when there is room)."""
-        _, result = await self.campaigns.write_in_turn(goal_id, write, what)
-        return result
 
     # ---- operator requests ----
 
@@ -529,10 +523,10 @@ class Runner:
     async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         milestone = MilestoneReported(title=req.title, text=req.text, curves=req.curves)
-        event = await self._in_turn(
+        _, event = await self.campaigns.write_in_turn(
             goal.id, lambda: self.store.append_event(goal.id, milestone), "a milestone"
         )
-        if event is None:
+        if event is None:  # on a full disk: written in its turn when there is room
             return p.Done(message=f"milestone taken: {_TAKEN}")
         return p.Done(message=f"milestone logged (event {event.seq})")
 
@@ -574,7 +568,8 @@ class Runner:
     async def _on_write_diary(self, req: p.WriteDiary, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
         write = functools.partial(self.store.write_diary, req.goal_id, req.kind, req.text)
-        if (entry := await self._in_turn(req.goal_id, write, "a diary entry")) is None:
+        _, entry = await self.campaigns.write_in_turn(req.goal_id, write, "a diary entry")
+        if entry is None:
             return p.Done(message=f"diary entry taken ({req.kind}): {_TAKEN}")
         return p.Done(message=f"diary entry {entry.id} written ({entry.kind})")
 
@@ -593,7 +588,7 @@ class Runner:
     async def _on_record_fetch(self, req: p.RecordFetch, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         fetched = HubFetched(fetch=req.fetch)
-        event = await self._in_turn(
+        _, event = await self.campaigns.write_in_turn(
             goal.id, lambda: self.store.append_event(goal.id, fetched), "a fetch record"
         )
         if event is None:

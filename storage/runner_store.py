@@ -813,10 +813,11 @@ class RunnerStore:
                 _inbox(row)
                 for row in await tx.rows(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,))
             ]
-            await tx.run(
-                "UPDATE inbox SET read_at = ? WHERE goal_id = ? AND read_at IS NULL",
-                (utcnow().isoformat(), goal_id),
-            )
+            if any(message.read_at is None for message in messages):
+                await tx.run(
+                    "UPDATE inbox SET read_at = ? WHERE goal_id = ? AND read_at IS NULL",
+                    (utcnow().isoformat(), goal_id),
+                )
         return messages
 
     async def inbox(self, goal_id: int, *, unread_only: bool = True) -> list[InboxMessage]:
