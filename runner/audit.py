@@ -3,17 +3,30 @@ refused attempt (an agent's forbidden request, a foreign uid's hello), in runner
 
 Control actions are submit, approve, reject, steer, budget, stop, pause, resume and skill revert;
 reads and the agent verbs are not recorded unless refused for who asked.
+
+Entries are written one at a time, in the order they were made. A reply waits for its entry only
+while the disk has room: on a full disk the entry waits in memory (up to UNWRITTEN_MOST of them,
+its time kept) and is written when there is room, and the reply goes at once. What the runner
+still holds when it shuts down on a full disk, and what did not fit in memory, is written to its
+log instead, one line an entry.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import dataclasses
 import logging
+from datetime import datetime
 
 from goaltender.runner import protocol as p
 from goaltender.runner.trust import Principal, goal_named
+from goaltender.storage.records import utcnow
 from goaltender.storage.runner_store import RunnerStore
+from goaltender.storage.space import DiskFull
 
 log = logging.getLogger("goaltender.runner")
+UNWRITTEN_MOST = 10_000  # entries kept in memory while the disk is full (each ~1 kB at most)
 
 CONTROL_ACTIONS: dict[type[p.Request], str] = {
     p.SubmitGoal: "submit",
@@ -60,9 +73,28 @@ def _done_detail(request: p.Request, reply: p.Reply) -> str:
     return detail
 
 
+@dataclasses.dataclass
+class _Entry:
+    actor: str
+    action: str
+    goal_id: int | None
+    outcome: str
+    detail: str
+    ts: datetime = dataclasses.field(default_factory=utcnow)
+    written: asyncio.Future[None] = dataclasses.field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def __str__(self) -> str:
+        goal = f" goal #{self.goal_id}" if self.goal_id is not None else ""
+        return f"{self.ts.isoformat()} {self.action}{goal} {self.outcome} by {self.actor}: {self.detail}"
+
+
 class AuditTrail:
     def __init__(self, store: RunnerStore):
         self.store = store
+        self._unwritten: collections.deque[_Entry] = collections.deque()
+        self._writer: asyncio.Task | None = None
 
     async def outcome(self, who: Principal, request: p.Request, reply: p.Reply) -> None:
         """A control request answered: done, or refused with the error's message."""
@@ -89,9 +121,49 @@ class AuditTrail:
         )
 
     async def _write(self, actor: str, action: str, goal_id: int | None, outcome: str, detail: str) -> None:
-        try:
-            await self.store.add_audit(
-                actor=actor, action=action, goal_id=goal_id, outcome=outcome, detail=detail[:DETAIL_CHARS]
+        """Enter it after those before it; back once it is written, or at once on a full disk."""
+        entry = _Entry(actor, action, goal_id, outcome, detail[:DETAIL_CHARS])
+        if len(self._unwritten) >= UNWRITTEN_MOST:
+            log.error(
+                "audit: not recorded (%d entries wait for room on the disk already): %s",
+                UNWRITTEN_MOST,
+                entry,
             )
-        except Exception:  # the answer still goes out; the log says what the trail missed
-            log.exception("audit: could not record %s %s by %s (%s)", action, outcome, actor, detail)
+            return
+        self._unwritten.append(entry)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.ensure_future(self._write_in_order())
+        await self.store.done_unless_full(entry.written)
+
+    async def _write_in_order(self) -> None:
+        while self._unwritten:
+            entry = self._unwritten[0]
+            try:
+                await self.store.add_audit(
+                    actor=entry.actor,
+                    action=entry.action,
+                    goal_id=entry.goal_id,
+                    outcome=entry.outcome,
+                    detail=entry.detail,
+                    ts=entry.ts,
+                )
+            except DiskFull:  # the runner is shutting down, and the disk is still full
+                self._lose(f"not recorded: {self.store.db.path.name} had no room when the runner stopped")
+                return
+            except Exception:  # the answer went out all the same; the log says what the trail missed
+                log.exception("audit: could not record %s", entry)
+            self._unwritten.popleft()
+            entry.written.set_result(None)
+
+    def _lose(self, why: str) -> None:
+        while self._unwritten:
+            entry = self._unwritten.popleft()
+            log.error("audit: %s: %s", why, entry)
+            entry.written.set_result(None)
+
+    async def close(self) -> None:
+        """Let the entries still waiting be written (the store fails, rather than waits, on a full
+        disk by now: those are logged)."""
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+        self._lose("not recorded: the runner stopped before it was written")

@@ -7,6 +7,12 @@ experiments are stopped with their whole process groups, then whatever is left i
 (runner/limits.py), pending approvals expire, the goal's socket, network and /tmp go, and the final
 report is written once.
 
+A full disk stops no control. What a person or an agent changes is carried out at once and written
+to runner.db through the goal's own queue (`_record`: in order, each waiting for room); the reply
+waits for the write only while the disk has room, and until it is written the goal's status shows
+the state it is in (`_unrecorded`). A goal ended, paused or resumed on a full disk is so at once;
+the runner's log says what a shutdown on a full disk left unwritten.
+
 The agent and every experiment and eval command run in the goal's sandbox (runner/sandbox.py),
 holding only the goal's own socket (`AgentSockets`, the server), which lets them act on this goal
 through the agent verbs and on nothing else.
@@ -15,15 +21,18 @@ through the agent verbs and on nothing else.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import statistics
 import subprocess
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from goaltender.runner import gpus, noise, stages
 from goaltender.runner import protocol as p
@@ -67,6 +76,9 @@ from goaltender.storage.space import DiskFull, FreeSpace, free_space, is_disk_fu
 
 log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
+WAITING_WRITES_MOST = 100  # an agent's writes of one goal held for room on a full disk; past it, refused
+ACTIVE = ("running", "waiting_for_approval")  # the states a full disk pauses
+T = TypeVar("T")
 
 
 class AgentSockets(Protocol):
@@ -117,6 +129,12 @@ class Campaigns:
         self._disk_waits: dict[int, asyncio.Task] = {}  # goal id -> its wait for disk space
         self._disk_full_logged = False
         self._tasks: set[asyncio.Task] = set()
+        self._recording: dict[int, asyncio.Task] = {}  # goal id -> the last of its writes queued (_record)
+        self._queued_writes: collections.Counter[int] = collections.Counter()  # goal id -> writes queued
+        # goal id -> the state it is in, until runner.db has it: (state, reason)
+        self._unrecorded: dict[int, tuple[GoalState, str]] = {}
+        # experiment id -> (its goal id, the closing of its row, killed: _close_row)
+        self._rows: dict[int, tuple[int, asyncio.Task]] = {}
 
     # ---- goals ----
 
@@ -124,7 +142,15 @@ class Campaigns:
         goal = await self.store.get_goal(goal_id)
         if goal is None:
             raise Refused("not_found", f"no goal #{goal_id}")
-        return goal
+        return self.as_it_stands(goal)
+
+    def as_it_stands(self, goal: Goal) -> Goal:
+        """The goal as runner.db has it, in the state it is in when that is not written yet."""
+        if (unrecorded := self._unrecorded.get(goal.id)) is None or goal.state in TERMINAL_STATES:
+            return goal
+        state, reason = unrecorded
+        ended = {"end_reason": reason} if state in TERMINAL_STATES else {}
+        return goal.model_copy(update={"state": state, **ended})
 
     async def active_goal(self, goal_id: int) -> Goal:
         """The goal, if it still takes changes (not ended, not ending)."""
@@ -232,7 +258,9 @@ class Campaigns:
 
     async def close(self) -> None:
         """Runner shutdown: stop every agent and experiment, and leave the goals as they are (a
-        restart resumes them)."""
+        restart resumes them). What is queued for runner.db is written, unless the disk is still
+        full: then the log says what was not."""
+        self.store.stop_waiting_for_room()
         for task in self._tasks:
             task.cancel()
         await self.fetches.close()
@@ -250,14 +278,92 @@ class Campaigns:
                 self._cancel_reasons[experiment_id] = ("interrupted", "interrupted: the runner shut down")
                 task.cancel()
         await asyncio.gather(*self._experiments.values(), return_exceptions=True)
+        rows = [task for _, task in self._rows.values()]
+        await asyncio.gather(*rows, *self._recording.values(), return_exceptions=True)
         self.sandbox.networks.close_all()
         await self.limits.close()
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    # ---- writes in each goal's order ----
+
+    def _record(
+        self,
+        goal_id: int,
+        write: Callable[[], Awaitable[T]],
+        what: str,
+        shows: tuple[GoalState, str] | None = None,
+    ) -> asyncio.Task[T]:
+        """Write `what` (a change of the goal, already carried out) to runner.db after the goal's
+        writes queued before it; on a full disk it waits for room. Until it is written, the goal's
+        status shows `shows` (the state it leaves). A shutdown waits for it (Campaigns.close)."""
+        before = self._recording.get(goal_id)
+        if shows is not None:
+            self._unrecorded[goal_id] = shows
+
+        async def in_turn() -> T:
+            if before is not None:
+                await asyncio.wait([before])  # its outcome is its own
+            try:
+                return await write()
+            except DiskFull:  # only once the runner is shutting down
+                log.error(
+                    "goal #%d: %s is not in runner.db: the disk was still full at shutdown; the next start "
+                    "takes the goal as runner.db has it",
+                    goal_id,
+                    what,
+                )
+                raise
+            finally:
+                if shows is not None and self._unrecorded.get(goal_id) is shows:
+                    del self._unrecorded[goal_id]
+
+        task = asyncio.ensure_future(in_turn())
+        self._recording[goal_id] = task
+        self._queued_writes[goal_id] += 1
+        task.add_done_callback(functools.partial(self._recorded, goal_id))
+        return task
+
+    def _recorded(self, goal_id: int, task: asyncio.Task) -> None:
+        if self._recording.get(goal_id) is task:
+            del self._recording[goal_id]
+        self._queued_writes[goal_id] -= 1
+        if not self._queued_writes[goal_id]:
+            del self._queued_writes[goal_id]
+        if not task.cancelled() and (exc := task.exception()) and not isinstance(exc, DiskFull):
+            log.error("goal #%d: a write failed", goal_id, exc_info=exc)
+
+    async def change_state(self, goal_id: int, state: GoalState, reason: str) -> bool:
+        """A person paused or resumed the goal (carried out by the caller): record it. True once
+        written; False on a full disk, where it is written when there is room."""
+        recording = self._record(
+            goal_id,
+            lambda: self.store.set_goal_state(goal_id, state, reason),
+            f"{state} ({reason})",
+            (state, reason),
+        )
+        return await self.store.done_unless_full(recording)
+
+    async def write_in_turn(
+        self, goal_id: int, write: Callable[[], Awaitable[T]], what: str
+    ) -> tuple[bool, T | None]:
+        """An agent's write about its goal: (True, its result) once written; (False, None) on a
+        full disk, where it waits in the goal's queue for room. Refused (disk_full) when the goal
+        has WAITING_WRITES_MOST queued already."""
+        if self._queued_writes[goal_id] >= WAITING_WRITES_MOST:
+            raise Refused(
+                "disk_full",
+                f"{what} not taken: the disk is full, and goal #{goal_id} has {WAITING_WRITES_MOST} writes "
+                "waiting for room already; try again when there is room",
+            )
+        recording = self._record(goal_id, write, what)
+        if await self.store.done_unless_full(recording):
+            return True, recording.result()
+        return False, None
 
     # ---- the agent ----
 
@@ -284,7 +390,7 @@ class Campaigns:
         if goal.state in ("accepted", "submitted"):
             await self.store.set_goal_state(goal.id, "running", f"agent {goal.agent} started")
         self._spawn(self._watch_agent(goal.id, proc, launch))
-        self._arm_deadline(goal)
+        self.arm_deadline(goal)
 
     async def _watch_agent(self, goal_id: int, proc: subprocess.Popen, launch: Launch) -> None:
         status, _ = await wait_process(proc)
@@ -308,9 +414,9 @@ class Campaigns:
 
     async def set_budget(self, goal: Goal, budget: Budget, reason: str) -> None:
         goal = await self.store.update_budget(goal.id, budget, reason)
-        self._arm_deadline(goal)
+        self.arm_deadline(goal)
 
-    def _arm_deadline(self, goal: Goal) -> None:
+    def arm_deadline(self, goal: Goal) -> None:
         if old := self._deadline_timers.pop(goal.id, None):
             old.cancel()
         if goal.budget.deadline is not None:
@@ -359,7 +465,8 @@ class Campaigns:
             log.error("%s: goals pause, writes wait until there is room", full)
             self._disk_full_logged = True
         for goal in await self.store.list_goals(active_only=True):
-            self.pause_for_disk(goal.id, full.space)
+            if goal.state in ACTIVE:
+                self.pause_for_disk(goal.id, full.space)
         await asyncio.sleep(self.settings.disk_check_s)
         await self._until_space()
 
@@ -373,13 +480,24 @@ class Campaigns:
                     self.pause_for_disk(goal_id, space)
 
     def pause_for_disk(self, goal_id: int, space: FreeSpace) -> None:
-        """Hold the goal's experiments until the disk has room again; its thread is told why (as
-        soon as that can be written) and again when it goes on."""
-        if goal_id in self._ending:
+        """Hold the goal's experiments until the disk has room again; its status says paused at
+        once, and its thread is told why as soon as that can be written (and again when it goes
+        on). A goal a person has paused stays theirs."""
+        held = not self._unpaused_event(goal_id).is_set()
+        if goal_id in self._ending or goal_id in self._disk_waits or held:
             return
         self.hold_experiments(goal_id)
-        if (waiting := self._disk_waits.get(goal_id)) is None or waiting.done():
-            self._disk_waits[goal_id] = self._spawn(self._pause_until_space(goal_id, space))
+        reason = (
+            f"disk full: {space}, under the {self.settings.min_free_mb:g} MB this runner keeps free "
+            "(GOALTENDER_MIN_FREE_MB); no new experiment starts until there is room"
+        )
+        pausing = self._record(
+            goal_id,
+            lambda: self.store.pause_for_disk(goal_id, reason),
+            "its pause for the disk",
+            ("paused", reason),
+        )
+        self._disk_waits[goal_id] = self._spawn(self._resume_when_space(goal_id, pausing))
 
     def forget_disk_pause(self, goal_id: int) -> None:
         """A person took over (resumed the goal, or paused it themselves): it no longer resumes by
@@ -387,24 +505,25 @@ class Campaigns:
         if (task := self._disk_waits.pop(goal_id, None)) is not None:
             task.cancel()
 
-    async def _pause_until_space(self, goal_id: int, space: FreeSpace) -> None:
-        reason = (
-            f"disk full: {space}, under the {self.settings.min_free_mb:g} MB this runner keeps free "
-            "(GOALTENDER_MIN_FREE_MB); no new experiment starts until there is room"
-        )
-        if await self.store.pause_for_disk(goal_id, reason) is None:
+    async def paused_for_disk(self, goal_id: int) -> bool:
+        """Paused for a full disk (and so to resume by itself when there is room), written yet or not."""
+        return goal_id in self._disk_waits or await self.store.paused_for_disk(goal_id)
+
+    async def _resume_when_space(
+        self, goal_id: int, pausing: asyncio.Task[Goal | None] | None = None
+    ) -> None:
+        if pausing is not None and await asyncio.shield(pausing) is None:
             # Paused by a person already (it stays so), or ended.
             self._disk_waits.pop(goal_id, None)
             if (await self.goal(goal_id)).state != "paused":
                 self.release_experiments(goal_id)
             return
-        await self._resume_when_space(goal_id)
-
-    async def _resume_when_space(self, goal_id: int) -> None:
         await self._until_space()
         self._disk_waits.pop(goal_id, None)
         # "resumed …": the thread shows resumes (bot/render.state_changed)
-        if await self.store.end_disk_pause(goal_id, f"resumed: disk space is back ({self.free_space()})"):
+        reason = f"resumed: disk space is back ({self.free_space()})"
+        resuming = self._record(goal_id, lambda: self.store.end_disk_pause(goal_id, reason), "its resume")
+        if await asyncio.shield(resuming):
             self.release_experiments(goal_id)
 
     async def _until_space(self) -> None:
@@ -417,17 +536,31 @@ class Campaigns:
     # ---- approvals ----
 
     async def ask(
-        self, goal: Goal, kind: str, question: str, detail: str, timeout_s: float | None
+        self,
+        goal: Goal,
+        kind: str,
+        question: str,
+        detail: str,
+        timeout_s: float | None,
+        *,
+        agent_asks: bool = False,
     ) -> Approval:
-        """Ask the humans and wait for the decision; no decision in time expires the approval."""
+        """Ask the humans and wait for the decision; no decision in time expires the approval. A
+        question its agent asks is refused (disk_full) when the disk has no room to ask it."""
         timeout = timeout_s or self.settings.approval_timeout_s
-        approval = await self.store.create_approval(
-            goal.id,
-            kind=kind,
-            question=question,
-            detail=detail,
-            expires_at=utcnow() + timedelta(seconds=timeout),
-        )
+        try:
+            with self.store.refuse_when_full() if agent_asks else contextlib.nullcontext():
+                approval = await self.store.create_approval(
+                    goal.id,
+                    kind=kind,
+                    question=question,
+                    detail=detail,
+                    expires_at=utcnow() + timedelta(seconds=timeout),
+                )
+        except DiskFull as full:
+            raise Refused(
+                "disk_full", f"{full}: the question was not asked; try again when there is room"
+            ) from None
         waiter: asyncio.Future[Approval] = asyncio.get_running_loop().create_future()
         self._approval_waiters[approval.id] = waiter
         await self.store.set_goal_state(goal.id, "waiting_for_approval", question, only_from={"running"})
@@ -505,7 +638,9 @@ class Campaigns:
         except asyncio.CancelledError:
             if not task.cancelled():
                 raise
-            # Ended with its goal or the runner: _supervise recorded why.
+            # Ended with its goal or the runner: its row says why (_close_row), once written.
+            if (closing := self._rows.get(experiment.id)) is not None:
+                await asyncio.wait([closing[1]])
             finished = await self.store.get_experiment(experiment.id)
             assert finished is not None, "its row was written before its task started"
             return finished, False
@@ -592,7 +727,9 @@ class Campaigns:
                 "(`goaltender report`, then exit)",
             )
         detail = stages.gate_detail(req.summary, req.document, req.document_name)
-        approval = await self.ask(goal, "stage_gate", stages.gate_question(goal), detail, None)
+        approval = await self.ask(
+            goal, "stage_gate", stages.gate_question(goal), detail, None, agent_asks=True
+        )
         if approval.state == "approved":
             goal = await self.store.advance_stage(goal.id, f"approved by {approval.decided_by}")
         return approval, goal
@@ -758,7 +895,7 @@ class Campaigns:
         except asyncio.CancelledError:
             # Stopped while queued: it never ran, so it is no fault of its and does not count.
             _, why = self._cancel_reasons.pop(experiment.id, ("interrupted", "cancelled"))
-            await self._finish(experiment, "interrupted", f"never started ({why})")
+            self._close_row(experiment, "interrupted", f"never started ({why})", None)
             raise
         finally:
             self._told_waiting.pop(experiment.id, None)
@@ -1022,8 +1159,30 @@ class Campaigns:
             if before is not None:
                 used = before if used is None else _together(before, used)
             status, note = self._cancel_reasons.pop(experiment.id, ("crash", "cancelled"))
-            await self._finish(experiment, status, note, result=used)
+            self._close_row(experiment, status, note, used)
             raise
+
+    def _close_row(
+        self, experiment: Experiment, status: ExperimentStatus, note: str, used: ProcessResult | None
+    ) -> None:
+        """Enter a run that was stopped (its processes are gone). Its own task: what stopped it goes
+        on at once, and a full disk holds only the row (written when there is room)."""
+
+        async def close() -> None:
+            try:
+                await self._finish(experiment, status, note, result=used)
+            except DiskFull:  # the runner is shutting down on a full disk
+                log.error(
+                    "experiment #%d's row is not closed (%s: %s): the disk was still full at shutdown; "
+                    "the next start enters it as interrupted",
+                    experiment.id,
+                    status,
+                    note,
+                )
+            finally:
+                self._rows.pop(experiment.id, None)
+
+        self._rows[experiment.id] = (experiment.goal_id, asyncio.ensure_future(close()))
 
     async def _not_started(
         self,
@@ -1095,12 +1254,15 @@ class Campaigns:
         """End the goal from a request its own agent is waiting on (end_goal stops that agent)."""
         self._spawn(self.end_goal(goal_id, state, reason))
 
-    async def end_goal(self, goal_id: int, state: GoalState, reason: str) -> None:
+    async def end_goal(self, goal_id: int, state: GoalState, reason: str) -> bool:
         """Stop the agent and the goal's experiments (process groups), settle approvals, enter a
-        terminal state and write the final report. Idempotent."""
+        terminal state and write the final report. Idempotent. True once it is all written; False
+        on a full disk: the processes are stopped all the same, and the rest is written (in the
+        goal's queue) when there is room."""
         if goal_id in self._ending:
-            return
+            return True
         self._ending.add(goal_id)
+        self._unrecorded[goal_id] = ended = (state, reason)
         first_line = reason.splitlines()[0]
         timer = self._deadline_timers.pop(goal_id, None)
         if timer is not None and timer is not asyncio.current_task():
@@ -1116,23 +1278,39 @@ class Campaigns:
         self.sockets.close_agent_socket(goal_id)
         self.sandbox.networks.close(goal_id)
         self.sandbox.remove_goal_files(goal_id)
+        self.release_experiments(goal_id)
+        recording = self._record(
+            goal_id,
+            lambda: self._record_end(goal_id, state, reason),
+            f"its end ({state}: {first_line})",
+            ended,
+        )
+        return await self.store.done_unless_full(recording)
+
+    async def _record_end(self, goal_id: int, state: GoalState, reason: str) -> None:
+        """The end of a goal whose processes are stopped: its runs' rows, its approvals, its state
+        and its final report."""
+        rows = [task for id_, task in self._experiments.items() if self._experiment_goal.get(id_) == goal_id]
+        rows += [task for of_goal, task in self._rows.values() if of_goal == goal_id]
+        await asyncio.gather(*rows, return_exceptions=True)  # the report counts them
+        first_line = reason.splitlines()[0]
         for approval in await self.store.pending_approvals(goal_id):
             approval, _ = await self.store.decide_approval(
                 approval.id, state="expired", by="runner", comment=f"the goal ended: {first_line}"
             )
             self.deliver_decision(approval)
-        self.release_experiments(goal_id)
         goal = await self.store.set_goal_state(goal_id, state, reason) or await self.goal(goal_id)
         if not await self.store.has_report(goal_id):
             await self._write_report(goal, reason)
 
     async def _cancel_experiments(self, goal_id: int, note: str) -> None:
+        """Kill the goal's runs (their rows are closed after: _close_row). A run whose processes
+        have ended already is left to enter its row."""
         tasks = []
         for experiment_id, task in list(self._experiments.items()):
-            if self._experiment_goal.get(experiment_id) == goal_id:
-                if experiment_id not in self._concluding:
-                    self._cancel_reasons[experiment_id] = ("crash", note)
-                    task.cancel()
+            if self._experiment_goal.get(experiment_id) == goal_id and experiment_id not in self._concluding:
+                self._cancel_reasons[experiment_id] = ("crash", note)
+                task.cancel()
                 tasks.append(task)
         await asyncio.gather(*tasks, return_exceptions=True)
 

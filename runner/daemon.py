@@ -7,6 +7,12 @@ bot, the demo console and the agents, each with who asks: the server has already
 principal may not ask (runner/trust.py), and names given in `by` / `author` / `owner` are recorded
 as that principal vouching for them. `hello`, `subscribe` and `ack` belong to the connection and
 are answered by the server.
+
+On a full disk every request is answered. Stop, pause and resume are carried out and answered at
+once (runner/campaign.py writes them when there is room, and the status shows them meanwhile); an
+agent's milestone, metrics, diary entry, report or fetch record is taken and written in its goal's
+order when there is room; what would change runner.db otherwise (a new goal, a steer, a budget, a
+decision, an agent's question) is refused at once with `disk_full`, changing nothing.
 """
 
 from __future__ import annotations
@@ -14,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import fcntl
+import functools
 import logging
 import os
 import signal
 import sqlite3
 import sys
+from collections.abc import Awaitable
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -45,11 +54,21 @@ from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
 from goaltender.storage.db import UnusableDatabase
-from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
+from goaltender.storage.records import (
+    TOKEN_METRICS,
+    Budget,
+    Goal,
+    GoalState,
+    HubFetched,
+    MilestoneReported,
+    utcnow,
+)
 from goaltender.storage.runner_store import Ledger, RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 log = logging.getLogger("goaltender.runner")
+T = TypeVar("T")
+WRITTEN_LATER = "; the disk is full: runner.db records it when there is room"
 
 
 def build_models() -> None:
@@ -113,6 +132,8 @@ class Runner:
         self._skills_lock = asyncio.Lock()  # one change of the skill folder at a time
         self._listening = False
         self._home_lock: int | None = None  # held while this runner runs: one runner per home
+        # goal id -> the last inbox message its agent was given unmarked, on a full disk
+        self._given_unread: dict[int, int] = {}
 
     # ---- life cycle ----
 
@@ -197,6 +218,7 @@ class Runner:
         (whose thread, left open, would keep the process from exiting)."""
         self.server.close()
         await self.campaigns.close()
+        await self.server.audit.close()
         await self._close_mirror()
         await self.store.close()
         if self._listening:
@@ -209,7 +231,8 @@ class Runner:
     async def close(self) -> None:
         """Shut down: stop serving, leave goals as they are (a restart resumes them)."""
         self.server.close()
-        await self.campaigns.close()
+        await self.campaigns.close()  # from here on a write that finds the disk full fails
+        await self.server.audit.close()
         await self._close_mirror()
         await self.store.close()
         self.server.remove_socket()
@@ -223,6 +246,16 @@ class Runner:
     async def _close_mirror(self) -> None:
         if self.mirror:
             await self.mirror.close()  # what it has not mirrored yet waits in the log for the next start
+
+    # ---- writes someone waits on ----
+
+    async def _now(self, write: Awaitable[T]) -> T:
+        """`write` (a store call) done now; on a full disk refused (disk_full), changing nothing."""
+        try:
+            with self.store.refuse_when_full():
+                return await write
+        except DiskFull as full:
+            raise Refused("disk_full", f"{full}: not written; try again when there is room") from None
 
     # ---- operator requests ----
 
@@ -250,19 +283,21 @@ class Runner:
             self.campaigns.check_executor(spec.executor)
         budget = req.budget or explicit_budget(spec, utcnow(), self.settings.experiment_timeout_s)
         try:
-            goal = await self.store.create_goal(
-                text=spec.text,
-                owner=req.owner or who.actor(),
-                agent=agent,
-                budget=budget,
-                metric=None,
-                direction="maximize",
-                target=spec.target,
-                workspace_root=self.settings.workspaces,
-                executor=spec.executor,
-                gpus_per_experiment=spec.gpus_per_experiment,
-                stages=parse_stages(req.text),
-                submit_key=key,
+            goal = await self._now(
+                self.store.create_goal(
+                    text=spec.text,
+                    owner=req.owner or who.actor(),
+                    agent=agent,
+                    budget=budget,
+                    metric=None,
+                    direction="maximize",
+                    target=spec.target,
+                    workspace_root=self.settings.workspaces,
+                    executor=spec.executor,
+                    gpus_per_experiment=spec.gpus_per_experiment,
+                    stages=parse_stages(req.text),
+                    submit_key=key,
+                )
             )
         except sqlite3.IntegrityError:  # the same submission, sent twice at once: the first made it
             if key is None or (made := await self.store.goal_by_key(key)) is None:
@@ -279,12 +314,15 @@ class Runner:
         except GoalTextError as exc:  # refused whole: nothing half done, and whoever sent it hears why
             undelivered = "the message was not delivered (budget words in a steer change the budget)"
             raise Refused("bad_request", f"{exc}; {undelivered}") from None
-        message = await self.store.add_inbox(goal.id, author, req.text)
+        message = await self._now(self.store.add_inbox(goal.id, author, req.text))
         said = f"delivered to goal #{goal.id}'s inbox as message {message.id}"
         if change:
-            await self.campaigns.set_budget(goal, change[0], f"{author}: {change[1]}")
+            await self._set_budget(goal, change[0], f"{author}: {change[1]}")
             said += f"; budget changed: {change[1]}"
         return p.Done(message=said)
+
+    async def _set_budget(self, goal: Goal, budget: Budget, reason: str) -> None:
+        self.campaigns.arm_deadline(await self._now(self.store.update_budget(goal.id, budget, reason)))
 
     async def _on_change_budget(self, req: p.ChangeBudget, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
@@ -297,26 +335,34 @@ class Runner:
                 "bad_request",
                 f"no budget in {req.change!r}; try '+2h', 'max 10 experiments' or 'gpu-hours 8'",
             )
-        await self.campaigns.set_budget(goal, change[0], f"{who.actor(req.by)}: {change[1]}")
+        await self._set_budget(goal, change[0], f"{who.actor(req.by)}: {change[1]}")
         return p.Done(message=f"budget changed: {change[1]}")
 
     async def _on_stop(self, req: p.Stop, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         reason = f"stopped by {who.actor(req.by)}" + (f": {req.reason.strip()}" if req.reason.strip() else "")
-        await self.campaigns.end_goal(goal.id, "stopped", reason)
-        return p.Done(message=f"goal #{goal.id} {reason}; final report written")
+        if await self.campaigns.end_goal(goal.id, "stopped", reason):
+            return p.Done(message=f"goal #{goal.id} {reason}; final report written")
+        return p.Done(
+            message=f"goal #{goal.id} {reason}: its agent and runs are stopped; the disk is full: "
+            "runner.db records it (and the final report) when the disk has room"
+        )
 
     async def _on_pause(self, req: p.Pause, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        if goal.state == "paused":
-            reason = f"paused by {who.actor(req.by)} (it was paused for a full disk)"
-            if await self.store.keep_paused(goal.id, reason):  # no longer resumes by itself
-                self.campaigns.forget_disk_pause(goal.id)
-                return p.Done(message=f"goal #{goal.id} {reason}; it stays paused until resumed")
+        for_disk = await self.campaigns.paused_for_disk(goal.id)
+        if goal.state == "paused" and not for_disk:
             return p.Done(message=f"goal #{goal.id} is already paused")
+        self.campaigns.forget_disk_pause(goal.id)  # it no longer resumes by itself
         self.campaigns.hold_experiments(goal.id)
-        await self.store.set_goal_state(goal.id, "paused", f"paused by {who.actor(req.by)}")
-        return p.Done(message=f"goal #{goal.id} paused: the current experiment finishes, no new one starts")
+        if for_disk:
+            reason = f"paused by {who.actor(req.by)} (it was paused for a full disk)"
+            said = f"goal #{goal.id} {reason}; it stays paused until resumed"
+        else:
+            reason = f"paused by {who.actor(req.by)}"
+            said = f"goal #{goal.id} paused: the current experiment finishes, no new one starts"
+        recorded = await self.campaigns.change_state(goal.id, "paused", reason)
+        return p.Done(message=said + ("" if recorded else WRITTEN_LATER))
 
     async def _on_resume(self, req: p.Resume, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
@@ -324,19 +370,18 @@ class Runner:
             return p.Done(message=f"goal #{goal.id} is not paused ({goal.state})")
         self.campaigns.forget_disk_pause(goal.id)  # resumed by hand, disk or not
         pending = await self.store.pending_approvals(goal.id)
-        await self.store.set_goal_state(
-            goal.id, "waiting_for_approval" if pending else "running", f"resumed by {who.actor(req.by)}"
-        )
+        state: GoalState = "waiting_for_approval" if pending else "running"
+        recorded = await self.campaigns.change_state(goal.id, state, f"resumed by {who.actor(req.by)}")
         self.campaigns.release_experiments(goal.id)
-        return p.Done(message=f"goal #{goal.id} resumed")
+        return p.Done(message=f"goal #{goal.id} resumed" + ("" if recorded else WRITTEN_LATER))
 
     async def _on_decide(self, req: p.Decide, who: Principal) -> p.Reply:
-        approval = await self.store.get_approval(req.approval_id)
-        if approval is None:
+        asked = await self.store.get_approval(req.approval_id)
+        if asked is None:
             raise Refused("not_found", f"no approval #{req.approval_id}")
         state = "approved" if req.approve else "rejected"
-        approval, decided_now = await self.store.decide_approval(
-            approval.id, state=state, by=who.actor(req.by), comment=req.comment
+        approval, decided_now = await self._now(
+            self.store.decide_approval(asked.id, state=state, by=who.actor(req.by), comment=req.comment)
         )
         if not decided_now:
             by = f" by {approval.decided_by}" if approval.decided_by else ""
@@ -352,6 +397,7 @@ class Runner:
         goals = await self.store.list_goals(active_only=req.active_only, limit=req.limit, before=req.before)
         ledgers = await self.store.ledgers([goal.id for goal in goals])
         now = utcnow()
+        goals = [self.campaigns.as_it_stands(goal) for goal in goals]
         return p.StatusReply(goals=[_goal_status(goal, ledgers[goal.id], now) for goal in goals])
 
     async def _on_summary(self, req: p.Summary, who: Principal) -> p.Reply:
@@ -441,7 +487,7 @@ class Runner:
         goals = (
             [await self.campaigns.goal(req.goal_id)]
             if req.goal_id
-            else await self.store.list_goals(limit=200)
+            else [self.campaigns.as_it_stands(goal) for goal in await self.store.list_goals(limit=200)]
         )
 
         def measure() -> list[p.GoalDisk]:
@@ -482,9 +528,12 @@ class Runner:
 
     async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        event = await self.store.append_event(
-            goal.id, MilestoneReported(title=req.title, text=req.text, curves=req.curves)
+        milestone = MilestoneReported(title=req.title, text=req.text, curves=req.curves)
+        _, event = await self.campaigns.write_in_turn(
+            goal.id, lambda: self.store.append_event(goal.id, milestone), "a milestone"
         )
+        if event is None:  # on a full disk: written in its turn when there is room
+            return p.Done(message=f"milestone taken: {_TAKEN}")
         return p.Done(message=f"milestone logged (event {event.seq})")
 
     async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
@@ -493,7 +542,10 @@ class Runner:
             experiment = await self.store.get_experiment(req.experiment_id)
             if experiment is None or experiment.goal_id != goal.id:  # not a way into another goal's run
                 raise Refused("not_found", f"goal #{goal.id} has no experiment #{req.experiment_id}")
-        await self.store.add_metrics(goal.id, req.experiment_id, req.points)
+        write = functools.partial(self.store.add_metrics, goal.id, req.experiment_id, req.points)
+        written, _ = await self.campaigns.write_in_turn(goal.id, write, "metric points")
+        if not written:
+            return p.Done(message=f"{len(req.points)} metric point(s) taken: {_TAKEN}")
         limit = goal.budget.max_tokens
         if limit is not None and any(point.name in TOKEN_METRICS for point in req.points):
             used = (await self.store.tokens_used([goal.id])).get(goal.id, 0)
@@ -503,12 +555,28 @@ class Runner:
         return p.Done(message=f"{len(req.points)} metric point(s) logged")
 
     async def _on_read_inbox(self, req: p.ReadInbox, who: Principal) -> p.Reply:
-        await self.campaigns.goal(req.goal_id)
-        return p.InboxReply(messages=await self.store.read_inbox(req.goal_id, unread_only=not req.all))
+        """Unread messages are marked read as they are given. On a full disk they are given
+        unmarked, and not given again: the first read when there is room marks them."""
+        goal_id = (await self.campaigns.goal(req.goal_id)).id
+        given = self._given_unread.get(goal_id, 0)
+        try:
+            with self.store.refuse_when_full():
+                messages = await self.store.read_inbox(goal_id, unread_only=not req.all)
+            self._given_unread.pop(goal_id, None)
+        except DiskFull:
+            messages = await self.store.inbox(goal_id, unread_only=not req.all)
+            if unread := [m.id for m in messages if m.read_at is None]:
+                self._given_unread[goal_id] = max(given, unread[-1])
+        if not req.all:
+            messages = [m for m in messages if m.id > given]
+        return p.InboxReply(messages=messages)
 
     async def _on_write_diary(self, req: p.WriteDiary, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
-        entry = await self.store.write_diary(req.goal_id, req.kind, req.text)
+        write = functools.partial(self.store.write_diary, req.goal_id, req.kind, req.text)
+        _, entry = await self.campaigns.write_in_turn(req.goal_id, write, "a diary entry")
+        if entry is None:
+            return p.Done(message=f"diary entry taken ({req.kind}): {_TAKEN}")
         return p.Done(message=f"diary entry {entry.id} written ({entry.kind})")
 
     async def _on_read_diary(self, req: p.ReadDiary, who: Principal) -> p.Reply:
@@ -517,7 +585,10 @@ class Runner:
 
     async def _on_submit_report(self, req: p.SubmitReport, who: Principal) -> p.Reply:
         await self.campaigns.goal(req.goal_id)
-        await self.store.set_agent_report(req.goal_id, req.text)
+        write = functools.partial(self.store.set_agent_report, req.goal_id, req.text)
+        written, _ = await self.campaigns.write_in_turn(req.goal_id, write, "the report")
+        if not written:
+            return p.Done(message=f"report text taken: {_TAKEN}; it goes into the final report")
         return p.Done(message="report text stored; it goes into the final report")
 
     async def _on_fetch(self, req: p.Fetch, who: Principal) -> p.Reply:
@@ -529,20 +600,30 @@ class Runner:
             raise Refused("bad_request", problem)
 
         async def milestone(title: str, text: str) -> None:
-            await self.store.append_event(goal.id, MilestoneReported(title=title, text=text))
+            reported = MilestoneReported(title=title, text=text)
+            await self.campaigns.write_in_turn(
+                goal.id, lambda: self.store.append_event(goal.id, reported), "a fetch milestone"
+            )
 
         try:
             fetched = await self.campaigns.fetches.fetch(goal.id, spec, milestone)
         except FetchFailed as failed:
             return p.FetchReply(failure=str(failed))
-        event = await self.store.append_event(goal.id, HubFetched(fetch=fetched))
+        record = HubFetched(fetch=fetched)
+        _, event = await self.campaigns.write_in_turn(
+            goal.id, lambda: self.store.append_event(goal.id, record), "a fetch record"
+        )
+        if event is None:
+            return p.FetchReply(fetch=fetched, message=f"fetch taken for goal #{goal.id}'s ledger: {_TAKEN}")
         return p.FetchReply(
             fetch=fetched, message=f"recorded in goal #{goal.id}'s ledger (event {event.seq})"
         )
 
     async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        approval = await self.campaigns.ask(goal, req.kind, req.question, req.detail, req.timeout_s)
+        approval = await self.campaigns.ask(
+            goal, req.kind, req.question, req.detail, req.timeout_s, agent_asks=True
+        )
         return p.DecisionReply(approval=approval)
 
     async def _on_stage_done(self, req: p.StageDone, who: Principal) -> p.Reply:
@@ -561,7 +642,9 @@ class Runner:
             raise Refused("bad_request", str(exc)) from None
         question = f"Goal #{goal.id}'s agent proposes a skill edit to `{edit.where}`. Apply it?"
         detail = (f"Why: {req.why}\n\n" if req.why else "") + diff_for_people(edit.diff)
-        approval = await self.campaigns.ask(goal, "skill_edit", question, detail, req.timeout_s)
+        approval = await self.campaigns.ask(
+            goal, "skill_edit", question, detail, req.timeout_s, agent_asks=True
+        )
         if approval.state != "approved":
             said = f"skill edit {approval.state}: nothing written"
             return p.SkillEditReply(approval=approval, message=said)
@@ -609,6 +692,9 @@ class Runner:
             pending_approvals=await self.store.pending_approvals(goal_id),
             stop_status=goal_stop_status(goal, attempted, compute_used, best, utcnow()),
         )
+
+
+_TAKEN = "the disk is full; it is written in order when there is room"
 
 
 def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:

@@ -6,12 +6,17 @@ listeners are told only after the commit: nothing is announced that the log does
 A write that finds the disk full raises DiskFull until the runner sets `when_full`; from then on
 it awaits `when_full` (where the runner pauses goals and waits for room) and is tried again, so a
 row the runner must close (an experiment that ended, its ledger entry) is closed once there is
-room, not lost.
+room, not lost. Meanwhile `full` is set: whoever answers a person or an agent waits for a write
+only until then (`done_unless_full`), and a write made under `refuse_when_full()` raises DiskFull
+at once instead of waiting: nothing that answers waits on room that may never come.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
+import contextvars
 import functools
 import json
 import logging
@@ -75,13 +80,15 @@ log = logging.getLogger("goaltender.runner")
 P = ParamSpec("P")
 T = TypeVar("T")
 WhenFull = Callable[[DiskFull], Awaitable[None]]
+# Set (by RunnerStore.refuse_when_full) around a write someone waits on: it fails rather than waits.
+_REFUSE_WHEN_FULL = contextvars.ContextVar("refuse_when_full", default=False)
 
 
 def _waits_for_space(
     write: Callable[Concatenate[RunnerStore, P], Awaitable[T]],
 ) -> Callable[Concatenate[RunnerStore, P], Awaitable[T]]:
     """A write (one transaction, so safe to repeat) that finds the disk full raises DiskFull, or,
-    once the runner has set `when_full`, waits there and is tried again."""
+    once the runner has set `when_full`, waits there (with `full` set) and is tried again."""
 
     @functools.wraps(write)
     async def writing(store: RunnerStore, *args: P.args, **kwargs: P.kwargs) -> T:
@@ -92,9 +99,9 @@ def _waits_for_space(
                 if not is_disk_full(exc):
                     raise
                 full = DiskFull(probe_after_failure(store.db.path.parent), exc)
-                if store.when_full is None:
+                if store.when_full is None or _REFUSE_WHEN_FULL.get():
                     raise full from exc
-                await store.when_full(full)
+                await store.wait_for_room(store.when_full, full)
 
     return writing
 
@@ -106,7 +113,58 @@ class RunnerStore:
         self.db = db
         self.on_event: Callable[[Event], None] = lambda event: None
         self.when_full: WhenFull | None = None  # None: a write that finds the disk full raises
+        self.full = asyncio.Event()  # set while a write waits for room
+        self._waiting_for_room = 0
+        self._given_up = asyncio.Event()  # stop_waiting_for_room: the runner is shutting down
         self._log_locations: collections.OrderedDict[int, tuple[Path, Path]] = collections.OrderedDict()
+
+    async def wait_for_room(self, when_full: WhenFull, full: DiskFull) -> None:
+        """Await `when_full`, or stop_waiting_for_room, whichever comes first."""
+        self._waiting_for_room += 1
+        self.full.set()
+        waiting = asyncio.ensure_future(when_full(full))
+        given_up = asyncio.ensure_future(self._given_up.wait())
+        try:
+            await asyncio.wait([waiting, given_up], return_when=asyncio.FIRST_COMPLETED)
+            if waiting.done():
+                waiting.result()
+        finally:
+            waiting.cancel()
+            given_up.cancel()
+            self._waiting_for_room -= 1
+            if not self._waiting_for_room:
+                self.full.clear()
+
+    def stop_waiting_for_room(self) -> None:
+        """The runner is shutting down: a write that finds the disk full raises DiskFull from now
+        on, those waiting for room included (each is tried once more)."""
+        self.when_full = None
+        self._given_up.set()
+
+    async def done_unless_full(self, writing: asyncio.Future) -> bool:
+        """Wait for `writing` (a task or future that writes) unless the disk is full: True when it is
+        done (its exception raised here), False when a write waits for room. It goes on either way."""
+        if not writing.done():
+            full = asyncio.ensure_future(self.full.wait())
+            try:
+                await asyncio.wait([writing, full], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                full.cancel()
+        if not writing.done():
+            return False
+        writing.result()
+        return True
+
+    @staticmethod
+    @contextlib.contextmanager
+    def refuse_when_full() -> Iterator[None]:
+        """Writes made in this block raise DiskFull when the disk is full, rather than wait for room.
+        Around a store call only: a task started inside would inherit it."""
+        token = _REFUSE_WHEN_FULL.set(True)
+        try:
+            yield
+        finally:
+            _REFUSE_WHEN_FULL.reset(token)
 
     @classmethod
     async def open(cls, path: str | Path) -> RunnerStore:
@@ -270,14 +328,15 @@ class RunnerStore:
         self, goal_id: int, state: GoalState, reason: str = "", *, only_from: Iterable[str] | None = None
     ) -> Goal | None:
         """Move a goal to `state` and log it. Returns None (and changes nothing) when the goal is
-        already in a terminal state, or not in one of `only_from` when that is given."""
+        already in a terminal state, or not in one of `only_from` when that is given. A goal paused
+        for a full disk and paused (by a person) stays so: it no longer resumes by itself."""
         pending: list[Event] = []
         async with self.db.write() as tx:
             goal = await self._goal(tx, goal_id)
             allowed = set(only_from) if only_from is not None else None
             if goal.state in TERMINAL_STATES or (allowed is not None and goal.state not in allowed):
                 return None
-            if goal.state == state:
+            if goal.state == state and not (state == "paused" and await self._paused_for_disk(tx, goal_id)):
                 return goal
             ended = utcnow().isoformat() if state in TERMINAL_STATES else None
             await tx.run(
@@ -323,20 +382,6 @@ class RunnerStore:
         self._announce(pending)
         return goal
 
-    @_waits_for_space
-    async def keep_paused(self, goal_id: int, reason: str) -> Goal | None:
-        """A person pauses a goal paused for the disk: it stays paused (it no longer resumes by
-        itself), and the log says who. None, changing nothing, if it was not paused for the disk."""
-        pending: list[Event] = []
-        async with self.db.write() as tx:
-            if not await self._paused_for_disk(tx, goal_id):
-                return None
-            await tx.run("UPDATE goals SET paused_for_disk = 0 WHERE id = ?", (goal_id,))
-            await self._append(tx, goal_id, GoalStateChanged(state="paused", reason=reason), pending)
-            goal = await self._goal(tx, goal_id)
-        self._announce(pending)
-        return goal
-
     async def paused_for_disk(self, goal_id: int) -> bool:
         return await self.db.fetchone(_PAUSED_FOR_DISK, (goal_id,)) is not None
 
@@ -365,7 +410,6 @@ class RunnerStore:
         row = await self.db.fetchone("SELECT agent_report FROM goals WHERE id = ?", (goal_id,))
         return row[0] if row else None
 
-    @_waits_for_space
     @_waits_for_space
     async def advance_stage(self, goal_id: int, reason: str) -> Goal:
         """The humans approved the goal's stage: the next one starts (said in its thread)."""
@@ -761,18 +805,26 @@ class RunnerStore:
 
     @_waits_for_space
     async def read_inbox(self, goal_id: int, *, unread_only: bool = True) -> list[InboxMessage]:
-        """Messages for the goal, oldest first; unread ones are marked read as they are returned."""
+        """Messages for the goal, oldest first; unread ones are marked read as they are returned
+        (a write only when there are any: an empty inbox is read on a full disk too)."""
         async with self.db.write() as tx:
             where = "goal_id = ? AND read_at IS NULL" if unread_only else "goal_id = ?"
             messages = [
                 _inbox(row)
                 for row in await tx.rows(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,))
             ]
-            await tx.run(
-                "UPDATE inbox SET read_at = ? WHERE goal_id = ? AND read_at IS NULL",
-                (utcnow().isoformat(), goal_id),
-            )
+            if any(message.read_at is None for message in messages):
+                await tx.run(
+                    "UPDATE inbox SET read_at = ? WHERE goal_id = ? AND read_at IS NULL",
+                    (utcnow().isoformat(), goal_id),
+                )
         return messages
+
+    async def inbox(self, goal_id: int, *, unread_only: bool = True) -> list[InboxMessage]:
+        """read_inbox's messages, marking none (a read, which a full disk allows)."""
+        where = "goal_id = ? AND read_at IS NULL" if unread_only else "goal_id = ?"
+        rows = await self.db.fetchall(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,))
+        return [_inbox(row) for row in rows]
 
     # ---- diary (session memory) ----
 
@@ -797,11 +849,19 @@ class RunnerStore:
 
     @_waits_for_space
     async def add_audit(
-        self, *, actor: str, action: str, goal_id: int | None, outcome: str, detail: str = ""
+        self,
+        *,
+        actor: str,
+        action: str,
+        goal_id: int | None,
+        outcome: str,
+        detail: str = "",
+        ts: datetime | None = None,
     ) -> AuditEntry:
+        """Enter an action, made at `ts` (now, unless it waited for room to be written)."""
         entry_id = await self.db.execute(
             "INSERT INTO audit (ts, actor, action, goal_id, outcome, detail) VALUES (?, ?, ?, ?, ?, ?)",
-            (utcnow().isoformat(), actor, action, goal_id, outcome, detail),
+            ((ts or utcnow()).isoformat(), actor, action, goal_id, outcome, detail),
         )
         return AuditEntry(**dict(await self.db.one("SELECT * FROM audit WHERE id = ?", (entry_id,))))
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shlex
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +26,15 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import events_until_report, eventually, submit, vouched, write_agent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_recovery import TESTS, alive, connect_when_up
 
 from goaltender.runner import campaign
 from goaltender.runner import protocol as p
-from goaltender.storage.records import ExperimentFinished, GoalStateChanged
+from goaltender.runner.client import RunnerClient
+from goaltender.runner.trust import user_name
+from goaltender.storage.records import ExperimentFinished, GoalStateChanged, MilestoneReported
 from goaltender.storage.space import FreeSpace
 
 MB = 1024 * 1024
@@ -56,14 +63,17 @@ def start_runner_on_small_disk(tmp_path: Path, socket: Path, agent: list[str]) -
     )
 
 
-def runner_view(bwrap: subprocess.Popen, path: Path) -> Path:
-    """`path` as the runner (inside bwrap's mount namespace) sees it."""
-    runner = next(
+def runner_process(bwrap: subprocess.Popen) -> psutil.Process:
+    return next(
         proc
         for proc in psutil.Process(bwrap.pid).children(recursive=True)
         if "goaltender.cli" in proc.cmdline()
     )
-    return Path(f"/proc/{runner.pid}/root") / path.relative_to("/")
+
+
+def runner_view(bwrap: subprocess.Popen, path: Path) -> Path:
+    """`path` as the runner (inside bwrap's mount namespace) sees it."""
+    return Path(f"/proc/{runner_process(bwrap).pid}/root") / path.relative_to("/")
 
 
 def fill_leaving(mb: int) -> str:
@@ -88,7 +98,11 @@ def goal_states(events) -> list[GoalStateChanged]:
 
 async def stop(bwrap: subprocess.Popen) -> None:
     """SIGTERM the runner's whole group (bwrap does not pass a signal on to the runner it wraps,
-    which would outlive the test), then reap bwrap."""
+    which would outlive the test), then reap bwrap. A runner still shutting down after that is
+    killed: one that hung (waiting for room that never came) outlived its tests."""
+    runner: psutil.Process | None = None
+    with contextlib.suppress(psutil.Error, StopIteration):
+        runner = runner_process(bwrap)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(bwrap.pid, signal.SIGTERM)
     try:
@@ -96,6 +110,13 @@ async def stop(bwrap: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(bwrap.pid, signal.SIGKILL)
         bwrap.wait()
+    if runner is not None:
+        try:
+            await asyncio.to_thread(runner.wait, 30)
+        except psutil.TimeoutExpired:
+            runner.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 async def test_a_run_that_ends_on_a_full_disk_is_closed_once_there_is_room(tmp_path, short_dir):
@@ -188,6 +209,379 @@ async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_d
     )
     assert states[states.index(paused) + 1].reason.startswith("resumed: disk space is back (")
     assert out.read_text() == ("refused rc=4\n" if refused else "refused rc=0\n") + "later rc=0\n"
+
+
+def fill_and_hold(marker: Path) -> str:
+    """An experiment that fills the disk to its last byte, says so (`marker`, outside the small
+    disk), and keeps it full: it never ends on its own."""
+    code = f"""
+import pathlib, shutil, time
+with open("filler", "wb", buffering=0) as filler:
+    try:
+        while True:
+            filler.write(b"\\0" * (1 << 20))
+    except OSError:
+        pass
+    try:
+        while True:
+            filler.write(b"\\0" * 4096)
+    except OSError:
+        pass
+pathlib.Path({str(marker)!r}).touch()
+time.sleep(3600)
+"""
+    return f"python -c {shlex.quote(code)}"
+
+
+async def goaltender(socket: Path, *args: str) -> tuple[int, str, str]:
+    """The operator's CLI against the runner's socket: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "goaltender"),
+        *args,
+        env={**os.environ, "GOALTENDER_SOCKET": str(socket)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)  # generous: a hang fails, not a slow box
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def runner_db(bwrap: subprocess.Popen, home: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """What `sql` finds in runner.db as the runner has written it: in a copy of the file and its
+    log (SQLite, opened beside the runner through /proc, resolves the path to this namespace's).
+    A commit the copy cut in two is not there: SQLite checks the log's frames."""
+    copy = home.parent / "runner-db-copy"
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir()
+    for name in ("runner.db", "runner.db-wal"):
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(runner_view(bwrap, home / name), copy / name)
+    with contextlib.closing(sqlite3.connect(copy / "runner.db")) as db:
+        return db.execute(sql, params).fetchall()
+
+
+AUDIT = "SELECT action, goal_id, outcome, detail FROM audit ORDER BY id"
+
+
+async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path, short_dir):
+    filled = tmp_path / "filled"
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(filled.exists, 30)
+
+        async def paused():
+            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            return status if status.goal.state == "paused" else None
+
+        # Paused for the disk, as its status shows, though runner.db cannot say so yet.
+        status = await eventually(paused, 30)
+        workspace = Path(status.goal.workspace)
+        assert psutil.disk_usage(str(runner_view(runner, workspace))).free < MB
+        started = runner_process(runner).children(recursive=True)
+        assert status.running is not None and status.running.pid in [proc.pid for proc in started]
+
+        # A refusal is answered at once (it used to wait on its audit entry).
+        with pytest.raises(p.ProtocolError) as refused:
+            await asyncio.wait_for(submit(client, "another, max 1 experiments", agent="a"), 60)
+        assert refused.value.error.code == "disk_full"
+
+        code, out, err = await goaltender(socket, "stop", str(goal_id), "--reason", "hogs the disk")
+        assert code == 0, err
+        assert out.startswith(f"goal #{goal_id} stopped by ")
+        assert "runner.db records it (and the final report) when the disk has room" in out
+        # The agent and the run (process groups) are gone, and the status says the goal stopped.
+        await eventually(lambda: not any(alive(proc.pid) for proc in started), 30)
+        stopped = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        assert stopped.goal.state == "stopped" and stopped.goal.end_reason.endswith(": hogs the disk")
+
+        runner_view(runner, workspace / "filler").unlink()  # room again
+        events = await events_until_report(client, goal_id, timeout=60)
+        home = tmp_path / "home"
+        audit = await eventually(
+            lambda: (rows := runner_db(runner, home, AUDIT)) and rows[-1][0] == "stop" and rows, 30
+        )
+        [(state,)] = runner_db(runner, home, "SELECT state FROM goals WHERE id = ?", (goal_id,))
+    finally:
+        await stop(runner)
+
+    assert state == "stopped"
+    assert [(action, goal, outcome) for action, goal, outcome, _ in audit] == [
+        ("submit", goal_id, "done"),
+        ("submit", None, "refused"),
+        ("stop", goal_id, "done"),
+    ]
+    assert audit[1][3].startswith("disk_full: no room for a new goal: disk full: ")
+    states = goal_states(events)
+    assert [s.state for s in states] == ["running", "paused", "stopped"]
+    assert states[1].reason.startswith("disk full: ")
+    assert states[2].reason.endswith(": hogs the disk")
+    run = next(e.data.experiment for e in events if isinstance(e.data, ExperimentFinished))
+    assert run.status == "crash" and run.note.startswith("ended with the goal: stopped by ")
+
+
+async def test_a_runner_stopped_on_a_full_disk_exits_and_says_what_it_could_not_write(tmp_path, short_dir):
+    filled = tmp_path / "filled"
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(filled.exists, 30)
+        code, out, err = await goaltender(socket, "stop", str(goal_id))
+        assert code == 0 and "when the disk has room" in out, err
+        process = runner_process(runner)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 60)  # it used to wait for room, forever
+    finally:
+        await stop(runner)
+
+    said = (tmp_path / "runner.log").read_text()
+    me = f"uid {os.getuid()} ({user_name(os.getuid())})"
+    unwritten = [
+        f"goal #{goal_id}: its end (stopped: stopped by {me}) is not in runner.db: the disk was still full",
+        f"experiment #1's row is not closed (crash: ended with the goal: stopped by {me})",
+        "audit: not recorded: runner.db had no room when the runner stopped: ",
+    ]
+    assert all(line in said for line in unwritten), said[-3000:]
+    assert f" stop goal #{goal_id} done by {me}: goal #{goal_id} stopped by {me}" in said
+
+
+async def test_a_pause_on_a_full_disk_holds_once_there_is_room(tmp_path, short_dir):
+    filled = tmp_path / "filled"
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(filled.exists, 30)
+
+        async def paused():
+            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            return status if status.goal.state == "paused" else None
+
+        status = await eventually(paused, 30)  # for the disk
+        code, out, err = await goaltender(socket, "pause", str(goal_id))
+        assert code == 0, err
+        me = f"uid {os.getuid()} ({user_name(os.getuid())})"
+        assert out == (
+            f"goal #{goal_id} paused by {me} (it was paused for a full disk); it stays paused until "
+            "resumed; the disk is full: runner.db records it when there is room\n"
+        )
+        runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
+
+        # Written once there is room, and kept: room alone no longer resumes it.
+        written = "SELECT state, paused_for_disk FROM goals"
+        await eventually(lambda: runner_db(runner, tmp_path / "home", written) == [("paused", 0)], 30)
+        assert await paused()
+        code, out, err = await goaltender(socket, "resume", str(goal_id))
+        assert code == 0 and out == f"goal #{goal_id} resumed\n", err
+        code, _, err = await goaltender(socket, "stop", str(goal_id))
+        assert code == 0, err
+        events = await events_until_report(client, goal_id, timeout=60)
+    finally:
+        await stop(runner)
+
+    reasons = [(s.state, s.reason.split(" by ")[0]) for s in goal_states(events)]
+    assert [state for state, _ in reasons] == ["running", "paused", "paused", "running", "stopped"]
+    assert reasons[1][1].startswith("disk full: ") and reasons[2][1] == "paused"
+    assert reasons[3][1] == "resumed"
+
+
+async def test_an_agent_write_on_a_full_disk_is_taken_and_its_question_refused(tmp_path, short_dir):
+    filled, out, err = tmp_path / "filled", tmp_path / "agent.out", tmp_path / "agent.err"
+    agent = write_agent(
+        tmp_path,
+        "a.sh",
+        f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)} &\n"
+        f"until [ -e {filled} ]; do sleep 0.1; done\n"
+        # Its stdout (agent.log) is on the full disk too: what it is told goes to one that is not.
+        f"goaltender milestone 'on a full disk' 'said while the disk is full' >> {out} 2>> {err}\n"
+        f'echo "milestone rc=$?" >> {out}\n'
+        f"goaltender ask 'may I?' >> {out} 2>> {err}\n"  # no room to ask: refused, not left waiting
+        f'echo "ask rc=$?" >> {out}\n'
+        "wait\n",
+    )
+    socket = short_dir / "runner.sock"
+    runner = start_runner_on_small_disk(tmp_path, socket, agent)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
+        await eventually(lambda: out.exists() and "ask rc=" in out.read_text(), 60)
+        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
+        code, _, stop_err = await goaltender(socket, "stop", str(goal_id))
+        assert code == 0, stop_err
+        events = await events_until_report(client, goal_id, timeout=60)
+    finally:
+        await stop(runner)
+
+    assert out.read_text() == (
+        "milestone taken: the disk is full; it is written in order when there is room\nmilestone rc=0\n"
+        "ask rc=4\n"
+    )
+    refused = err.read_text()
+    assert refused.startswith("goaltender: the runner refused: disk full: ") and refused.endswith(
+        ": the question was not asked; try again when there is room\n"
+    )
+    # Written once there was room, before the goal's end.
+    said = [
+        e.data.title if isinstance(e.data, MilestoneReported) else e.data.state
+        for e in events
+        if isinstance(e.data, MilestoneReported | GoalStateChanged)
+    ]
+    assert said.count("on a full disk") == 1 and "paused" in said
+    assert said.index("running") < said.index("on a full disk") < said.index("stopped") == len(said) - 1
+
+
+def fill(path: Path) -> None:
+    """Fill the disk `path` is on to its last byte, with `path`."""
+    with open(path, "wb", buffering=0) as ballast:
+        for size in (MB, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    ballast.write(b"\0" * size)
+
+
+MILESTONES = "SELECT data FROM events WHERE kind = 'milestone' ORDER BY seq"
+
+
+def milestones(bwrap: subprocess.Popen, home: Path) -> list[tuple[str, str]]:
+    """(title, text) of each milestone in runner.db, read as the runner reads them (SQLite's JSON
+    functions end a text at a NUL)."""
+    said = [json.loads(data) for (data,) in runner_db(bwrap, home, MILESTONES)]
+    return [(milestone["title"], milestone["text"]) for milestone in said]
+
+
+async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(tmp_path, short_dir):
+    """Whatever an agent sends while the disk is full (milestones saying anything, requests it may
+    not make), each gets its reply, and once there is room runner.db has every milestone it was
+    told was taken, in the order sent, and every refusal in the audit trail, in order. Past
+    WAITING_WRITES_MOST writes waiting, a milestone is refused (disk_full), and the rest still kept.
+    Its inbox is read all the same."""
+    socket, home = short_dir / "runner.sock", tmp_path / "home"
+    runner = start_runner_on_small_disk(tmp_path, socket, write_agent(tmp_path, "a.sh", "sleep 3600\n"))
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "wait, max 1 experiments", agent="a")
+        agent_socket = runner_view(runner, home / "agents" / f"goal-{goal_id}.sock")
+        await eventually(agent_socket.exists, 30)
+        agent = await RunnerClient.connect_unix(agent_socket, client="agent")
+        ballast = runner_view(runner, home / "ballast")
+        loop = asyncio.get_running_loop()
+        rounds = itertools.count()
+        held: list[str] = []  # replies that said the disk was full: the case under test did happen
+
+        def on_loop(coro, timeout: float = 90):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+
+        async def send(asks: list[tuple[str, str] | None]) -> list[p.Reply]:
+            replies: list[p.Reply] = []
+            for ask in asks:
+                try:
+                    if ask is None:
+                        await asyncio.wait_for(agent.call(p.Stop, p.Done, goal_id=goal_id), 60)
+                    else:
+                        title, text = ask
+                        replies.append(
+                            await asyncio.wait_for(
+                                agent.call(
+                                    p.ReportMilestone, p.Done, goal_id=goal_id, title=title, text=text
+                                ),
+                                60,
+                            )
+                        )
+                        continue
+                except p.ProtocolError as refused:
+                    replies.append(refused.error)
+            return replies
+
+        def kept(said_count: int, refusals: int):
+            async def check():
+                said = milestones(runner, home)
+                audit = runner_db(runner, home, AUDIT)
+                return len(said) >= said_count and len(audit) >= refusals and (said, audit)
+
+            return on_loop(eventually(check, 60))
+
+        @settings(
+            max_examples=8,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        )
+        @given(st.lists(st.none() | st.text(max_size=300), min_size=1, max_size=20))
+        def answered_and_kept(asks: list[str | None]) -> None:
+            # A text is a milestone saying it; None a request an agent may not make (stop).
+            round_ = next(rounds)
+            before = kept(0, 0)
+            sent = [None if text is None else (f"round {round_} #{i}", text) for i, text in enumerate(asks)]
+            fill(ballast)
+            replies = on_loop(send(sent))
+            ballast.unlink()  # room again
+            told = [ask for ask in sent if ask is not None]
+            said, audit = kept(len(before[0]) + len(told), len(before[1]) + asks.count(None))
+            for ask, reply in zip(sent, replies, strict=True):
+                if ask is None:
+                    assert isinstance(reply, p.Error) and reply.code == "forbidden"
+                else:
+                    assert isinstance(reply, p.Done) and reply.message.startswith(
+                        ("milestone logged (event ", "milestone taken: the disk is full")
+                    ), reply
+                    held.extend([reply.message] if "taken" in reply.message else [])
+            assert said[len(before[0]) :] == told
+            refusals = audit[len(before[1]) :]
+            assert [(action, goal, outcome) for action, goal, outcome, _ in refusals] == [
+                ("stop", goal_id, "refused")
+            ] * asks.count(None)
+
+        await asyncio.to_thread(answered_and_kept)
+        assert held
+
+        # Past the most a goal may have waiting, refused, and the ones taken still kept.
+        before = len(milestones(runner, home))
+        fill(ballast)
+        many = [("many", str(i)) for i in range(campaign.WAITING_WRITES_MOST + 5)]
+        replies = await send(many)
+        ballast.unlink()
+        taken = [reply for reply in replies if isinstance(reply, p.Done)]
+        refused = [reply for reply in replies if isinstance(reply, p.Error)]
+        assert refused and all(reply.code == "disk_full" for reply in refused)
+        assert refused[0].message.endswith("writes waiting for room already; try again when there is room")
+        assert len(taken) < len(many)
+        await eventually(lambda: len(milestones(runner, home)) == before + len(taken), 60)
+
+        # Its inbox: a message is given once, unmarked on a full disk, and marked once there is room.
+        await client.call(p.Steer, p.Done, goal_id=goal_id, text="try a smaller lr", author="ana")
+        fill(ballast)
+        inbox = await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)
+        assert [m.text for m in inbox.messages] == ["try a smaller lr"]
+        assert (await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)).messages == []
+        unread = "SELECT COUNT(*) FROM inbox WHERE read_at IS NULL"
+        assert runner_db(runner, home, unread) == [(1,)]
+        ballast.unlink()
+
+        async def read_when_there_is_room():
+            messages = (await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)).messages
+            assert messages == []  # given already
+            return runner_db(runner, home, unread) == [(0,)]
+
+        await eventually(read_when_there_is_room, 30)
+        await agent.close()
+    finally:
+        await stop(runner)
 
 
 # ---- the same rules with a stand-in for the free-space probe (in-process runners) ----
