@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from goaltender.runner import gpus, noise, stages
+from goaltender.runner import goal_disk, gpus, noise, stages
 from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import agent_environment, experiment_environment, goal_environment
 from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
@@ -127,6 +127,7 @@ class Campaigns:
         self._goal_locks: dict[int, asyncio.Lock] = {}
         self._ending: set[int] = set()
         self._disk_waits: dict[int, asyncio.Task] = {}  # goal id -> its wait for disk space
+        self._over_cap: set[int] = set()  # goals paused for their disk cap (runner/goal_disk.py)
         self._disk_full_logged = False
         self._tasks: set[asyncio.Task] = set()
         self._recording: dict[int, asyncio.Task] = {}  # goal id -> the last of its writes queued (_record)
@@ -182,6 +183,7 @@ class Campaigns:
         for goal in await self.store.list_goals(active_only=True):
             await self._resume(goal)
         self._spawn(self._watch_disk())
+        self._spawn(self._watch_goal_disks())
 
     async def _close_interrupted(self, experiment: Experiment) -> None:
         """A run the runner lost track of in a crash: killed if it still runs, charged what can
@@ -478,6 +480,33 @@ class Campaigns:
             if self._experiments and (space := self.low_space()):
                 for goal_id in set(self._experiment_goal.values()):
                     self.pause_for_disk(goal_id, space)
+
+    async def _watch_goal_disks(self) -> None:
+        """Every GOALTENDER_GOAL_DISK_CHECK_S, each goal is held to its disk cap (runner/goal_disk.py)."""
+        if not (cap := goal_disk.disk_cap(self.settings)):
+            return
+        while True:
+            await asyncio.sleep(self.settings.goal_disk_check_s)
+            for goal in await self.store.list_goals(active_only=True):
+                places = goal_disk.goal_places(self.settings, Path(goal.workspace), goal.id)
+                if goal.id in self._ending or (used := await goal_disk.bytes_held(places)) is None:
+                    continue
+                paused_for_it = goal.id in self._over_cap and goal.state == "paused"
+                await self._hold_to_disk_cap(goal.id, goal_disk.judge(used, cap, paused_for_it))
+
+    async def _hold_to_disk_cap(self, goal_id: int, verdict: goal_disk.Verdict) -> None:
+        """Over its cap, a goal's runs stop and it pauses; still growing past it while paused, it ends."""
+        if verdict.action == "ok":
+            self._over_cap.discard(goal_id)
+        elif verdict.action == "end":
+            await self.end_goal(goal_id, "failed", verdict.reason)
+        elif goal_id not in self._over_cap or (await self.goal(goal_id)).state != "paused":
+            self._over_cap.add(goal_id)
+            self.forget_disk_pause(goal_id)
+            self.hold_experiments(goal_id)
+            log.info("goal #%d: %s", goal_id, verdict.reason)
+            await self._cancel_experiments(goal_id, f"stopped: the goal {verdict.reason.split(' (')[0]}")
+            await self.change_state(goal_id, "paused", f"paused: {verdict.reason}")
 
     def pause_for_disk(self, goal_id: int, space: FreeSpace) -> None:
         """Hold the goal's experiments until the disk has room again; its status says paused at

@@ -118,6 +118,11 @@ class RunnerSettings(GoaltenderSettings):
     min_free_mb: float = Field(default=1024.0, ge=0)
     """Free space (MB) the home's disk must keep: below it no new experiment starts, and its goal
     pauses (with a message in its thread) until space returns."""
+    goal_disk_gb: float | None = Field(default=None, ge=0)
+    """The most disk a goal may hold (GB: its workspace, its caches, its /tmp; runner/goal_disk.py).
+    Past it its runs stop and it pauses. Default: half of the disk the home is on; 0: no cap."""
+    goal_disk_check_s: float = Field(default=15.0, gt=0)
+    """How often each goal's disk is measured against its cap."""
     disk_check_s: float = Field(default=5.0, gt=0)
     """How often a goal paused for a full disk, or a write waiting for space, looks again."""
     compute_unit: Literal["auto", "gpu", "cpu"] = "auto"

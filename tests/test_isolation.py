@@ -446,3 +446,36 @@ async def test_a_runner_without_slirp4netns_fails_goals_clearly(start_runner, co
     goal = await submit(client, "no network at all, max 1 experiments", agent="a")
     done = await eventually(lambda: _ended(runner, goal))
     assert done.state == "finished", done.end_reason
+
+
+async def test_a_goal_that_fills_its_disk_cap_stops_alone(start_runner, connect, tmp_path):
+    """Goal A's run writes past the goal's disk cap: it is stopped and A pauses, saying what it
+    holds; goal B's runs and an operator's status go on; A's agent writing on while paused ends A."""
+    fill = "goaltender experiment -d fill -- sh -c 'dd if=/dev/zero of=fill bs=1M count=40 2>/dev/null; sleep 300'\n"
+    more = "dd if=/dev/zero of=more bs=1M count=60 2>/dev/null\nsleep 300\n"
+    steady = "goaltender experiment -d ok --metric acc -- sh -c 'echo acc: 1'\n" * 3
+    runner = await start_runner(
+        agents={"a": write_agent(tmp_path, "a.sh", fill + more), "b": write_agent(tmp_path, "b.sh", steady)},
+        goal_disk_gb=0.02,  # 20 MB; past it by 16 MB more while paused, it ends
+        goal_disk_check_s=0.2,
+    )
+    client = await connect(runner)
+    a = await submit(client, "fill the disk, max 2 experiments", agent="a")
+    b = await submit(client, "steady, max 3 experiments", agent="b")
+    [row] = await eventually(lambda: _finished_rows(runner, a), timeout=60)
+    assert row.status == "crash" and "over its disk cap of 20.0 MB" in row.note, row.note
+    ended = await eventually(lambda: _ended(runner, a), timeout=60)
+    assert ended.state == "failed" and "while paused for it" in ended.end_reason, ended.end_reason
+    events = await runner.store.events_since(0, goal_id=a)
+    paused = [e.data.reason for e in events if getattr(e.data, "state", None) == "paused"]
+    assert paused and "over its disk cap" in paused[0] and "goaltender du" in paused[0]
+    done_b = await eventually(lambda: _ended(runner, b), timeout=60)
+    rows_b = await runner.store.experiments(b)
+    assert done_b.state == "finished" and [r.status for r in rows_b] == ["keep", "discard", "discard"]
+    status = await client.call(p.Status, p.StatusReply)
+    assert {g.goal.id for g in status.goals} >= {a, b}
+
+
+async def _finished_rows(runner, goal_id: int):
+    rows = await runner.store.experiments(goal_id)
+    return rows if rows and all(r.finished for r in rows) else None
