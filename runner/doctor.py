@@ -39,6 +39,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import CACHE_DIRS
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.config import RunnerSettings
+from goaltender.runner.goal_network import INSTALL_HINT as NETWORK_HINT
 from goaltender.runner.gpus import Gpu, Gpus, NoDriver, read_all_gpus
 from goaltender.runner.limits import ENABLE_HINT, GoalCgroups, plan
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
@@ -416,9 +417,16 @@ def check_sandbox(box: Box) -> Verdict:
     if box.settings.sandbox == "none":
         return warn(UNSAFE_WARNING, "install bubblewrap and unset GOALTENDER_SANDBOX")
     if problem := Sandbox(box.settings).problem():
-        return fail(problem.removesuffix(f": {INSTALL_HINT}"), INSTALL_HINT)
+        hint = NETWORK_HINT if NETWORK_HINT in problem else INSTALL_HINT
+        return fail(problem.removesuffix(f": {hint}"), hint)
     version = _run([_tool("bwrap", box), "--version"], box) or "bwrap"
-    return ok(f"{version} makes sandboxes here")
+    network = box.settings.sandbox_network
+    if network == "isolated":
+        slirp = (_run([_tool("slirp4netns", box), "--version"], box) or "slirp4netns").splitlines()[0]
+        return ok(f"{version} makes sandboxes here; each goal's network is its own, out through {slirp}")
+    if network == "none":
+        return ok(f"{version} makes sandboxes here; each goal's network is its own loopback, no way out")
+    return ok(f"{version} makes sandboxes here; they share the box's network, its loopback services too")
 
 
 def check_limits(box: Box) -> Verdict:

@@ -473,8 +473,22 @@ def test_nemo_gym_venv(tmp_path):
 # ---- runner, sandbox, SSH, a broken check ----
 
 
-def test_runner_and_sandbox_checks(tmp_path):
+def test_runner_and_sandbox_checks(tmp_path, monkeypatch):
     box = make_box(tmp_path)
+    sandbox = check_sandbox(box)
+    assert (
+        sandbox.status == "ok" and "each goal's network is its own, out through slirp4netns" in sandbox.detail
+    )
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("bwrap", "nsenter"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tools))
+    no_way_out = check_sandbox(make_box(tmp_path))
+    assert no_way_out.status == "fail" and no_way_out.fix.startswith(
+        "install slirp4netns (apt install slirp4netns)"
+    )
+    monkeypatch.undo()
     assert check_runner(box).status == "warn"
     box.settings.socket_path.write_text("not a socket")
     stale = check_runner(box)
