@@ -366,8 +366,9 @@ class Redactor:
         return [(m.start(), m.end(), marker) for m in _HEADLESS_KEY_BYTES.finditer(data)]
 
     def _userinfo_spans(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        marker = self._shape_marker.encode() + b"@"
-        return [(m.start(1), m.end(1), marker) for m in _USERINFO_BYTES.finditer(data)]
+        # From the `://` on: userinfo is known for one only after it (so a log is not cut there).
+        marker = b"://" + self._shape_marker.encode() + b"@"
+        return [(m.start(), m.end(), marker) for m in _USERINFO_BYTES.finditer(data)]
 
     def _userinfo_marker(self, match: re.Match[str]) -> str:
         return "://" + self._shape_marker + "@"

@@ -217,7 +217,8 @@ def test_a_secret_is_found_percent_encoded_and_split_into_escapes():
         ),
         ("proxy http://ana:p%40ss@proxy:3128, then", "proxy http://[redacted]@proxy:3128, then"),
         ("'http://token@host' and 'a@b'", "'http://[redacted]@host' and 'a@b'"),
-        ('{"url":"https:\\/\\/u:hunter22@h.io\\/x"}', '{"url":"https:\\/\\/[redacted]@h.io\\/x"}'),
+        # (found decoded: the escapes it was found through go with it)
+        ('{"url":"https:\\/\\/u:hunter22@h.io\\/x"}', '{"url":"https://[redacted]@h.io\\/x"}'),
         ("mail ana@corp.com about https://corp.com/a@b", "mail ana@corp.com about https://corp.com/a@b"),
         ("https://mirror.internal/x and ana@corp.com", "https://mirror.internal/x and ana@corp.com"),
     ],
@@ -652,7 +653,14 @@ def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():
 
 CUT_SECRET = "Qz7VX9KP2WM4RT6YS8UV0JNB"  # none of its letters in the log around it
 CUT_TOKEN = "sk-" + "ZQ" * 15  # a shape, not configured
-CUT_LOG = f"step 1\ntoken={CUT_SECRET}\nstep 2 {CUT_TOKEN} done\nünïcödé {CUT_SECRET}{CUT_SECRET}\nend\n"
+CUT_ESCAPED = (
+    CUT_SECRET[:5] + "\\u0039" + CUT_SECRET[6:14] + "\\u0036" + CUT_SECRET[15:]
+)  # as JSON may write it
+CUT_PASSWORD = "Wq5Jx8Vk2Zm7"  # in a URL: not configured, a URL's credentials all the same
+CUT_LOG = (
+    f"step 1\ntoken={CUT_SECRET}\nstep 2 {CUT_TOKEN} done\nünïcödé {CUT_SECRET}{CUT_SECRET}\n"
+    f'json {{"k": "{CUT_ESCAPED}"}}\nGET http://ana:{CUT_PASSWORD}@h/x\nend\n'
+)
 
 
 async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
@@ -660,9 +668,12 @@ async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
 ):
     """Chunks of any size at any offset: a chunk never ends or starts inside a secret (it ends at
     the secret's end and the next starts there), so small chunks could not piece one together
-    (limit 8 did: redaction knew only pieces at a chunk's edges, not one wholly inside it)."""
+    (limit 8 did: redaction knew only pieces at a chunk's edges, not one wholly inside it) — nor
+    inside a secret JSON-escaped, or a URL's credentials."""
     monkeypatch.setenv("MY_TOKEN", CUT_SECRET)
-    agent = write_agent(tmp_path, "a.sh", f"goaltender experiment -d leak -- printf '{CUT_LOG}'\nsleep 60\n")
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d leak -- printf '%s' '{CUT_LOG}'\nsleep 60\n"
+    )
     runner = await start_runner(agents={"a": agent}, secrets=["MY_TOKEN"])
     client = await connect(runner)
     goal_id = await submit(client, "leak, max 1 experiments", agent="a")
@@ -678,16 +689,20 @@ async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
             reply = await client.call(
                 p.GetLog, p.LogReply, experiment_id=experiment, offset=offset, limit=limit
             )
-            for piece in (CUT_SECRET[i : i + 3] for i in range(len(CUT_SECRET) - 2)):
-                assert piece not in reply.text, (limit, offset, reply.text)
+            for secret in (CUT_SECRET, CUT_PASSWORD):
+                for piece in (secret[i : i + 3] for i in range(len(secret) - 2)):
+                    assert piece not in reply.text, (limit, offset, reply.text)
             assert "ZQZ" not in reply.text, (limit, offset, reply.text)
         # Tiled and pipelined, as text and raw, the chunks are the log redacted, whole.
         for raw in (False, True):
             tiled = b"".join(
                 [bytes(r.data) async for r in client.fetch_log(experiment, chunk=limit, raw=raw)]
             )
-            assert tiled.decode() == CUT_LOG.replace(CUT_SECRET, "[redacted:MY_TOKEN]").replace(
-                CUT_TOKEN, "[redacted]"
+            assert tiled.decode() == (
+                CUT_LOG.replace(CUT_SECRET, "[redacted:MY_TOKEN]")
+                .replace(CUT_ESCAPED, "[redacted:MY_TOKEN]")
+                .replace(CUT_TOKEN, "[redacted]")
+                .replace(f"ana:{CUT_PASSWORD}@", "[redacted]@")
             )
 
 
