@@ -119,6 +119,11 @@ _ESCAPE = re.compile(_JSON_ESCAPE.pattern + b"|" + _PERCENT_ESCAPE.pattern)  # e
 _ESCAPE_TEXT = re.compile(_ESCAPE.pattern.decode())
 _ONE_LETTER = {ord('"'): b'"', ord("\\"): b"\\", ord("/"): b"/", ord("b"): b"\b", ord("f"): b"\f",
                ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t"}  # fmt: skip
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# The chunks that make a PNG's picture: the critical ones and those that only say how to show it.
+_PNG_PICTURE = frozenset(
+    {b"IHDR", b"PLTE", b"IDAT", b"IEND", b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"sBIT", b"pHYs", b"bKGD"}
+)
 # Every shape's match holds one of these: text with none of them (and no secret value) cannot match,
 # and `in` finds out at memory speed where the guarded alternation steps through every position.
 _SHAPE_NEEDLES = ("xox", "xapp-", "sk-", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "AKIA", "ASIA",
@@ -306,8 +311,9 @@ class Redactor:
     def redact_file(self, data: bytes) -> bytes:
         """A file's bytes (an artifact: JSON, an image) with every secret replaced, as it is or as
         it decodes (JSON escapes, %XX), escapes and all; nothing else of it changes (it is not
-        parsed), so a file without one comes back as it was, and JSON stays JSON."""
-        return self._redact_bytes(data)
+        parsed), so a file without one comes back as it was, and JSON stays JSON. A PNG keeps only
+        its picture: its text chunks (compressed ones too) are nobody's to read."""
+        return self._redact_bytes(png_picture_only(data))
 
     def uncut(self, around: bytes, at: int) -> int:
         """Where a log chunk cut at `at` of `around` (the bytes `reach` either side of it) is to be
@@ -508,6 +514,28 @@ def _spliced(data: bytes, spans: list[tuple[int, int, bytes]]) -> bytes:
         done = end
     out.append(data[done:])
     return b"".join(out)
+
+
+def png_picture_only(data: bytes) -> bytes:
+    """A well-formed PNG without the chunks that are not its picture: tEXt, zTXt and iTXt (zlib
+    hides a secret from any byte search), eXIf, iCCP, private ones, and anything after IEND.
+    Anything else (not a PNG, or not a well-formed one) comes back as it was."""
+    if not data.startswith(_PNG_SIGNATURE):
+        return data
+    kept = [_PNG_SIGNATURE]
+    at = len(_PNG_SIGNATURE)
+    while at + 12 <= len(data):
+        size = int.from_bytes(data[at : at + 4], "big")
+        kind, end = data[at + 4 : at + 8], at + 12 + size
+        if end > len(data):
+            return data
+        if kind in _PNG_PICTURE:
+            kept.append(data[at:end])
+        if kind == b"IEND":
+            picture = b"".join(kept)
+            return data if picture == data else picture
+        at = end
+    return data
 
 
 def _may_hide(data: bytes) -> bool:

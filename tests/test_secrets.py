@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
 import re
@@ -20,7 +21,13 @@ from hypothesis import strategies as st
 from goaltender.runner import protocol as p
 from goaltender.runner.campaign import _tail_text
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.secrets import Redactor, agent_safe, configured_secrets, secret_looking
+from goaltender.runner.secrets import (
+    Redactor,
+    agent_safe,
+    configured_secrets,
+    png_picture_only,
+    secret_looking,
+)
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.records import Event, MilestoneReported, utcnow
 
@@ -176,6 +183,33 @@ def test_a_file_without_a_secret_comes_back_byte_for_byte(secret, text, binary, 
     document = f'{{"text": "{data.draw(json_string(text))}"}}'.encode(errors="surrogatepass")
     assert redactor.redact_file(document) is document
     assert redactor.redact_file(binary + document + binary) == binary + document + binary
+
+
+PNG_CHUNKS = [b"IHDR", b"IDAT", b"IEND", b"tEXt", b"zTXt", b"iTXt", b"eXIf", b"prVt"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.sampled_from(PNG_CHUNKS), st.binary(max_size=20)), max_size=8),
+    tail=st.binary(max_size=20),
+    cut=st.integers(0, 400),
+)
+def test_a_png_keeps_only_its_picture(chunks, tail, cut):
+    """Whatever chunks (and bytes after them, or a file cut short) a PNG has: a well-formed one
+    comes back with its picture's chunks only, in order, ending at IEND; anything else as it was."""
+    body = b"".join(len(data).to_bytes(4, "big") + kind + data + b"\0\0\0\0" for kind, data in chunks)
+    png = (b"\x89PNG\r\n\x1a\n" + body + tail)[: 8 + cut]
+    out = png_picture_only(png)
+    if out is png:
+        return
+    assert out.startswith(b"\x89PNG\r\n\x1a\n") and len(out) < len(png)
+    kept, at = [], 8
+    while at < len(out):
+        size = int.from_bytes(out[at : at + 4], "big")
+        kept.append(out[at + 4 : at + 8])
+        at += 12 + size
+    assert at == len(out) and kept[-1] == b"IEND"
+    assert set(kept) <= {b"IHDR", b"IDAT", b"IEND"}
 
 
 @settings(max_examples=300, deadline=None)
@@ -741,3 +775,31 @@ async def test_an_artifact_is_redacted_as_a_log_is(start_runner, connect, tmp_pa
     clean.write_bytes(b'{"n": 1, "\xc3\xa9": "\xff"}')  # not even UTF-8: left as it is
     again = await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="errors.json")
     assert base64.b64decode(again.data) == clean.read_bytes()
+
+    # A PNG's text chunks are not its picture: they go, compressed (zTXt, iTXt) or not.
+    from PIL import Image, PngImagePlugin
+
+    picture = Image.new("RGB", (8, 4), (10, 200, 30))
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Software", "plain " + key)
+    info.add_text("Comment", "compressed " + key, zip=True)
+    info.add_itxt("Description", "international " + key, zip=True)
+    gallery = Path(experiment.log_path).parent / "hard_cases.png"
+    picture.save(gallery, pnginfo=info)
+    assert b"zTXt" in gallery.read_bytes() and b"iTXt" in gallery.read_bytes()
+    served = base64.b64decode(
+        (
+            await client.call(
+                p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
+            )
+        ).data
+    )
+    assert b"tEXt" not in served and b"zTXt" not in served and b"iTXt" not in served
+    shown = Image.open(io.BytesIO(served))
+    assert shown.size == (8, 4) and shown.getpixel((3, 2)) == (10, 200, 30) and not shown.text
+    plain = Image.new("L", (3, 3), 7)
+    plain.save(gallery)  # nothing but its picture: byte for byte
+    again = await client.call(
+        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
+    )
+    assert base64.b64decode(again.data) == gallery.read_bytes()
