@@ -1465,9 +1465,14 @@ def cmd_report(args):
 
 def cmd_fetch(args):
     # huggingface_hub reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HOME when it is imported: here, in
-    # this process's environment (an agent's is the one the runner gave its goal).
+    # this process's environment (an agent's is the one the runner gave its goal). What this
+    # process prints is redacted first (a mirror's URL may carry a password, and the library's
+    # retry lines quote it): before the import, so the library's log handler writes through it.
     import asyncio
 
+    from goaltender.runner.secrets import Redactor, redact_output
+
+    redact_output(Redactor.from_environment())
     from goaltender.runner import hub
     from goaltender.runner.client import RunnerUnavailable
 

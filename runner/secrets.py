@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import re
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
@@ -659,6 +660,31 @@ def _marker(label: str, values: Iterable[str]) -> str:
         if not any(value in marker for value in values):
             return marker
     return ""
+
+
+class RedactedStream:
+    """A text stream (a process's stdout or stderr) whose every write is redacted: a print, a log
+    record, a line of a traceback each come in one write."""
+
+    def __init__(self, stream: Any, redactor: Redactor):
+        self.stream = stream
+        self.redactor = redactor
+
+    def write(self, text: str) -> int:
+        self.stream.write(self.redactor.redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def redact_output(redactor: Redactor) -> None:
+    """From now on, what this process writes to sys.stdout and sys.stderr is redacted: its own
+    lines, and what libraries write there (huggingface_hub's retry lines quote the URL they ask,
+    credentials and all; log handlers made from now on write to the redacted stream), warnings
+    and tracebacks. Nothing depends on each message remembering url_shown."""
+    sys.stdout = RedactedStream(sys.stdout, redactor)
+    sys.stderr = RedactedStream(sys.stderr, redactor)
 
 
 def url_shown(url: str) -> str:
