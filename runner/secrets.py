@@ -113,8 +113,6 @@ _USERINFO_BYTES = re.compile(_USERINFO.pattern.encode())
 _JSON_ESCAPE = re.compile(
     rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|\\[\"\\/bfnrt]"
 )
-# Every escape but an escaped backslash, as a reader that does not pair backslashes finds them.
-_LOOSE_JSON_ESCAPE = re.compile(_JSON_ESCAPE.pattern.replace(b'\\\\[\\"\\\\/', b'\\\\[\\"/'))
 _PERCENT_ESCAPE = re.compile(rb"%[0-9a-fA-F]{2}")
 _ESCAPE = re.compile(_JSON_ESCAPE.pattern + b"|" + _PERCENT_ESCAPE.pattern)  # either kind
 _ESCAPE_TEXT = re.compile(_ESCAPE.pattern.decode())
@@ -335,25 +333,25 @@ class Redactor:
         return _spliced(data, self._secret_spans(data))
 
     def _secret_spans(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        """(start, end, marker) of every secret in `data`: as it is, as a JSON reader decodes it,
-        as one that takes every escape for one (an escaped backslash before it too) does, as a
-        URL's reader does, and as a URL inside JSON decodes. A span never starts or ends inside an
-        escape (what replaces it leaves JSON JSON)."""
+        """(start, end, marker) of every secret in `data`: as it is, as a JSON reader decodes it
+        (once, or twice: JSON text that quotes JSON), as a URL's reader does, and as a URL inside
+        JSON decodes. A span never starts or ends inside an escape (what replaces it leaves JSON
+        JSON)."""
         spans = self._found(data)
-        as_json = _Decoded.of(data, _JSON_ESCAPE, b"\\")
-        readings: list[_Decoded | _Composed | None] = [
-            as_json,
-            _Decoded.of(data, _LOOSE_JSON_ESCAPE, b"\\\\"),
-            _Decoded.of(data, _PERCENT_ESCAPE, b"%"),
-        ]
-        if as_json is not None and (inner := _Decoded.of(as_json.view, _PERCENT_ESCAPE, b"%")) is not None:
-            readings.append(_Composed(as_json, inner))
+        readings: list[_Decoded | _Composed] = []
+        if (as_json := _Decoded.of(data, _JSON_ESCAPE, b"\\")) is not None:
+            readings.append(as_json)
+            for escape, starts in ((_JSON_ESCAPE, b"\\"), (_PERCENT_ESCAPE, b"%")):
+                if (inner := _Decoded.of(as_json.view, escape, starts)) is not None:
+                    readings.append(_Composed(as_json, inner))
+        if (as_url := _Decoded.of(data, _PERCENT_ESCAPE, b"%")) is not None:
+            readings.append(as_url)
         for decoded in readings:
-            if decoded is not None:
-                spans = [(*decoded.widened(start, end), marker) for start, end, marker in spans]
-                spans += [
-                    (*decoded.origin(start, end), marker) for start, end, marker in self._found(decoded.view)
-                ]
+            spans += [
+                (*decoded.origin(start, end), marker) for start, end, marker in self._found(decoded.view)
+            ]
+        for decoded in readings:  # (JSON's escapes and a URL's never overlap: once is enough)
+            spans = [(*decoded.widened(start, end), marker) for start, end, marker in spans]
         return spans
 
     def _found(self, data: bytes) -> list[tuple[int, int, bytes]]:
@@ -475,7 +473,8 @@ class _Decoded:
 
 
 class _Composed:
-    """Two decodings one after the other (a URL in JSON): `inner` decodes `outer`'s view."""
+    """Two decodings one after the other (JSON in JSON, a URL in JSON): `inner` decodes `outer`'s
+    view."""
 
     def __init__(self, outer: _Decoded, inner: _Decoded):
         self.outer, self.inner, self.view = outer, inner, inner.view
