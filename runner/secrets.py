@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -116,6 +117,8 @@ _JSON_ESCAPE = re.compile(
 _PERCENT_ESCAPE = re.compile(rb"%[0-9a-fA-F]{2}")
 _ESCAPE = re.compile(_JSON_ESCAPE.pattern + b"|" + _PERCENT_ESCAPE.pattern)  # either kind
 _ESCAPE_TEXT = re.compile(_ESCAPE.pattern.decode())
+# Every JSON escape starts with one of these: a text without them holds none.
+_JSON_ESCAPE_STARTS = [b"\\" + letter for letter in (b"u", b'"', b"/", b"\\", b"b", b"f", b"n", b"r", b"t")]
 _ONE_LETTER = {ord('"'): b'"', ord("\\"): b"\\", ord("/"): b"/", ord("b"): b"\b", ord("f"): b"\f",
                ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t"}  # fmt: skip
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -249,7 +252,9 @@ class Redactor:
     def redact(self, text: str) -> str:
         """`text` with every secret replaced, as it is and as it decodes; the same object back
         when there is none."""
-        if ("\\" in text or "%" in text) and _ESCAPE_TEXT.search(text):
+        if len(text) > NEEDLE_CHECK_FROM and not self._chunk_may_hold(_as_bytes(text)):
+            return text  # a long text with nothing to look at (one Hyperscan pass, or a few)
+        if ("\\" in text or "%" in text) and _escaped(text):
             data = _as_bytes(text)
             redacted = self._redact_bytes(data)
             return text if redacted is data else redacted.decode(errors="surrogatepass")
@@ -294,18 +299,28 @@ class Redactor:
         """A chunk of UTF-8 (a log's bytes) as `redact_edges` leaves its text (read with errors
         replaced), encoded again; `data` itself when that changes nothing. Where Hyperscan reads the
         bytes, ASCII `data` (most logs) is checked as it is and never decoded."""
-        if (
-            self._needles.scans_bytes
-            and data.isascii()
-            and not self._needles.in_(data)
-            and not _may_hide(data)
-        ):
+        if self._needles.scans_bytes and data.isascii() and not self._chunk_may_hold(data):
             if not self._pieces:
                 return data
             reach = max(map(len, self._pieces))
             if len(data) > 2 * reach and not self._edge_piece(data[:reach].decode(), data[-reach:].decode()):
                 return data
         return self.redact_edges(data.decode(errors="replace")).encode()
+
+    def _chunk_may_hold(self, data: bytes) -> bool:
+        """Could these bytes hold a secret: a needle, an escape a reader decodes, a URL's
+        credentials? Each check looks for a byte or a few literals first: a training log's chunk
+        passes at memory speed."""
+        if self._chunk_scanner is None:
+            return self._needles.in_(data) or _escaped(data) or _in_a_url(data)
+        return self._chunk_scanner.finds_any(data) or _percent_escaped(data) or _in_a_url(data)
+
+    @functools.cached_property
+    def _chunk_scanner(self) -> _LiteralScanner | None:
+        """The needles and where a JSON escape may start, in one Hyperscan database."""
+        return _LiteralScanner.of(
+            [*(_as_bytes(needle) for needle in _leaves(self._needles.tree)), *_JSON_ESCAPE_STARTS]
+        )
 
     def redact_file(self, data: bytes) -> bytes:
         """A file's bytes (an artifact: JSON, an image) with every secret replaced, as it is or as
@@ -357,8 +372,9 @@ class Redactor:
     def _found(self, data: bytes) -> list[tuple[int, int, bytes]]:
         """(start, end, marker) of every secret in `data` as it is."""
         found: list[tuple[int, int, bytes]] = []
-        # The line needles hold every secret's raw bytes (among its escaped forms) and the shapes'.
-        if len(data) <= NEEDLE_CHECK_FROM or self._line_needles.in_(data):
+        # The line needles hold every secret's raw bytes (among its escaped forms) and the shapes':
+        # looking for them first is far cheaper than the regular expression (a log's edges, a file).
+        if self._line_needles.in_(data):
             found += [(m.start(), m.end(), self._byte_marker(m)) for m in self._bytes.finditer(data)]
             if b"PRIVATE KEY-----" in data:
                 found += self._headless_key_spans(data)
@@ -383,17 +399,30 @@ class Redactor:
 
     def _line_may_hold(self, line: bytes) -> bool:
         """Could a string of this encoded line hold a secret: as it is, escaped (a backslash in a
-        string is two in the line), percent-encoded, or as a URL's credentials? (Each check looks
-        for one byte first: most lines have none of them.)"""
+        string is two in the line), percent-encoded, or as a URL's credentials? A long line (a log
+        chunk's text) is looked through in one Hyperscan pass first."""
+        if (
+            len(line) > NEEDLE_CHECK_FROM
+            and self._line_scanner is not None
+            and not self._line_scanner.finds_any(line)
+            and not _percent_escaped(line)
+            and not _in_a_url(line)
+        ):
+            return False
         if (
             (b"\\" in line and b"\\\\" in line)
-            or (b"%" in line and _PERCENT_ESCAPE.search(line) is not None)
-            or (b"@" in line and b"://" in line)
+            or (b"%" in line and _percent_escaped(line))
+            or (b"@" in line and _in_a_url(line))
         ):
             return True
         if len(line) > NEEDLE_CHECK_FROM and not self._line_needles.in_(line):
             return False
         return self._line.search(line) is not None
+
+    @functools.cached_property
+    def _line_scanner(self) -> _LiteralScanner | None:
+        """The line needles and an escaped backslash, in one Hyperscan database."""
+        return _LiteralScanner.of([*_leaves(self._line_needles.tree), b"\\\\"])
 
     def _edge_piece(self, head: str, tail: str) -> bool:
         """Could redact_edges find a piece of a secret at the start of `head` or the end of `tail`?"""
@@ -538,9 +567,36 @@ def png_picture_only(data: bytes) -> bytes:
     return data
 
 
-def _may_hide(data: bytes) -> bool:
-    """Could `data` hold a secret that a needle scan of it does not see: escaped, or in a URL?"""
-    return (b"@" in data and b"://" in data) or _ESCAPE.search(data) is not None
+def _escaped(data: str | bytes) -> bool:
+    """Does `data` hold an escape a reader decodes (JSON's, a URL's %XX)? A long one is looked
+    through by Hyperscan where it is installed (the regular expression steps through every byte)."""
+    if len(data) <= NEEDLE_CHECK_FROM or (scanners := _escape_scanners()) is None:
+        found = _ESCAPE_TEXT.search(data) if isinstance(data, str) else _ESCAPE.search(data)
+        return found is not None
+    data = _as_bytes(data)
+    return scanners[0].finds_any(data) or _percent_escaped(data)
+
+
+def _percent_escaped(data: bytes) -> bool:
+    """Does `data` hold a %XX? (A '%' alone, as in a progress bar's 45%|, is none.)"""
+    if b"%" not in data:
+        return False
+    if len(data) <= NEEDLE_CHECK_FROM or (scanners := _escape_scanners()) is None:
+        return _PERCENT_ESCAPE.search(data) is not None
+    return scanners[1].finds_any(data)
+
+
+def _in_a_url(data: bytes) -> bool:
+    """Does `data` hold a URL's credentials (scheme://…@)?"""
+    return b"@" in data and b"://" in data and _USERINFO_BYTES.search(data) is not None
+
+
+@functools.cache
+def _escape_scanners() -> tuple[_LiteralScanner, _LiteralScanner] | None:
+    """Hyperscan for where a JSON escape may start, and for %XX (None: not here)."""
+    json_starts = _LiteralScanner.of(_JSON_ESCAPE_STARTS)
+    percent = _LiteralScanner.of_expressions([_PERCENT_ESCAPE.pattern])
+    return (json_starts, percent) if json_starts is not None and percent is not None else None
 
 
 class _Needles:
@@ -627,6 +683,23 @@ class _LiteralScanner:
             return cls(database)
         log.warning("Hyperscan cannot compile the redaction needles (%s); using str search", error)
         return None
+
+    @classmethod
+    def of_expressions(cls, expressions: list[bytes]) -> _LiteralScanner | None:
+        """A scanner for regular expressions (Hyperscan's dialect), or None as `of` says."""
+        if hyperscan is None:
+            return None
+        try:
+            database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            database.compile(
+                expressions=expressions,
+                ids=list(range(len(expressions))),
+                flags=hyperscan.HS_FLAG_SINGLEMATCH,
+            )
+        except hyperscan.HyperscanError as exc:
+            log.warning("Hyperscan cannot compile the redaction's escape check (%s); using re", exc)
+            return None
+        return cls(database)
 
     def finds_any(self, data: bytes) -> bool:
         scratch = getattr(self._scratch, "space", None)

@@ -10,6 +10,8 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -613,6 +615,7 @@ def test_the_fast_path_never_skips_what_the_full_scan_finds(parts):
     text = "".join(parts) + "." * 2048  # past NEEDLE_CHECK_FROM: the needle check runs
     full = Redactor([("OPENAI_API_KEY", "supersecretvalue1")])
     full._needles = full._line_needles = Everywhere()  # no fast path: the regular expressions always run
+    full._chunk_scanner = full._line_scanner = None
     assert redactor.redact(text) == full.redact(text)
     line = (json.dumps({"type": "log", "text": text}, ensure_ascii=False) + "\n").encode()
     assert json.loads(redactor.redact_line(line))["text"] == redactor.redact(text)
@@ -803,3 +806,32 @@ async def test_an_artifact_is_redacted_as_a_log_is(start_runner, connect, tmp_pa
         p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
     )
     assert base64.b64decode(again.data) == gallery.read_bytes()
+
+
+def test_what_a_process_writes_is_redacted_once_it_asks(tmp_path):
+    """redact_output (goaltender fetch, the runner daemon): its prints, a library's log lines made
+    after it (a handler made then, and logging's last resort), warnings and a traceback."""
+    script = """
+import logging, sys, warnings
+from goaltender.runner.secrets import Redactor, redact_output
+redact_output(Redactor.from_environment())
+library = logging.getLogger("library")
+library.addHandler(logging.StreamHandler())  # made after: as huggingface_hub's, imported after
+library.warning("HTTP Error 429 thrown while requesting GET http://ana:Pl4nted-pass@mirror/x")
+logging.getLogger("other").error("token %s", "hf_" + "Q" * 30)
+print("printed http://ana:Pl4nted-pass@mirror/x")
+warnings.warn("see http://ana:Pl4nted-pass@mirror/y")
+raise RuntimeError("failed: http://ana:Pl4nted-pass@mirror/z " + "Pl4nted-pass")
+"""
+    env = {"PATH": os.environ["PATH"], "MIRROR_URL": "http://ana:Pl4nted-pass@mirror"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert (
+        out.returncode == 1
+        and "RuntimeError: failed: http://[redacted]@mirror/z [redacted:MIRROR_URL]" in out.stderr
+    )
+    assert "GET http://[redacted]@mirror/x" in out.stderr and "token [redacted]" in out.stderr
+    assert (
+        out.stdout == "printed http://[redacted]@mirror/x\n"
+        and "see http://[redacted]@mirror/y" in out.stderr
+    )
+    assert "Pl4nted" not in out.stdout + out.stderr and "QQQQ" not in out.stderr
