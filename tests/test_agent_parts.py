@@ -209,6 +209,13 @@ def test_config_from_env(monkeypatch):
         200,
     )
     assert (cfg.max_retries, cfg.timeout_s, cfg.shell_timeout_s, cfg.compact_at) == (3, 300, 600, 0.75)
+    behind_auth = settings_from(
+        monkeypatch, AgentConfig, GOALTENDER_MODEL="m", OPENAI_BASE_URL="http://ana:pw-12345678@h:8000/v1"
+    )  # the client gets the URL as it is; logs, milestones and reports name it without credentials
+    assert (behind_auth.base_url, behind_auth.endpoint) == (
+        "http://ana:pw-12345678@h:8000/v1",
+        "http://h:8000/v1",
+    )
     cfg = settings_from(
         monkeypatch,
         AgentConfig,

@@ -396,8 +396,8 @@ async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, conne
 
 async def test_the_model_provider_never_gets_a_mirror_s_password(hub, start_runner, connect, monkeypatch):
     """Inside a goal, the fetch tool's result (the library's retry lines quote the URL) and a
-    command's output (`printenv HF_ENDPOINT`, or with its slashes escaped as JSON may write them) went to
-    the model provider as they were."""
+    command's output (`printenv HF_ENDPOINT`, or the URL with its slashes escaped as JSON may
+    write them) went to the model provider as they were."""
     runner_environment(monkeypatch, hub)
     monkeypatch.setenv("HF_ENDPOINT", hub.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@"))
     hub.busy = 2
