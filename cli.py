@@ -1500,9 +1500,19 @@ def cmd_fetch(args):
     return _run(args, body)
 
 
+def _redacted_output() -> None:
+    """What this download process prints is redacted first (a mirror's URL may carry a password,
+    and the library's retry lines quote it): before huggingface_hub is imported, so that its log
+    handler writes through it."""
+    from goaltender.runner.secrets import Redactor, redact_output
+
+    redact_output(Redactor.from_environment())
+
+
 def _fetch_here(spec: Any) -> int:
     """An operator on the box: the download in this process, with this environment (huggingface_hub
     reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HUB_CACHE when it is imported), progress on stderr."""
+    _redacted_output()
     from goaltender.runner import hub
 
     milestone_bytes = _milestone_bytes()
@@ -1518,6 +1528,7 @@ def _fetch_here(spec: Any) -> int:
 def _fetch_for_the_runner(spec: Any, keep_free: int) -> int:
     """The download the runner runs for a goal (runner/fetches.py), in the runner's hub
     environment: milestones and the outcome as JSON lines on stdout, which the runner reads."""
+    _redacted_output()
     from goaltender.runner import hub
 
     def say(**line: Any) -> None:

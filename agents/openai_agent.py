@@ -53,6 +53,7 @@ from goaltender.agents.tool_schemas import Finish, Tool, function_tool
 from goaltender.agents.workspace_tools import WorkspaceTools
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
+from goaltender.runner.secrets import url_shown
 from goaltender.storage.records import MetricPoint
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ class AgentConfig(BaseSettings):
 
     @property
     def endpoint(self) -> str:
-        return self.base_url or "https://api.openai.com/v1"
+        """The endpoint as logs, milestones and reports name it: without credentials in its URL."""
+        return url_shown(self.base_url or "https://api.openai.com/v1")
 
     @property
     def output_limit(self) -> int:

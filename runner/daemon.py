@@ -47,7 +47,7 @@ from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.report import best_experiment, goal_stop_status, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
-from goaltender.runner.secrets import Redactor
+from goaltender.runner.secrets import Redactor, redact_output
 from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
 from goaltender.runner.stages import parse_stages
@@ -786,10 +786,12 @@ _NOT_A_DATABASE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
 
 
 def main(settings: RunnerSettings | None = None) -> None:
+    settings = settings or RunnerSettings()
+    # The runner's log, and what libraries log or warn in its process, is redacted as what it sends is.
+    redact_output(Redactor.from_settings(settings))
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
     )
-    settings = settings or RunnerSettings()
     try:
         if settings.default_agent not in settings.agents:  # else each goal that names none is refused
             raise StartupFailed(

@@ -11,7 +11,8 @@ row's params, its series as metric histories (with their steps), its own numbers
 (its metric, verified or reported, the other final values, wall and CPU seconds, compute-hours,
 peak RSS), tags for its status, description, command, note and ids, and MLflow's status: FINISHED
 (keep, discard), FAILED (crash), KILLED (interrupted). Text leaves the box through the runner's
-redactor, as everything else the runner sends does.
+redactor, as everything else the runner sends does: every name as well as every value (experiment
+and run names, tags, params and metric keys; a key is redacted before it is made one MLflow takes).
 
 It must never slow or break the runner, so:
 - it follows the event log from a cursor of its own (runner.db's cursors table, CURSOR_NAME),
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.secrets import Redactor
+from goaltender.runner.secrets import Redactor, url_shown
 from goaltender.storage.records import (
     Event,
     Experiment,
@@ -117,7 +118,7 @@ class MlflowMirror:
             log.error(
                 "MLflow mirroring to %s is configured but mlflow-skinny is not installed "
                 "(pip install 'goaltender[mlflow]'): goals run unmirrored",
-                shown(uri),
+                url_shown(uri),
             )
             return None
         return cls(store, uri, settings.name, redactor)
@@ -125,7 +126,7 @@ class MlflowMirror:
     def start(self) -> None:
         self._listen()
         self._task = asyncio.ensure_future(self._follow())
-        log.info("mirroring goals, the ledger and series to MLflow at %s", shown(self.tracking_uri))
+        log.info("mirroring goals, the ledger and series to MLflow at %s", url_shown(self.tracking_uri))
 
     async def close(self) -> None:
         """Stop following (a restart resumes from the cursor); a call under way is left to finish."""
@@ -208,7 +209,7 @@ class MlflowMirror:
         log.warning(
             "MLflow mirror: mirroring to %s is %s (%s); goals are not affected, their events wait "
             "in the log; trying again in %gs",
-            shown(self.tracking_uri),
+            url_shown(self.tracking_uri),
             "failing" if first else "still failing",
             one_line(exc),
             retry_in,
@@ -216,7 +217,7 @@ class MlflowMirror:
 
     def _note_success(self) -> None:
         if self._failing_since is not None:
-            log.info("MLflow mirror: mirroring to %s works again", shown(self.tracking_uri))
+            log.info("MLflow mirror: mirroring to %s works again", url_shown(self.tracking_uri))
         self._failing_since = None
 
     # ---- events to steps ----
@@ -245,7 +246,7 @@ class MlflowMirror:
                 # (points logged for the goal rather than a row have no run to go to)
                 row = await views.row_by_id(data.experiment_id)
                 if row is not None:
-                    _add_series(steps, goal, row, series_points(data.points, event.ts))
+                    _add_series(steps, goal, row, series_points(data.points, event.ts, self.redactor))
         return steps
 
 
@@ -309,7 +310,7 @@ def goal_view(goal: Goal, runner_name: str, redactor: Redactor) -> GoalView:
     }
     if goal.metric:
         tags["goaltender.metric"] = f"{goal.metric} ({goal.direction})"
-    name = f"goaltender/{runner_name}/goal-{goal.id}"
+    name = redactor.redact(f"goaltender/{runner_name}/goal-{goal.id}")
     return GoalView(goal.id, name, redactor.redact(goal.owner), redacted_tags(tags, redactor))
 
 
@@ -328,7 +329,7 @@ def row_view(row: Experiment, runner_name: str, redactor: Redactor) -> RowView:
         tags["goaltender.eval_command"] = shlex.join(row.eval_command)
     if row.metric_name:
         tags["goaltender.metric"] = row.metric_name
-    params = {mlflow_key(name): param_value(value, redactor) for name, value in row.params.items()}
+    params = {mlflow_key(name, redactor): param_value(value, redactor) for name, value in row.params.items()}
     return RowView(
         experiment_id=row.id,
         run_name=redactor.redact(f"#{row.index} {row.description}")[:MAX_KEY],
@@ -338,7 +339,7 @@ def row_view(row: Experiment, runner_name: str, redactor: Redactor) -> RowView:
     )
 
 
-def ledger_points(row: Experiment) -> list[Point]:
+def ledger_points(row: Experiment, redactor: Redactor) -> list[Point]:
     """The row's own numbers, under `ledger/` (apart from its series: NeMo RL's ledger metric is
     the best checkpoint's, not the last point of the series of the same name)."""
     numbers: dict[str, float | None] = dict(row.metrics)
@@ -356,7 +357,7 @@ def ledger_points(row: Experiment) -> list[Point]:
     }
     ended = millis(row.ended_at or row.started_at)
     return [
-        (mlflow_key(f"ledger/{name}"), float(value), ended, 0)
+        (mlflow_key(f"ledger/{name}", redactor), float(value), ended, 0)
         for name, value in numbers.items()
         if value is not None
     ]
@@ -375,19 +376,22 @@ def finish_run(goal: GoalView, row: RowView, experiment: Experiment, views: _Vie
     return FinishRun(
         goal,
         row,
-        points=ledger_points(experiment),
+        points=ledger_points(experiment, views.redactor),
         tags=views.texts(tags),
         status=RUN_STATUS.get(experiment.status, "FINISHED"),
         end_ms=millis(experiment.ended_at) if experiment.ended_at else None,
     )
 
 
-def series_points(points: Sequence[MetricPoint], ts: datetime) -> list[Point]:
+def series_points(points: Sequence[MetricPoint], ts: datetime, redactor: Redactor) -> list[Point]:
     """Series points at their event's time: the same event mirrored twice gives the same points,
     which MLflow keeps once. MLflow's steps are whole numbers: a fractional step is rounded, and
     a point without one is at step 0."""
     at = millis(ts)
-    return [(mlflow_key(p.name), p.value, at, round(p.step) if p.step is not None else 0) for p in points]
+    return [
+        (mlflow_key(p.name, redactor), p.value, at, round(p.step) if p.step is not None else 0)
+        for p in points
+    ]
 
 
 def _add_series(steps: list[Step], goal: GoalView, row: RowView, points: list[Point]) -> None:
@@ -398,10 +402,11 @@ def _add_series(steps: list[Step], goal: GoalView, row: RowView, points: list[Po
         steps.append(LogSeries(goal, row, points))
 
 
-def mlflow_key(name: str) -> str:
-    """A name MLflow takes as a param or metric key: its characters, its length, and nothing that
-    reads as another path (`a//b`, `../x`)."""
-    key = _BAD_KEY_CHARS.sub("_", name)[:MAX_KEY] or "_"
+def mlflow_key(name: str, redactor: Redactor) -> str:
+    """A name MLflow takes as a param or metric key: redacted first (a param or a metric named
+    after a secret names the secret), then its characters, its length, and nothing that reads as
+    another path (`a//b`, `../x`)."""
+    key = _BAD_KEY_CHARS.sub("_", redactor.redact(name))[:MAX_KEY] or "_"
     normal = posixpath.normpath(key)
     if normal != key or normal == "." or normal.startswith(("..", "/")):
         key = key.replace("/", "_").replace(".", "_")
@@ -654,15 +659,6 @@ def probe(tracking_uri: str) -> None:
         socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as exc:
         raise ConnectionError(f"cannot reach {parts.hostname}:{port}: {exc.strerror or exc}") from None
-
-
-def shown(uri: str) -> str:
-    """`uri` without any user:password@ in it."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

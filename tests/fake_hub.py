@@ -22,6 +22,9 @@ Endpoints:
       with X-Repo-Commit and ETag; files over 1 MB are "LFS" ones: X-Linked-Etag (their sha256)
       and X-Linked-Size, as the hub sends them. No Xet headers: the client downloads over HTTP.
 
+`hub.busy = N`: the next N file downloads (GET /resolve/) answer 429 Too Many Requests, which
+huggingface_hub retries after logging the URL it asked.
+
 Errors carry the hub's X-Error-Code and X-Error-Message, which huggingface_hub turns into its own
 exceptions: RepoNotFound (401 without a valid token: the hub does not say whether a private repo
 exists; 404 with one), GatedRepo (401 without a token, 403 without access), RevisionNotFound,
@@ -74,6 +77,7 @@ class FakeHub:
         self.down: int | None = None  # a status (503) every request gets: the hub is down
         self.held = 0  # file downloads that have waited on hold()
         self._gate: asyncio.Event | None = None  # set: downloads go on (None: never held)
+        self.busy = 0  # file downloads still to answer 429 (each is retried)
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -193,6 +197,9 @@ class FakeHub:
         repo, commit, problem = self._resolve(request, files_too=True)
         if problem is not None:
             return problem
+        if request.method == "GET" and self.busy > 0:
+            self.busy -= 1
+            return web.json_response({"error": "too many requests"}, status=429)
         assert repo is not None and commit is not None
         path = request.match_info["path"]
         data = repo.commits[commit].get(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 
 import psutil
@@ -161,6 +162,35 @@ def test_no_piece_of_a_secret_survives_the_cut(tmp_path_factory, parts, limit):
         assert out.count("[redacted]") <= text.count(SECRET)
 
 
+ESCAPED = "".join(
+    f"\\u{ord(c):04x}" if i % 3 == 1 else c for i, c in enumerate(SECRET)
+)  # as JSON may write it
+PASSWORD = "LKJHGFDSAPOIU"  # of a URL: no secret of the agent's, a URL's credentials all the same
+
+
+def _decoded(text: str) -> str:
+    return re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
+
+
+@given(
+    parts=st.lists(st.text(alphabet="abc xyz\n", max_size=900), min_size=1, max_size=14),
+    joints=st.lists(
+        st.sampled_from([SECRET, ESCAPED, f"http://u:{PASSWORD}@host/"]), min_size=13, max_size=13
+    ),
+    limit=st.integers(min_value=20, max_value=900),
+)
+@settings(max_examples=200, deadline=None)
+def test_no_piece_of_an_escaped_secret_or_a_password_survives_the_cut(tmp_path_factory, parts, joints, limit):
+    r"""The model reads \u-escapes as the letters they are: a secret JSON-escaped, or a URL's
+    password, is redacted too, and a cut (also one that reads only a long file's ends) never goes
+    through one."""
+    text = "".join(part + joint for part, joint in zip(parts, joints, strict=False)) + parts[-1]
+    path = tmp_path_factory.mktemp("out") / "out.log"
+    path.write_text(text)
+    for out in (truncate_middle(text, limit, [SECRET]), truncate_file(path, limit, [SECRET])):
+        assert not any(c.isupper() for c in _decoded(out)), out
+
+
 def test_the_cut_keeps_what_is_not_secret():
     text = "HEAD " + "sk-secret-value-1 " * 500 + "TAIL"
     out = truncate_middle(text, 300, ["sk-secret-value-1"])
@@ -179,6 +209,13 @@ def test_config_from_env(monkeypatch):
         200,
     )
     assert (cfg.max_retries, cfg.timeout_s, cfg.shell_timeout_s, cfg.compact_at) == (3, 300, 600, 0.75)
+    behind_auth = settings_from(
+        monkeypatch, AgentConfig, GOALTENDER_MODEL="m", OPENAI_BASE_URL="http://ana:pw-12345678@h:8000/v1"
+    )  # the client gets the URL as it is; logs, milestones and reports name it without credentials
+    assert (behind_auth.base_url, behind_auth.endpoint) == (
+        "http://ana:pw-12345678@h:8000/v1",
+        "http://h:8000/v1",
+    )
     cfg = settings_from(
         monkeypatch,
         AgentConfig,

@@ -233,6 +233,27 @@ def test_failures_say_why_in_one_line_and_never_show_the_token(hub, tmp_path, ar
     assert not (tmp_path / "hf" / "hub" / "models--org--gated" / "snapshots").exists()
 
 
+MIRROR_PASSWORD = "Pl4nted-mirror-pass"
+
+
+def test_a_mirror_s_password_is_never_printed(hub, tmp_path):
+    """HF_ENDPOINT with user:password@ (a mirror behind basic auth): huggingface_hub's retry lines
+    and its errors quote the URL they asked, and `goaltender fetch` printed them as they were."""
+    with_password = hub.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@")
+    hub.busy = 2  # two downloads answered 429 and retried: the library says so, with the URL
+    out = fetch(hub, tmp_path, "org/tiny", HF_ENDPOINT=with_password)
+    hub.down = 429  # and a failure that quotes the URL in its one line
+    failed = fetch(hub, tmp_path, "org/data", "--type", "dataset", HF_ENDPOINT=with_password)
+    for printed in (out.stdout + out.stderr, failed.stderr):
+        assert MIRROR_PASSWORD not in printed and "ana:" not in printed, printed
+    assert out.returncode == 0, out.stderr
+    retried = f"HTTP Error 429 thrown while requesting GET {hub.url.replace('http://', 'http://[redacted]@')}/org/tiny/"
+    assert retried in out.stderr
+    assert one_line_failure(failed).startswith(
+        f"goaltender: {hub.url} answered HTTP 429 for dataset org/data: "
+    )
+
+
 def test_a_token_with_access_fetches_gated_and_private_repos(hub, tmp_path):
     for repo in ("org/gated", "org/private"):
         out = fetch(hub, tmp_path, repo, HF_TOKEN=GATED_TOKEN)
@@ -759,6 +780,52 @@ def test_a_spec_reaches_the_download_as_it_was_asked(repo, revision, include, re
     args = build_parser(only="fetch").parse_args(argv[4:])
     assert (args.repo, args.repo_type, args.revision, tuple(args.include)) == astuple(spec)
     assert (args.json, args.keep_free, args.goal_id) == (True, 5, None)
+
+
+async def test_the_model_provider_never_gets_a_mirror_s_password(hub, start_runner, connect, monkeypatch):
+    """Inside a goal, the fetch tool's result (the library's retry lines quote the URL) and a
+    command's output (`printenv HF_ENDPOINT`, or the URL with its slashes escaped as JSON may
+    write them) went to the model provider as they were."""
+    runner_environment(monkeypatch, hub)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@"))
+    hub.busy = 2
+    model = FakeOpenAI()
+    await model.start()
+    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    model.add(
+        Turn(
+            tool_calls=[
+                ToolCall("fetch_from_hub", {"repo": "org/tiny"}),
+                ToolCall("shell", {"command": "printenv HF_ENDPOINT"}),
+                ToolCall("shell", {"command": "printenv HF_ENDPOINT | sed 's|/|\\\\/|g'"}),
+            ]
+        ),
+        Turn(text="Fetched; nothing more to do."),
+    )
+    try:
+        runner = await start_runner(
+            agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
+        )
+        client = await connect(runner)
+        goal_id = await submit(client, "fetch tiny, max 1 experiments", agent="openai")
+        await events_until_report(client, goal_id)
+    finally:
+        await model.close()
+    sent = json.dumps([r.body for r in model.requests])
+    assert MIRROR_PASSWORD not in sent and "ana:" not in sent
+    fetched, printed, escaped = [
+        m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"
+    ]
+    assert (
+        fetched.startswith("exit code 0")
+        and "HTTP Error 429 thrown while requesting GET http://[redacted]@" in fetched
+    )
+    assert printed == f"exit code 0\n{hub.url.replace('http://', 'http://[redacted]@')}\n"
+    assert escaped == printed  # found as JSON reads it; the escapes it was found through go with it
 
 
 def _seq_of(events, fetch: HubFetch) -> int:

@@ -16,6 +16,7 @@ from goaltender.runner import mlflow_mirror
 from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.mlflow_mirror import CURSOR_NAME, mlflow_client_class, mlflow_key
+from goaltender.runner.secrets import Redactor
 
 pytest.importorskip("mlflow")  # the mlflow extra (in dev)
 
@@ -200,13 +201,19 @@ def test_tracking_uri_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_names_mlflow_would_refuse_are_made_acceptable():
-    assert mlflow_key("train/loss") == "train/loss"
-    assert mlflow_key("timing/train/total step-time:s") == "timing/train/total step-time:s"
-    assert mlflow_key("acc@1 (top)") == "acc_1 _top_"
-    assert mlflow_key("../escape") == "___escape"
-    assert mlflow_key("a//b") == "a__b"
-    assert mlflow_key("") == "_"
-    assert len(mlflow_key("x" * 400)) == 250
+    def key(name: str) -> str:
+        return mlflow_key(name, Redactor())
+
+    assert key("train/loss") == "train/loss"
+    assert key("timing/train/total step-time:s") == "timing/train/total step-time:s"
+    assert key("acc@1 (top)") == "acc_1 _top_"
+    assert key("../escape") == "___escape"
+    assert key("a//b") == "a__b"
+    assert key("") == "_"
+    assert len(key("x" * 400)) == 250
+    # Redacted before its characters are made acceptable (which would change the secret).
+    secret = "p@ss-w0rd/with:odd chars"
+    assert mlflow_key(f"loss/{secret}", Redactor([("DB_PASSWORD", secret)])) == "loss/_redacted:DB_PASSWORD_"
 
 
 def test_without_the_extra_the_runner_says_so_and_runs_unmirrored(tmp_path, monkeypatch, caplog):
@@ -214,3 +221,39 @@ def test_without_the_extra_the_runner_says_so_and_runs_unmirrored(tmp_path, monk
     settings = RunnerSettings(home=tmp_path, mlflow=True)
     assert mlflow_mirror.MlflowMirror.from_settings(settings, store=None, redactor=None) is None
     assert "mlflow-skinny is not installed (pip install 'goaltender[mlflow]')" in caplog.text
+
+
+SECRET = "svc_PlantedMlflowSecret_0123"  # configured (a secret-looking variable), not a shape
+
+LEAKY = f"""
+goaltender experiment -d "about {SECRET}" --param {SECRET}=1 --param {SECRET}_lr={SECRET} --metric {SECRET} -- \
+    python -c "import json; print(json.dumps({{'step': 1, '{SECRET}': 0.5, 'loss/{SECRET}': 1}})); print('{SECRET}: 0.5'); print('{SECRET}_x: 2')"
+goaltender report "done"
+"""
+
+
+async def test_no_field_mlflow_gets_holds_a_secret(start_runner, connect, tmp_path, monkeypatch):
+    """Keys as well as values: a param or metric named after a secret went into MLflow as it was
+    (only values were redacted). Every byte of the tracking store is looked through."""
+    monkeypatch.setenv("MY_SERVICE_TOKEN", SECRET)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    agent = write_agent(tmp_path, "leaky.sh", LEAKY)
+    runner = await start_runner(
+        agents={"script": agent}, mlflow_tracking_uri=uri, grants=["MY_SERVICE_TOKEN"]
+    )
+    client = await connect(runner)
+    goal_id = await submit(client, f"leak {SECRET}, max 2 experiments", owner=SECRET, agent="script")
+    await events_until_report(client, goal_id)
+    await eventually(lambda: mirrored(runner))
+
+    [experiment] = (await asyncio.to_thread(tracked, uri)).values()
+    [run] = experiment["runs"].values()
+    marker = "_redacted:MY_SERVICE_TOKEN_"  # the marker, as a key MLflow takes
+    assert run["params"] == {marker: "1", f"{marker}_lr": "[redacted:MY_SERVICE_TOKEN]"}
+    assert {marker, f"loss/{marker}", f"ledger/{marker}", f"ledger/{marker}_x"} <= set(run["history"])
+    assert run["name"] == "#1 about [redacted:MY_SERVICE_TOKEN]"
+    assert experiment["tags"]["goaltender.owner"] == "[redacted:MY_SERVICE_TOKEN]"
+    # Every byte MLflow stored (the tracking database, its journal, any artifact) is free of it.
+    tracking = [*tmp_path.glob("mlflow.db*"), *tmp_path.glob("mlflow-artifacts/**/*")]
+    stored = b"".join(path.read_bytes() for path in tracking if path.is_file())
+    assert stored and SECRET.encode() not in stored

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
 import re
 import stat
+import subprocess
+import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -19,7 +23,13 @@ from hypothesis import strategies as st
 from goaltender.runner import protocol as p
 from goaltender.runner.campaign import _tail_text
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.secrets import Redactor, agent_safe, configured_secrets, secret_looking
+from goaltender.runner.secrets import (
+    Redactor,
+    agent_safe,
+    configured_secrets,
+    png_picture_only,
+    secret_looking,
+)
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.records import Event, MilestoneReported, utcnow
 
@@ -88,6 +98,180 @@ def test_text_without_secrets_passes_through_byte_identical(secret, text, other)
     assert redactor.redact(text) is text
     line = milestone_line(text, other)
     assert redactor.redact_line(line) is line
+
+
+# ---- the Redactor: text as its reader decodes it ----
+
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "/": "\\/",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+@st.composite
+def json_string(draw, text: str) -> str:
+    r"""`text` as the inside of a JSON string, each character escaped or not at random: as it is
+    (where JSON allows), as \uXXXX (either case; a surrogate pair beyond the BMP), or its one-letter
+    escape (\/ for '/')."""
+    out = []
+    for char in text:
+        ways = ["u"]
+        if char not in '"\\' and ord(char) >= 0x20:
+            ways.append("as is")
+        if char in _SHORT_ESCAPES:
+            ways.append("short")
+        way = draw(st.sampled_from(ways))
+        if way == "as is":
+            out.append(char)
+        elif way == "short":
+            out.append(_SHORT_ESCAPES[char])
+        else:
+            escaped = json.dumps(char)[1:-1] if ord(char) > 0xFFFF else f"\\u{ord(char):04x}"
+            out.append(escaped.upper().replace("\\U", "\\u") if draw(st.booleans()) else escaped)
+    return "".join(out)
+
+
+def decoded_strings(data: bytes) -> str:
+    """Every string of a JSON document (keys too), as the bot's json.loads gives them."""
+    parts: list[str] = []
+
+    def walk(value):
+        if isinstance(value, str):
+            parts.append(value)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                parts.append(key)
+                walk(item)
+
+    walk(json.loads(data))
+    return "\n".join(parts)
+
+
+@settings(max_examples=500, deadline=None)
+@given(secret=secret_text, before=any_text, after=any_text, data=st.data())
+def test_no_json_encoding_of_a_secret_survives_in_a_file(secret, before, after, data):
+    r"""An errors.json with the secret written with `\/` or one `\u`-escaped letter passed (only
+    the raw and the usual escaped forms were looked for), and the bot decoded it and posted the
+    secret. Whatever characters are escaped, the document decodes to no secret after redact_file,
+    in a value or a key; and redact on the file's text does the same."""
+    redactor = Redactor([("MY_SECRET", secret)])
+    text = data.draw(json_string(before + secret + after))
+    key = data.draw(json_string(secret))
+    document = f'{{"text": "{text}", "{key}": [1, "{text}"]}}'.encode(errors="surrogatepass")
+    assert secret in decoded_strings(document)
+    redacted = redactor.redact_file(document)
+    assert secret not in decoded_strings(redacted)
+    assert "[redacted:MY_SECRET]" in decoded_strings(redacted)
+    as_text = redactor.redact(document.decode(errors="surrogatepass"))
+    assert secret not in decoded_strings(as_text.encode(errors="surrogatepass"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(secret=secret_text, text=plain_text, binary=st.binary(max_size=40), data=st.data())
+def test_a_file_without_a_secret_comes_back_byte_for_byte(secret, text, binary, data):
+    """However its text is escaped, and whatever bytes are around it (not UTF-8 too)."""
+    assume(secret not in text and not re.search("AKIA|ASIA", text) and "://" not in text)
+    assume(secret not in urllib.parse.unquote(text))  # %XX spelling the secret is the secret
+    redactor = Redactor([("MY_SECRET", secret)])
+    document = f'{{"text": "{data.draw(json_string(text))}"}}'.encode(errors="surrogatepass")
+    assert redactor.redact_file(document) is document
+    assert redactor.redact_file(binary + document + binary) == binary + document + binary
+
+
+PNG_CHUNKS = [b"IHDR", b"IDAT", b"IEND", b"tEXt", b"zTXt", b"iTXt", b"eXIf", b"prVt"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.sampled_from(PNG_CHUNKS), st.binary(max_size=20)), max_size=8),
+    tail=st.binary(max_size=20),
+    cut=st.integers(0, 400),
+)
+def test_a_png_keeps_only_its_picture(chunks, tail, cut):
+    """Whatever chunks (and bytes after them, or a file cut short) a PNG has: a well-formed one
+    comes back with its picture's chunks only, in order, ending at IEND; anything else as it was."""
+    body = b"".join(len(data).to_bytes(4, "big") + kind + data + b"\0\0\0\0" for kind, data in chunks)
+    png = (b"\x89PNG\r\n\x1a\n" + body + tail)[: 8 + cut]
+    out = png_picture_only(png)
+    if out is png:
+        return
+    assert out.startswith(b"\x89PNG\r\n\x1a\n") and len(out) < len(png)
+    kept, at = [], 8
+    while at < len(out):
+        size = int.from_bytes(out[at : at + 4], "big")
+        kept.append(out[at + 4 : at + 8])
+        at += 12 + size
+    assert at == len(out) and kept[-1] == b"IEND"
+    assert set(kept) <= {b"IHDR", b"IDAT", b"IEND"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(secret=secret_text, before=any_text, after=any_text, data=st.data())
+def test_a_secret_json_escaped_inside_a_message_is_redacted(secret, before, after, data):
+    """A milestone whose text is JSON that holds the secret escaped (an agent pasted a file): the
+    line holds it escaped twice, which the line's needles did not see."""
+    redactor = Redactor([("MY_SECRET", secret)])
+    line = milestone_line("a file", '{"k": "' + data.draw(json_string(before + secret + after)) + '"}')
+    reply = p.parse_reply(redactor.redact_line(line))
+    pasted = reply.event.data.text.encode(errors="surrogatepass")
+    assert secret not in decoded_strings(pasted)
+
+
+def test_a_secret_is_found_percent_encoded_and_split_into_escapes():
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+    redactor = Redactor([("AWS_SECRET_ACCESS_KEY", secret)])
+    marker = "[redacted:AWS_SECRET_ACCESS_KEY]"
+    assert redactor.redact(f"GET /?k={urllib.parse.quote(secret, safe='')} 200") == f"GET /?k={marker} 200"
+    assert redactor.redact(secret.replace("/", "\\/")) == marker
+    assert redactor.redact("wJalrXUtnF\\u0045MI%2FK7MDENG\\/bPxRfiCYEXAMPLEKEY!") == marker + "!"
+    emoji = Redactor([("E", "key-😀-12345")])
+    assert emoji.redact('{"k": "key-\\ud83d\\ude00-12345"}') == '{"k": "[redacted:E]"}'
+    ordinary = 'C:\\new\\table 100%|###| %zz \\u00e9t\\u00e9 "a\\/b"'
+    assert redactor.redact(ordinary) is ordinary and emoji.redact_file(ordinary.encode()) == ordinary.encode()
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (
+            "GET http://user:s3cretpass@127.0.0.1:43121/org/tiny",
+            "GET http://[redacted]@127.0.0.1:43121/org/tiny",
+        ),
+        ("https://x-access-token:ghs_abc@github.com/o/r.git", "https://[redacted]@github.com/o/r.git"),
+        (
+            "HF_ENDPOINT=https://ana:p@ss:w0rd@mirror.internal",
+            "HF_ENDPOINT=https://[redacted]@mirror.internal",
+        ),
+        ("proxy http://ana:p%40ss@proxy:3128, then", "proxy http://[redacted]@proxy:3128, then"),
+        ("'http://token@host' and 'a@b'", "'http://[redacted]@host' and 'a@b'"),
+        # (found decoded: the escapes it was found through go with it)
+        ('{"url":"https:\\/\\/u:hunter22@h.io\\/x"}', '{"url":"https://[redacted]@h.io\\/x"}'),
+        ("mail ana@corp.com about https://corp.com/a@b", "mail ana@corp.com about https://corp.com/a@b"),
+        ("https://mirror.internal/x and ana@corp.com", "https://mirror.internal/x and ana@corp.com"),
+    ],
+)
+def test_urls_lose_their_credentials(text, shown):
+    redactor = Redactor()
+    assert redactor.redact(text) == shown
+    assert redactor.redact_file(text.encode()) == shown.encode()
+    line = milestone_line(text)
+    assert p.parse_reply(redactor.redact_line(line)).event.data.title == shown
+
+
+def test_the_password_of_a_url_in_the_environment_is_a_secret_anywhere():
+    env = {"HF_ENDPOINT": "https://ana:Pl%40nted-pass@mirror.internal", "HOME": "/root", "NO_PROXY": "a@b"}
+    redactor = Redactor.from_environment(env)
+    assert redactor.redact("auth=('ana', 'Pl@nted-pass')") == "auth=('ana', '[redacted:HF_ENDPOINT]')"
+    assert redactor.redact("raw Pl%40nted-pass") == "raw [redacted:HF_ENDPOINT]"
 
 
 # ---- the Redactor: token shapes and edges ----
@@ -398,8 +582,18 @@ def test_a_crashed_agents_log_tail_starts_at_a_line(tmp_path):
     assert all(secret in line for line in tail.splitlines()[:-1])
 
 
+class Everywhere:
+    """Needles that are in every haystack."""
+
+    def in_(self, haystack) -> bool:
+        return True
+
+
 PIECES = [
     "step 10 loss 0.52\n",
+    "\\u0073",
+    "%2F",
+    "http://u:p@",
     "task-",
     "sk-",
     "hf_",
@@ -419,12 +613,10 @@ def test_the_fast_path_never_skips_what_the_full_scan_finds(parts):
     """redact's cheap needle check before the regex changes nothing: it matches the full scan."""
     redactor = Redactor([("OPENAI_API_KEY", "supersecretvalue1")])
     text = "".join(parts) + "." * 2048  # past NEEDLE_CHECK_FROM: the needle check runs
-    full = redactor._text.sub(redactor._replace, text)
-    if "PRIVATE KEY-----" in full:
-        from goaltender.runner.secrets import _HEADLESS_KEY
-
-        full = _HEADLESS_KEY.sub(redactor._shape_marker, full)
-    assert redactor.redact(text) == full
+    full = Redactor([("OPENAI_API_KEY", "supersecretvalue1")])
+    full._needles = full._line_needles = Everywhere()  # no fast path: the regular expressions always run
+    full._chunk_scanner = full._line_scanner = None
+    assert redactor.redact(text) == full.redact(text)
     line = (json.dumps({"type": "log", "text": text}, ensure_ascii=False) + "\n").encode()
     assert json.loads(redactor.redact_line(line))["text"] == redactor.redact(text)
 
@@ -498,7 +690,14 @@ def test_the_needle_tree_holds_every_shape_needle_under_pieces_it_contains():
 
 CUT_SECRET = "Qz7VX9KP2WM4RT6YS8UV0JNB"  # none of its letters in the log around it
 CUT_TOKEN = "sk-" + "ZQ" * 15  # a shape, not configured
-CUT_LOG = f"step 1\ntoken={CUT_SECRET}\nstep 2 {CUT_TOKEN} done\nünïcödé {CUT_SECRET}{CUT_SECRET}\nend\n"
+CUT_ESCAPED = (
+    CUT_SECRET[:5] + "\\u0039" + CUT_SECRET[6:14] + "\\u0036" + CUT_SECRET[15:]
+)  # as JSON may write it
+CUT_PASSWORD = "Wq5Jx8Vk2Zm7"  # in a URL: not configured, a URL's credentials all the same
+CUT_LOG = (
+    f"step 1\ntoken={CUT_SECRET}\nstep 2 {CUT_TOKEN} done\nünïcödé {CUT_SECRET}{CUT_SECRET}\n"
+    f'json {{"k": "{CUT_ESCAPED}"}}\nGET http://ana:{CUT_PASSWORD}@h/x\nend\n'
+)
 
 
 async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
@@ -506,9 +705,12 @@ async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
 ):
     """Chunks of any size at any offset: a chunk never ends or starts inside a secret (it ends at
     the secret's end and the next starts there), so small chunks could not piece one together
-    (limit 8 did: redaction knew only pieces at a chunk's edges, not one wholly inside it)."""
+    (limit 8 did: redaction knew only pieces at a chunk's edges, not one wholly inside it) — nor
+    inside a secret JSON-escaped, or a URL's credentials."""
     monkeypatch.setenv("MY_TOKEN", CUT_SECRET)
-    agent = write_agent(tmp_path, "a.sh", f"goaltender experiment -d leak -- printf '{CUT_LOG}'\nsleep 60\n")
+    agent = write_agent(
+        tmp_path, "a.sh", f"goaltender experiment -d leak -- printf '%s' '{CUT_LOG}'\nsleep 60\n"
+    )
     runner = await start_runner(agents={"a": agent}, secrets=["MY_TOKEN"])
     client = await connect(runner)
     goal_id = await submit(client, "leak, max 1 experiments", agent="a")
@@ -524,16 +726,20 @@ async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
             reply = await client.call(
                 p.GetLog, p.LogReply, experiment_id=experiment, offset=offset, limit=limit
             )
-            for piece in (CUT_SECRET[i : i + 3] for i in range(len(CUT_SECRET) - 2)):
-                assert piece not in reply.text, (limit, offset, reply.text)
+            for secret in (CUT_SECRET, CUT_PASSWORD):
+                for piece in (secret[i : i + 3] for i in range(len(secret) - 2)):
+                    assert piece not in reply.text, (limit, offset, reply.text)
             assert "ZQZ" not in reply.text, (limit, offset, reply.text)
         # Tiled and pipelined, as text and raw, the chunks are the log redacted, whole.
         for raw in (False, True):
             tiled = b"".join(
                 [bytes(r.data) async for r in client.fetch_log(experiment, chunk=limit, raw=raw)]
             )
-            assert tiled.decode() == CUT_LOG.replace(CUT_SECRET, "[redacted:MY_TOKEN]").replace(
-                CUT_TOKEN, "[redacted]"
+            assert tiled.decode() == (
+                CUT_LOG.replace(CUT_SECRET, "[redacted:MY_TOKEN]")
+                .replace(CUT_ESCAPED, "[redacted:MY_TOKEN]")
+                .replace(CUT_TOKEN, "[redacted]")
+                .replace(f"ana:{CUT_PASSWORD}@", "[redacted]@")
             )
 
 
@@ -572,3 +778,60 @@ async def test_an_artifact_is_redacted_as_a_log_is(start_runner, connect, tmp_pa
     clean.write_bytes(b'{"n": 1, "\xc3\xa9": "\xff"}')  # not even UTF-8: left as it is
     again = await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="errors.json")
     assert base64.b64decode(again.data) == clean.read_bytes()
+
+    # A PNG's text chunks are not its picture: they go, compressed (zTXt, iTXt) or not.
+    from PIL import Image, PngImagePlugin
+
+    picture = Image.new("RGB", (8, 4), (10, 200, 30))
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Software", "plain " + key)
+    info.add_text("Comment", "compressed " + key, zip=True)
+    info.add_itxt("Description", "international " + key, zip=True)
+    gallery = Path(experiment.log_path).parent / "hard_cases.png"
+    picture.save(gallery, pnginfo=info)
+    assert b"zTXt" in gallery.read_bytes() and b"iTXt" in gallery.read_bytes()
+    served = base64.b64decode(
+        (
+            await client.call(
+                p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
+            )
+        ).data
+    )
+    assert b"tEXt" not in served and b"zTXt" not in served and b"iTXt" not in served
+    shown = Image.open(io.BytesIO(served))
+    assert shown.size == (8, 4) and shown.getpixel((3, 2)) == (10, 200, 30) and not shown.text
+    plain = Image.new("L", (3, 3), 7)
+    plain.save(gallery)  # nothing but its picture: byte for byte
+    again = await client.call(
+        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
+    )
+    assert base64.b64decode(again.data) == gallery.read_bytes()
+
+
+def test_what_a_process_writes_is_redacted_once_it_asks(tmp_path):
+    """redact_output (goaltender fetch, the runner daemon): its prints, a library's log lines made
+    after it (a handler made then, and logging's last resort), warnings and a traceback."""
+    script = """
+import logging, sys, warnings
+from goaltender.runner.secrets import Redactor, redact_output
+redact_output(Redactor.from_environment())
+library = logging.getLogger("library")
+library.addHandler(logging.StreamHandler())  # made after: as huggingface_hub's, imported after
+library.warning("HTTP Error 429 thrown while requesting GET http://ana:Pl4nted-pass@mirror/x")
+logging.getLogger("other").error("token %s", "hf_" + "Q" * 30)
+print("printed http://ana:Pl4nted-pass@mirror/x")
+warnings.warn("see http://ana:Pl4nted-pass@mirror/y")
+raise RuntimeError("failed: http://ana:Pl4nted-pass@mirror/z " + "Pl4nted-pass")
+"""
+    env = {"PATH": os.environ["PATH"], "MIRROR_URL": "http://ana:Pl4nted-pass@mirror"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert (
+        out.returncode == 1
+        and "RuntimeError: failed: http://[redacted]@mirror/z [redacted:MIRROR_URL]" in out.stderr
+    )
+    assert "GET http://[redacted]@mirror/x" in out.stderr and "token [redacted]" in out.stderr
+    assert (
+        out.stdout == "printed http://[redacted]@mirror/x\n"
+        and "see http://[redacted]@mirror/y" in out.stderr
+    )
+    assert "Pl4nted" not in out.stdout + out.stderr and "QQQQ" not in out.stderr

@@ -313,3 +313,41 @@ def test_the_report_names_the_dominant_error_class():
     assert error_classes(best) == "off_by_one 2 (dominant), off_by_more 1, format 0"
     report = summary_text(Goal(id=1, text="count stars"), [best], 0.0, utcnow())
     assert "**Errors of the best:** off_by_one 2 (dominant)" in report
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+async def test_a_secret_escaped_in_errors_json_never_reaches_slack(
+    fake, make_bot, start_runner, connect, tmp_path, monkeypatch
+):
+    """errors.json with the runner's secret written with `\\/` and one `\\u`-escaped letter (as
+    PHP's json_encode, or an agent, writes it) passed the runner's redaction, and the bot decoded
+    the JSON and posted the secret in the gallery's comment. Nothing Slack gets holds it now."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_SECRET)  # the runner's, not granted to goals
+    png = _png(tmp_path / "gallery.png")
+    escaped = AWS_SECRET.replace("/", "\\/").replace("EXAMPLE", "EX\\u0041MPLE")
+    analysis = ('{"text": "off by one; the key is ' + escaped + '", "\\u006bey": "' + escaped + '"}').encode()
+    assert json.loads(analysis)["text"].endswith(AWS_SECRET)
+    d = '"$GOALTENDER_EXPERIMENT_DIR"'
+    writes = (
+        f"echo {base64.b64encode(png).decode()} | base64 -d > {d}/hard_cases.png && "
+        f"echo {base64.b64encode(analysis).decode()} | base64 -d > {d}/errors.json && echo acc: 0.5"
+    )
+    script = f"goaltender experiment -d base --metric acc -- sh -c '{writes}'\ngoaltender milestone ran\nsleep 120\n"
+    runner = await start_runner(
+        agents={"agent": write_agent(tmp_path, "agent.sh", script)}, default_agent="agent"
+    )
+    await make_bot(runner.settings.socket_path)
+    general = fake.general
+    await fake.slash_command("/goal", "find a good lr, max 3 experiments", general, ALICE)
+    card = await fake.wait_for_message(general, text="Goal #1", timeout=15)
+    await fake.wait_for_message(general, thread_ts=card.ts, text="ran", timeout=60)
+    await fake.user_replies(general, card.ts, "show examples", user=BOB)
+    [posted] = await fake.wait_for(
+        lambda: [m for m in fake.messages(general, card.ts) if m.files and "Hard cases" in m.text], 30
+    )
+    assert "off by one; the key is [redacted:AWS_SECRET_ACCESS_KEY]" in posted.text
+    assert fake.files[posted.files[0]["id"]].content == png  # the picture, as it was
+    sent = json.dumps([call.params for call in fake.calls()]) + posted.text
+    assert AWS_SECRET not in sent and AWS_SECRET.replace("/", "\\/") not in sent and "bPxRfiCYEX" not in sent
