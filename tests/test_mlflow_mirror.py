@@ -77,7 +77,8 @@ def tracked(uri: str) -> dict:
 
 
 async def mirrored(runner) -> bool:
-    """Has the mirror caught up with the runner's event log?"""
+    """Has the mirror caught up with the runner's event log? (Waited for generously: MLflow's first
+    import and store migrations take seconds, many more on a busy machine.)"""
     return await runner.store.cursor(CURSOR_NAME) >= await runner.store.head_seq()
 
 
@@ -89,7 +90,7 @@ async def test_a_goal_and_its_rows_are_mirrored(start_runner, connect, tmp_path)
     client = await connect(runner)
     goal_id = await submit(client, "find a good lr, max 5 experiments", owner="ana", agent="script")
     await events_until_report(client, goal_id)
-    await eventually(lambda: mirrored(runner))
+    await eventually(lambda: mirrored(runner), timeout=120)
 
     store = await asyncio.to_thread(tracked, uri)
     [(name, experiment)] = store.items()
@@ -152,7 +153,7 @@ async def test_a_restart_mid_way_mirrors_nothing_twice(start_runner, connect, tm
     client = await connect(runner)
     (workspace / "go").touch()
     await events_until_report(client, goal_id)
-    await eventually(lambda: mirrored(runner))
+    await eventually(lambda: mirrored(runner), timeout=120)
 
     [experiment] = (await asyncio.to_thread(tracked, uri)).values()
     runs = experiment["runs"]
@@ -244,7 +245,7 @@ async def test_no_field_mlflow_gets_holds_a_secret(start_runner, connect, tmp_pa
     client = await connect(runner)
     goal_id = await submit(client, f"leak {SECRET}, max 2 experiments", owner=SECRET, agent="script")
     await events_until_report(client, goal_id)
-    await eventually(lambda: mirrored(runner))
+    await eventually(lambda: mirrored(runner), timeout=120)
 
     [experiment] = (await asyncio.to_thread(tracked, uri)).values()
     [run] = experiment["runs"].values()
