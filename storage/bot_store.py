@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -130,7 +131,19 @@ MIGRATIONS = [
     """
     ALTER TABLE queued_goals ADD COLUMN submit_key TEXT;
     """,
+    # v6: the database each runner runs on (its identity, from its welcome): what is stored under a
+    # runner's name (threads, cursor, keys) is that database's goals and events.
+    """
+    CREATE TABLE runner_ids (
+        runner TEXT PRIMARY KEY,
+        runner_id TEXT NOT NULL,
+        seen_at TEXT NOT NULL
+    );
+    """,
 ]
+
+#: The tables whose rows belong to one runner's goals or events, by its name in `runner`.
+RUNNER_TABLES = ("threads", "cursors", "milestones", "budget_requests", "audit")
 
 OutboxKind = Literal["post", "update", "ephemeral", "reaction", "upload"]
 
@@ -224,6 +237,16 @@ class Milestone(BaseModel):
     at: datetime
 
 
+@dataclass(frozen=True)
+class KeyMove:
+    """How outbox keys go from one runner name to another: bot/keys.py knows their shape."""
+
+    prefix: str
+    """The stored text of every key of the runner being moved starts with this."""
+    rekey: Callable[[str], str | None]
+    """A key's text -> its text under the other name; None for one that stays (another kind)."""
+
+
 class BotStore:
     def __init__(self, db: Database):
         self.db = db
@@ -261,6 +284,51 @@ class BotStore:
                 (runner, seq),
             )
         return True
+
+    # ---- which database each runner runs on ----
+
+    async def runner_id(self, runner: str) -> str | None:
+        row = await self.db.fetchone("SELECT runner_id FROM runner_ids WHERE runner = ?", (runner,))
+        return row[0] if row else None
+
+    async def switch_database(
+        self, runner: str, runner_id: str, retired: Callable[[str], str], move: Callable[[str, str], KeyMove]
+    ) -> str | None:
+        """Record that `runner` now runs on the database `runner_id`; returns the one it ran on
+        before when that was another (None: the same, or the first the bot has seen, which takes
+        over what is stored under the name). On a change, in one transaction, what is stored under
+        the name goes under `retired(previous id)`, and what was stored for `runner_id` when the
+        runner last ran on it comes back under the name: a runner with another database starts
+        with no threads and reads its event log from the start. `move(from, to)` says how outbox
+        keys are renamed."""
+        now = utcnow().isoformat()
+        async with self.db.write() as tx:
+            row = await tx.row("SELECT runner_id FROM runner_ids WHERE runner = ?", (runner,))
+            await tx.run(
+                "INSERT INTO runner_ids (runner, runner_id, seen_at) VALUES (?, ?, ?) ON CONFLICT (runner) "
+                "DO UPDATE SET runner_id = excluded.runner_id, seen_at = excluded.seen_at",
+                (runner, runner_id, now),
+            )
+            if row is None or row[0] == runner_id:
+                return None
+            previous = str(row[0])
+            await _rename_runner(tx, runner, retired(previous), move(runner, retired(previous)))
+            await _rename_runner(tx, retired(runner_id), runner, move(retired(runner_id), runner))
+        return previous
+
+    async def rewind(self, runner: str, head: int, aside: str, move: KeyMove) -> None:
+        """The runner's event log ends at `head`, before the bot's cursor (its database restored
+        from an earlier copy by a runner that numbers events again): the cursor goes back to
+        `head`, and what the bot stored for the events after it (milestones, and the outbox keys
+        `move` renames) goes under `aside`, so that the new events with those seqs are new here."""
+        async with self.db.write() as tx:
+            await tx.run(
+                "UPDATE cursors SET last_seq = ? WHERE runner = ? AND last_seq > ?", (head, runner, head)
+            )
+            await tx.run(
+                "UPDATE milestones SET runner = ? WHERE runner = ? AND seq > ?", (aside, runner, head)
+            )
+            await _rename_keys(tx, move)
 
     # ---- goal threads ----
 
@@ -607,6 +675,38 @@ async def _queue_write(
         return None
     row = await tx.one("SELECT last_insert_rowid()")
     return int(row[0])
+
+
+async def _rename_runner(tx: Tx, old: str, new: str, move: KeyMove) -> None:
+    """Put what is stored under runner name `old` under `new` (which holds nothing yet)."""
+    for table in RUNNER_TABLES:
+        await tx.run(f"UPDATE {table} SET runner = ? WHERE runner = ?", (new, old))
+    await _rename_keys(tx, move)
+
+
+async def _rename_keys(tx: Tx, move: KeyMove) -> None:
+    """Rename the outbox keys `move` renames, and the references to them in writes still pending
+    (a post in a thread names its card: `thread_of`; an edit its message: `ts_of`)."""
+    rows = await tx.rows(
+        "SELECT id, dedupe_key, payload FROM outbox WHERE substr(dedupe_key, 1, length(?1)) = ?1 "
+        "OR (state = 'pending' AND (substr(json_extract(payload, '$.thread_of'), 1, length(?1)) = ?1 "
+        "OR substr(json_extract(payload, '$.ts_of'), 1, length(?1)) = ?1))",
+        (move.prefix,),
+    )
+    for row in rows:
+        key = move.rekey(row["dedupe_key"]) if row["dedupe_key"] else None
+        payload = json.loads(row["payload"])
+        refs = {
+            ref: new
+            for ref in ("thread_of", "ts_of")
+            if (old := payload.get(ref)) and (new := move.rekey(old))
+        }
+        if key is None and not refs:
+            continue
+        await tx.run(
+            "UPDATE outbox SET dedupe_key = COALESCE(?, dedupe_key), payload = ? WHERE id = ?",
+            (key, json.dumps({**payload, **refs}), row["id"]),
+        )
 
 
 def _thread(row) -> Thread:
