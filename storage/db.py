@@ -141,7 +141,7 @@ class Database:
         """Whether the files are lost (a cheap check, for a timer); found once, it stays found. Not
         while a write is under way: its commit may be changing the database file."""
         if self.lost is None and self._watch is not None and not self._write_lock.locked():
-            self._found(self._watch.problem())
+            self._found(self._watch.before_write())
         return self.lost
 
     def _found(self, lost: Lost | None) -> None:
@@ -149,9 +149,10 @@ class Database:
             self.lost = lost
             self.on_lost(lost)
 
-    def _still_ours(self, *, content: bool) -> None:
-        if self._watch is not None:
-            self._found(self._watch.problem(content=content))
+    def _still_ours(self, look: Callable[[FileWatch], Lost | None]) -> None:
+        """Raise DatabaseLost if the files are lost, or `look` finds them so."""
+        if self._watch is not None and self.lost is None:
+            self._found(look(self._watch))
         if self.lost is not None:
             raise DatabaseLost(self.lost)
 
@@ -203,7 +204,7 @@ class Database:
         shell, say) is waited out: the write begins once the lock goes. It used to fail, and with
         it whatever was being entered (a run's row), leaving a goal running with no agent."""
         async with self._write_lock:
-            self._still_ours(content=True)
+            self._still_ours(FileWatch.before_write)
             await self._begin()
             try:
                 yield Tx(self.conn)
@@ -212,9 +213,7 @@ class Database:
                 await self._rollback()
                 raise
             # Committed, but into the lost file if it went meanwhile: then not acknowledged.
-            self._still_ours(content=False)
-            if self._watch is not None:
-                self._watch.remember()  # the commit's checkpoint may have written the database file
+            self._still_ours(FileWatch.after_commit)
 
     async def _begin(self) -> None:
         said = False
@@ -230,7 +229,7 @@ class Database:
                     said = True
                 await asyncio.sleep(LOCKED_RETRY_S)
                 # Not its content: the process holding the lock may be checkpointing into it.
-                self._still_ours(content=False)
+                self._still_ours(lambda watch: watch.after_commit(remember=False))
 
     async def _rollback(self) -> None:
         """Roll back what is left of a failed transaction. SQLite may have rolled it back already

@@ -6,7 +6,7 @@ runner's -wal beside whatever came next, which applied it to that file at its ne
 connection remembers, as it opens, which files it has (device and inode of the database, its -wal
 and its -shm) and what the database file looked like (size, modification time, kept current after
 each of its own commits, which are the only changes SQLite makes to that file while only this
-process has it open). `FileWatch.problem()` compares that with the paths, a few `stat` calls: what
+process has it open). `FileWatch` compares that with the paths, a few `stat` calls: what
 was removed, replaced by another file, or written over in place.
 
 What is left to do once a file is lost is `rescue`: the connection still sees the database as it
@@ -29,23 +29,6 @@ SIDECARS = ("-wal", "-shm")
 
 
 @dataclass(frozen=True)
-class _Seen:
-    """A file as last looked at: which file it is, and (the database's) its size and mtime."""
-
-    dev: int
-    ino: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> _Seen:
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-    def same_file(self, st: os.stat_result) -> bool:
-        return (self.dev, self.ino) == (st.st_dev, st.st_ino)
-
-
-@dataclass(frozen=True)
 class Lost:
     """What happened to a database's files; `in_place` when the database file itself is the one
     the connection has open but someone else wrote it (its content is no longer the connection's)."""
@@ -59,46 +42,65 @@ class Lost:
 
 
 class FileWatch:
-    """The files a database connection has open, as they were when it opened (see the module)."""
+    """The files a database connection has open, as they were when it opened (see the module).
+
+    A write costs six `stat` calls: the three files before it begins (`before_write`: still ours,
+    the database file unchanged? so that nothing goes into a lost file) and after its commit
+    (`after_commit`: still ours? then the commit's own checkpoint is what changed the database
+    file)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._seen: dict[str, _Seen] = {}
-        self.remember()
-
-    def remember(self) -> None:
-        """Take the files as they are now as the connection's own (at open, and after its commits)."""
-        for suffix in ("", *SIDECARS):
+        self._paths = {suffix: f"{path}{suffix}" for suffix in ("", *SIDECARS)}
+        self._files: dict[str, tuple[int, int]] = {}  # suffix -> (device, inode), of those there at open
+        self._content = (0, 0)  # the database file's size and mtime, as its last commit left them
+        for suffix, name in self._paths.items():
             try:
-                self._seen[suffix] = _Seen.of(os.stat(f"{self.path}{suffix}"))
+                st = os.stat(name)
             except FileNotFoundError:
-                self._seen.pop(suffix, None)
+                continue
+            self._files[suffix] = (st.st_dev, st.st_ino)
+            if not suffix:
+                self._content = (st.st_size, st.st_mtime_ns)
 
-    def problem(self, *, content: bool = True) -> Lost | None:
-        """What has become of the files since `remember`, if anything. `content`: also whether the
-        database file was written by someone else (not while a commit of ours may be writing it)."""
-        for suffix, seen in self._seen.items():
-            path = Path(f"{self.path}{suffix}")
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                return Lost(path, "was removed")
-            if not seen.same_file(st):
-                return Lost(path, "was replaced by another file")
-        main = self._seen.get("")
-        if content and main is not None:
-            st = os.stat(self.path)
-            if (st.st_size, st.st_mtime_ns) != (main.size, main.mtime_ns):
-                return Lost(self.path, "was written over in place by another program", in_place=True)
+    def before_write(self) -> Lost | None:
+        """What has become of the files, if anything: removed, replaced, or the database file
+        written by someone else (not to be asked while a commit of ours may be writing it)."""
+        looked = {suffix: self._look(suffix) for suffix in self._files}
+        for lost, _ in looked.values():
+            if lost is not None:
+                return lost
+        st = looked.get("", (None, None))[1]
+        if st is not None and (st.st_size, st.st_mtime_ns) != self._content:
+            return Lost(self.path, "was written over in place by another program", in_place=True)
         return None
+
+    def after_commit(self, *, remember: bool = True) -> Lost | None:
+        """Whether any of the files was removed or replaced; if none was, `remember` the database
+        file's size and mtime as this connection's commit (and its checkpoint) left them."""
+        looked = {suffix: self._look(suffix) for suffix in self._files}
+        for lost, _ in looked.values():
+            if lost is not None:
+                return lost
+        if remember and (st := looked.get("", (None, None))[1]) is not None:
+            self._content = (st.st_size, st.st_mtime_ns)
+        return None
+
+    def _look(self, suffix: str) -> tuple[Lost | None, os.stat_result | None]:
+        if suffix not in self._files:
+            return None, None
+        try:
+            st = os.stat(self._paths[suffix])
+        except FileNotFoundError:
+            return Lost(Path(self._paths[suffix]), "was removed"), None
+        if (st.st_dev, st.st_ino) != self._files[suffix]:
+            return Lost(Path(self._paths[suffix]), "was replaced by another file"), st
+        return None, st
 
     def ours(self, suffix: str) -> bool:
         """Whether the file at the database's path + `suffix` is still the connection's own."""
-        seen = self._seen.get(suffix)
-        try:
-            return seen is not None and seen.same_file(os.stat(f"{self.path}{suffix}"))
-        except FileNotFoundError:
-            return False
+        lost, st = self._look(suffix)
+        return lost is None and st is not None
 
 
 @dataclass(frozen=True)
