@@ -385,13 +385,13 @@ def check_runner(box: Box) -> Verdict:
     if not path.exists():
         return warn(f"not running (no socket at {path})", start)
 
-    async def hello() -> str | None:
+    async def hello() -> tuple[str | None, str | None]:
         runner = await asyncio.wait_for(RunnerClient.connect_unix(path, client="doctor"), box.timeout_s)
         await runner.close()
-        return runner.runner_name
+        return runner.runner_name, runner.runner_id
 
     try:
-        name = asyncio.run(hello())
+        name, runner_id = asyncio.run(hello())
     except TimeoutError:
         return fail(
             f"no answer to hello on {path} within {box.timeout_s:g}s",
@@ -404,7 +404,8 @@ def check_runner(box: Box) -> Verdict:
             f"{path} does not answer as a runner ({type(exc).__name__}: {exc})",
             f"restart the runner; {start}",
         )
-    return ok(f"{name} answers on {path}")
+    # Its database's identity: another one (a fresh runner.db) is another runner's goals to the bot.
+    return ok(f"{name} answers on {path}" + (f" (database {runner_id})" if runner_id else ""))
 
 
 def check_sandbox(box: Box) -> Verdict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from goaltender.bot.keys import CardKey, moved
+from goaltender.bot.outbox import in_thread
 from goaltender.storage.bot_store import BotStore
 
 
@@ -83,4 +85,34 @@ async def test_channel_settings_and_milestones(tmp_path):
     assert [(m.seq, m.title) for m in await store.milestones("gpu1", 5)] == [(3, "Plan"), (9, "Baseline")]
     assert [m.title for m in await store.milestones("gpu1", 5, last=1)] == ["Baseline"]
     assert (await store.thread("gpu1", 5)).milestone == "Baseline"
+    await store.close()
+
+
+async def test_a_runner_on_another_database_has_its_goals_set_aside_and_back(tmp_path):
+    """bot/databases.py: what is kept under a runner's name belongs to the database it runs on."""
+    store = await BotStore.open(tmp_path / "bot.db")
+    aside = {"a" * 32: "gpu1@aaaaaaaaaaaa", "b" * 32: "gpu1@bbbbbbbbbbbb"}
+
+    async def switch(runner_id: str) -> str | None:
+        return await store.switch_database("gpu1", runner_id, aside.__getitem__, moved)
+
+    assert await switch("a" * 32) is None  # the first one seen takes over what is stored
+    card = str(CardKey("gpu1", 1))
+    await store.add_thread("gpu1", 1, "C1", "U1", card=({"text": "card"}, card))
+    await store.record_event(
+        "gpu1", 7, [("C1", "post", in_thread(CardKey("gpu1", 1), {"text": "m"}), "gpu1:7:0")]
+    )
+    assert await switch("a" * 32) is None  # the same database: nothing moves
+
+    assert await switch("b" * 32) == "a" * 32
+    assert await store.thread("gpu1", 1) is None and await store.cursor("gpu1") == 0
+    assert (await store.thread("gpu1@aaaaaaaaaaaa", 1)).channel == "C1"
+    pending = await store.outbox_by_key("gpu1@aaaaaaaaaaaa:7:0")
+    assert pending.payload["thread_of"] == "gpu1@aaaaaaaaaaaa:1:card"  # still finds its card
+    assert await store.outbox_by_key(card) is None  # free for the new database's goal #1
+
+    assert await switch("a" * 32) == "b" * 32  # back on the first: its goals come back
+    assert (await store.thread("gpu1", 1)).channel == "C1" and await store.cursor("gpu1") == 7
+    assert (await store.outbox_by_key("gpu1:7:0")).payload["thread_of"] == card
+    assert await store.runner_id("gpu1") == "a" * 32
     await store.close()

@@ -150,7 +150,9 @@ async def test_doctor_on_this_box_with_a_running_runner(start_runner, tmp_path):
     assert "offline mode (HF_HUB_OFFLINE): 0 models cached" in line(output, "hub")
     assert "HF_TOKEN set (not shown)" in line(output, "hub")
     assert line(output, "model").startswith("warn model: not configured")
-    assert line(output, "runner") == f"ok   runner: test-runner answers on {runner.settings.socket_path}"
+    assert line(output, "runner") == (
+        f"ok   runner: test-runner answers on {runner.settings.socket_path} (database {runner.store.runner_id})"
+    )
     assert line(output, "sandbox").startswith("ok   sandbox: bubblewrap ")
     assert line(output, "ssh").startswith(
         ("ok   ssh: sshd answers", "warn ssh: nothing answers on localhost:22")
