@@ -27,7 +27,7 @@ from goaltender.bot.keys import CardKey
 from goaltender.bot.links import RETIRED
 from goaltender.bot.outbox import Outbox, replacing
 from goaltender.runner import protocol as p
-from goaltender.storage.bot_store import BotStore
+from goaltender.storage.bot_store import BotStore, KeyMove
 from goaltender.storage.records import utcnow
 
 log = logging.getLogger("goaltender.bot")
@@ -74,5 +74,25 @@ class Databases:
             )
 
     async def on_rewind(self, runner: str, head: int) -> None:
-        aside = f"{runner}{RETIRED}rewound-{utcnow():%Y%m%dT%H%M%S}"
-        await self.store.rewind(runner, head, aside, keys.moved(runner, aside, events_after=head))
+        """The runner's event log ends before the bot's cursor (bot/links.py found it): read it again
+        from its start, taking the events up to the last one read before for those (by their time),
+        or, where that time is not known (bot.db from before it was kept), from `head`."""
+        if await self.store.rewind(runner, head, lambda first: _aside(runner, first)):
+            log.warning(
+                "runner %s: reading its event log again from the start, the events read before it was restored "
+                "skipped",
+                runner,
+            )
+
+
+async def end_replay(store: BotStore, runner: str, first_new: int) -> None:
+    """While a rewound log is read again (`Databases.on_rewind`), the first event newer than the
+    last one read before is `first_new`: what the bot kept for that seq and later goes aside."""
+    log.warning("runner %s: its events since its database was restored begin at seq %d", runner, first_new)
+    await store.end_replay(runner, first_new, *_aside(runner, first_new))
+
+
+def _aside(runner: str, first: int) -> tuple[str, KeyMove]:
+    """Where what the bot kept for a runner's events from seq `first` on goes after a rewind."""
+    aside = f"{runner}{RETIRED}rewound-{utcnow():%Y%m%dT%H%M%S}"
+    return aside, keys.moved(runner, aside, events_after=first - 1)

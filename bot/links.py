@@ -15,8 +15,9 @@ returns the highest stored seq.
 Before it subscribes, a link tells `on_database` which database the runner runs on (its welcome's
 identity): the bot keeps each database's goals apart (bot/databases.py). A runner whose event log
 ends before the bot's cursor had its database restored from an earlier copy and numbers events
-again: the link says so in the log, `on_rewind` sets aside what the bot kept of the events after
-the log's end, and it subscribes again from there, so none of the new events is skipped.
+again: the link says so in the log, `on_rewind` moves the cursor back (bot/databases.py: to the
+start, the events read before told apart by their time), and it subscribes again from there, so
+none of the new events is skipped.
 `RunnerPool` holds the links of every configured runner and picks one for a new goal.
 """
 
@@ -224,16 +225,15 @@ class RunnerLink:
             if self.head < since:
                 log.warning(
                     "runner %s: its event log ends at seq %d, before the %d the bot has read: its database "
-                    "was restored from an earlier copy, and its new events are numbered from %d again; "
-                    "following it from there",
+                    "was restored from an earlier copy, and it numbers its new events as ones already read; "
+                    "reading its log again",
                     self.name,
                     self.head,
                     since,
-                    self.head + 1,
                 )
                 if self._on_rewind is not None:
-                    await self._on_rewind(self.name, self.head)
-                since = self.head
+                    await self._on_rewind(self.name, self.head)  # where to read it from: the cursor
+                since = await self._load_cursor(self.name) if self._on_rewind is not None else self.head
                 # On a new connection: events the first subscription sent may be waiting on this one.
                 await client.close()
                 client = await open_client(self.target, self.client_name)

@@ -43,7 +43,7 @@ from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFo
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
-from goaltender.storage.db import UnusableDatabase
+from goaltender.storage.db import UnusableDatabase, let_go_of_any
 from goaltender.storage.db_files import Lost
 from goaltender.storage.records import TOKEN_METRICS, Goal, HubFetched, MilestoneReported, utcnow
 from goaltender.storage.runner_store import Ledger, RunnerStore
@@ -153,6 +153,8 @@ class Runner:
             await runner._start()
         except BaseException as exc:
             await runner._abandon()
+            if runner.stopped_because is not None:  # runner.db was lost while it started
+                raise StartupFailed(runner.stopped_because) from exc
             if isinstance(exc, OSError | sqlite3.Error | DiskFull | AlreadyServing):
                 raise StartupFailed(startup_problem(settings, exc)) from exc
             raise
@@ -222,6 +224,8 @@ class Runner:
         self.server.close()
         await self.campaigns.close()
         await self._close_mirror()
+        if self.lost is not None:
+            self.stopped_because = await self._give_up_database(self.lost)
         await self.store.close()
         if self._listening:
             self.server.remove_socket()
@@ -771,13 +775,20 @@ def main(settings: RunnerSettings | None = None) -> None:
         asyncio.run(run_forever(settings))
     except StartupFailed as failed:
         print(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", file=sys.stderr)
-        sys.exit(EXIT_STARTUP_FAILED)
+        _exit(EXIT_STARTUP_FAILED)
     except DatabaseGone as gone:
         print(f"goaltender runner: stopped: {' '.join(str(gone).split())}", file=sys.stderr)
-        sys.stderr.flush()
-        # Not a normal exit: that closes the database connection let go of, which would write its
-        # -wal into whatever file is at runner.db's path now (storage/db_files.py).
-        os._exit(EXIT_STARTUP_FAILED)
+        _exit(EXIT_STARTUP_FAILED)
+
+
+def _exit(code: int) -> None:
+    if not let_go_of_any():
+        sys.exit(code)
+    # Not a normal exit: that closes the database connection let go of, which would write its -wal
+    # into the file it has open, after a copy in place the copied-in one (storage/db_files.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 _UTF8_TAIL = 3  # continuation bytes a UTF-8 character may have

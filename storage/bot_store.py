@@ -133,12 +133,17 @@ MIGRATIONS = [
     """,
     # v6: the database each runner runs on (its identity, from its welcome): what is stored under a
     # runner's name (threads, cursor, keys) is that database's goals and events.
+    # Also the time of the last event read (cursors.last_ts), and, while a runner's event log is read
+    # again after it was found to end before the cursor, the time up to which its events are ones
+    # the bot had read (cursors.replay_until).
     """
     CREATE TABLE runner_ids (
         runner TEXT PRIMARY KEY,
         runner_id TEXT NOT NULL,
         seen_at TEXT NOT NULL
     );
+    ALTER TABLE cursors ADD COLUMN last_ts TEXT;
+    ALTER TABLE cursors ADD COLUMN replay_until TEXT;
     """,
 ]
 
@@ -265,10 +270,23 @@ class BotStore:
         row = await self.db.fetchone("SELECT last_seq FROM cursors WHERE runner = ?", (runner,))
         return int(row[0]) if row else 0
 
+    async def position(self, runner: str) -> tuple[int, datetime | None]:
+        """The last seq read from a runner, and while its log is read again after a rewind, the
+        time up to which its events were read before (`rewind`)."""
+        row = await self.db.fetchone("SELECT last_seq, replay_until FROM cursors WHERE runner = ?", (runner,))
+        if row is None:
+            return 0, None
+        return int(row[0]), datetime.fromisoformat(row[1]) if row[1] else None
+
     async def record_event(
-        self, runner: str, seq: int, writes: list[tuple[str, OutboxKind, dict[str, Any], str | None]]
+        self,
+        runner: str,
+        seq: int,
+        writes: list[tuple[str, OutboxKind, dict[str, Any], str | None]],
+        ts: datetime | None = None,
     ) -> bool:
-        """Store the outbox rows an event produced and advance the runner's cursor, atomically.
+        """Store the outbox rows an event produced and advance the runner's cursor (to the event's
+        seq and time `ts`), atomically.
 
         `writes` are (channel, kind, payload, dedupe_key). Returns False (and stores nothing) when
         the event was already recorded — a redelivery after a reconnect."""
@@ -279,9 +297,9 @@ class BotStore:
             for channel, kind, payload, key in writes:
                 await _queue_write(tx, channel, kind, payload, key)
             await tx.run(
-                "INSERT INTO cursors (runner, last_seq) VALUES (?, ?) "
-                "ON CONFLICT (runner) DO UPDATE SET last_seq = excluded.last_seq",
-                (runner, seq),
+                "INSERT INTO cursors (runner, last_seq, last_ts) VALUES (?, ?, ?) ON CONFLICT (runner) "
+                "DO UPDATE SET last_seq = excluded.last_seq, last_ts = excluded.last_ts",
+                (runner, seq, ts.isoformat() if ts else None),
             )
         return True
 
@@ -316,19 +334,34 @@ class BotStore:
             await _rename_runner(tx, retired(runner_id), runner, move(retired(runner_id), runner))
         return previous
 
-    async def rewind(self, runner: str, head: int, aside: str, move: KeyMove) -> None:
-        """The runner's event log ends at `head`, before the bot's cursor (its database restored
-        from an earlier copy by a runner that numbers events again): the cursor goes back to
-        `head`, and what the bot stored for the events after it (milestones, and the outbox keys
-        `move` renames) goes under `aside`, so that the new events with those seqs are new here."""
+    async def rewind(self, runner: str, head: int, set_aside: Callable[[int], tuple[str, KeyMove]]) -> bool:
+        """The runner's event log ends at `head`, before the bot's cursor: its database was
+        restored from an earlier copy by a runner that numbers events again, and the events that
+        log has after the copy's end are new, whatever their seqs. When the time of the last event
+        read is known, the log is read again from its start (the cursor goes to 0), its events up
+        to that time taken for those read before (`position`, `end_replay`); returns True. Else it
+        is read from `head` on, and what the bot kept for the events after it goes aside
+        (`set_aside(first new seq)` names where, and how outbox keys move); returns False."""
         async with self.db.write() as tx:
-            await tx.run(
-                "UPDATE cursors SET last_seq = ? WHERE runner = ? AND last_seq > ?", (head, runner, head)
-            )
-            await tx.run(
-                "UPDATE milestones SET runner = ? WHERE runner = ? AND seq > ?", (aside, runner, head)
-            )
-            await _rename_keys(tx, move)
+            row = await tx.row("SELECT last_seq, last_ts FROM cursors WHERE runner = ?", (runner,))
+            if row is None or row[0] <= head:
+                return False
+            if row[1] is not None:
+                await tx.run(
+                    "UPDATE cursors SET last_seq = 0, replay_until = last_ts WHERE runner = ?", (runner,)
+                )
+                return True
+            await tx.run("UPDATE cursors SET last_seq = ? WHERE runner = ?", (head, runner))
+            await _set_aside_events(tx, runner, head + 1, *set_aside(head + 1))
+        return False
+
+    async def end_replay(self, runner: str, first_new: int, aside: str, move: KeyMove) -> None:
+        """The first event newer than those read before a rewind is `first_new`: what the bot kept
+        for the events from that seq on goes under `aside` (milestones, and the outbox keys `move`
+        renames), so that the new events of those seqs are new here."""
+        async with self.db.write() as tx:
+            await tx.run("UPDATE cursors SET replay_until = NULL WHERE runner = ?", (runner,))
+            await _set_aside_events(tx, runner, first_new, aside, move)
 
     # ---- goal threads ----
 
@@ -681,6 +714,11 @@ async def _rename_runner(tx: Tx, old: str, new: str, move: KeyMove) -> None:
     """Put what is stored under runner name `old` under `new` (which holds nothing yet)."""
     for table in RUNNER_TABLES:
         await tx.run(f"UPDATE {table} SET runner = ? WHERE runner = ?", (new, old))
+    await _rename_keys(tx, move)
+
+
+async def _set_aside_events(tx: Tx, runner: str, first: int, aside: str, move: KeyMove) -> None:
+    await tx.run("UPDATE milestones SET runner = ? WHERE runner = ? AND seq >= ?", (aside, runner, first))
     await _rename_keys(tx, move)
 
 

@@ -93,6 +93,8 @@ class FileWatch:
             st = os.stat(self._paths[suffix])
         except FileNotFoundError:
             return Lost(Path(self._paths[suffix]), "was removed"), None
+        except OSError as exc:  # what cannot be looked at cannot be vouched for either
+            return Lost(Path(self._paths[suffix]), f"can no longer be looked at ({exc.strerror})"), None
         if (st.st_dev, st.st_ino) != self._files[suffix]:
             return Lost(Path(self._paths[suffix]), "was replaced by another file"), st
         return None, st
