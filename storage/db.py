@@ -217,6 +217,9 @@ class Database:
                 await self.conn.execute("COMMIT")
             except BaseException:
                 await self._rollback()
+                # A COMMIT whose await was cancelled ran all the same, and may have checkpointed.
+                if self._watch is not None:
+                    self._found(self._watch.after_commit())
                 raise
             # Committed, but into the lost file if it went meanwhile: then not acknowledged.
             self._still_ours(FileWatch.after_commit)

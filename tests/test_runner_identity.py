@@ -283,3 +283,30 @@ async def test_an_existing_database_is_given_an_identity_once(tmp_path):
     store = await RunnerStore.open(path)
     assert store.runner_id == made and len(made) == 32
     await store.close()
+
+
+async def test_a_client_says_hello_again_to_a_runner_that_predates_identities(short_dir):
+    """A runner from before `identity` refuses the field as any unknown one (bad_request): the
+    client says hello again without it, and knows no identity."""
+    hellos: list[dict] = []
+
+    async def older_runner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await reader.readline():
+            hello = json.loads(line)
+            hellos.append(hello)
+            if "identity" in hello:  # as that runner's Hello model (extra fields forbidden) answers
+                reply = {"id": hello["id"], "type": "error", "code": "bad_request"}
+                reply["message"] = "invalid hello: identity: Extra inputs are not permitted"
+            else:
+                reply = {"id": hello["id"], "type": "welcome", "version": 1, "runner": "old"}
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+
+    server = await asyncio.start_unix_server(older_runner, path=str(short_dir / "old.sock"))
+    try:
+        client = await RunnerClient.connect_unix(short_dir / "old.sock", client="test")
+        assert (client.runner_name, client.runner_id) == ("old", None)
+        assert [("identity" in hello) for hello in hellos] == [True, False]
+        await client.close()
+    finally:
+        server.close()
