@@ -256,7 +256,7 @@ class Runner:
         """Save what the lost database held (storage/db_files.py), and leave the line saying what
         happened where the next start finds it: that start waits until the operator has chosen."""
         done = await self.store.db.let_go()
-        marker = self.settings.home / STOPPED_MARKER
+        marker = self.settings.lost_marker
         db = self.settings.db_path
         where = f"move {done.saved} to {db} to go on where it stopped, or put" if done.saved else "put"
         line = (
@@ -690,7 +690,6 @@ class DatabaseGone(Exception):
 
 
 HOME_LOCK = "runner.lock"
-STOPPED_MARKER = "database-lost.txt"  # in the home, after runner.db was lost: see _stopped_earlier
 FILE_CHECK_S = 2.0  # how often an idle runner looks at runner.db's files
 
 
@@ -698,7 +697,7 @@ def _stopped_earlier(settings: RunnerSettings) -> str | None:
     """Why the last runner on this home stopped, if it was because runner.db was lost: whatever
     is at its path now is used only once the operator has said so (by removing the marker), not
     by the next restart systemd makes."""
-    marker = settings.home / STOPPED_MARKER
+    marker = settings.lost_marker
     try:
         said = marker.read_text().strip()
     except FileNotFoundError:

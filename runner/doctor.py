@@ -383,6 +383,8 @@ def check_runner(box: Box) -> Verdict:
     path = box.settings.socket_path
     start = "start it: goaltender runner (under systemd or tmux), with this GOALTENDER_HOME"
     if not path.exists():
+        if (lost := _lost_database(box)) is not None:  # it stopped for that, and starts wait for you
+            return fail(f"not running: it stopped because {lost}", f"do as it says, then {start}")
         return warn(f"not running (no socket at {path})", start)
 
     async def hello() -> tuple[str | None, str | None]:
@@ -406,6 +408,17 @@ def check_runner(box: Box) -> Verdict:
         )
     # Its database's identity: another one (a fresh runner.db) is another runner's goals to the bot.
     return ok(f"{name} answers on {path}" + (f" (database {runner_id})" if runner_id else ""))
+
+
+def _lost_database(box: Box) -> str | None:
+    """What the runner said when it stopped because runner.db was lost under it, if it did."""
+    try:
+        said = box.settings.lost_marker.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"runner.db was lost ({box.settings.lost_marker}: {exc.strerror})"
+    return said[0].lower() + said[1:] if said else f"runner.db was lost ({box.settings.lost_marker})"
 
 
 def check_sandbox(box: Box) -> Verdict:

@@ -472,6 +472,18 @@ def test_runner_and_sandbox_checks(tmp_path):
     assert unsafe.status == "warn" and "unsandboxed" in unsafe.detail
 
 
+def test_a_runner_stopped_for_its_lost_database_is_a_fail_saying_so(tmp_path):
+    box = make_box(tmp_path)
+    box.settings.home.mkdir(parents=True, exist_ok=True)
+    box.settings.lost_marker.write_text("/h/runner.db was removed while the runner ran; … then remove it\n")
+    found = check_runner(box)
+    assert found.status == "fail"
+    assert (
+        found.detail
+        == "not running: it stopped because /h/runner.db was removed while the runner ran; … then remove it"
+    )
+
+
 async def test_ssh_check_reads_the_banner(tmp_path):
     async def sshd(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"SSH-2.0-OpenSSH_9.6p1 Fake\r\n")

@@ -21,12 +21,12 @@ from conftest import eventually, submit, write_agent
 
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
-from goaltender.runner.daemon import STOPPED_MARKER
 from goaltender.storage.db import Database
 from goaltender.storage.high_water import FILE as HIGH_WATER
 from goaltender.storage.runner_schema import MIGRATIONS
 from goaltender.storage.runner_store import RunnerStore
 
+LOST_MARKER = "database-lost.txt"  # RunnerSettings.lost_marker
 STOPS_WITHIN_S = 60  # generous: the runner ends its agents before it exits
 
 
@@ -122,7 +122,7 @@ async def test_runner_db_lost_under_a_running_runner_stops_it(tmp_path, short_di
 
     assert code == 1
     [saved] = home.glob("runner.db.lost-*")
-    marker = home / STOPPED_MARKER
+    marker = home / LOST_MARKER
     assert line == (
         f"goaltender runner: stopped: {home}/{what} while the runner ran; nothing written after that was "
         f"acknowledged. What it held is saved as {saved}. To start again, move {saved} to {db} to go on where "
@@ -181,7 +181,7 @@ async def test_runner_db_written_over_in_place_stops_it_and_leaves_the_choice(tm
     assert code == 1
     [wal] = home.glob("runner.db-wal.lost-*")
     [shm] = home.glob("runner.db-shm.lost-*")
-    marker = home / STOPPED_MARKER
+    marker = home / LOST_MARKER
     assert line == (
         f"goaltender runner: stopped: {db} was written over in place by another program while the runner ran; "
         "nothing written after that was acknowledged. Nothing is saved (what the runner sees is the copy mixed "
