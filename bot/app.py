@@ -48,6 +48,7 @@ from goaltender.bot.admin import Admin
 from goaltender.bot.approvals import Approvals
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.config import BotSettings
+from goaltender.bot.databases import Databases
 from goaltender.bot.gallery import Gallery
 from goaltender.bot.health import HealthMonitor
 from goaltender.bot.intake import GoalRefused, Intake, command_text
@@ -110,11 +111,14 @@ class GoaltenderBot:
             backoff_s=settings.outbox_backoff_s,
             backoff_cap_s=settings.outbox_backoff_cap_s,
         )
+        self.databases = Databases(store, self.outbox)
         self.pool = RunnerPool(
             settings.runner_targets(),
             on_event=self._on_runner_event,
             load_cursor=store.cursor,
             on_change=self.on_link_change,
+            on_database=self.databases.on_database,
+            on_rewind=self.databases.on_rewind,
         )
         plots_dir = settings.home / "plots"
         self.roles = Roles(settings, store, client)

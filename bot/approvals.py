@@ -17,7 +17,7 @@ from typing import Any
 from goaltender.bot import audit, render
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.keys import ApprovalKey, BudgetKey, CardKey, row_id
-from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.links import DatabaseReplaced, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
 from goaltender.bot.roles import Roles, actor
 from goaltender.bot.thread import thread_at
@@ -130,6 +130,8 @@ class Approvals:
                 said = re.sub(r"^approval #\d+ was already ", "", exc.error.message)
                 return f"Already decided: {render.people(said)}."
             return f"The runner refused: {render.escape(exc.error.message)}"
+        except DatabaseReplaced as exc:  # the goal is not on the runner any more: no trying again
+            return f"Nothing was decided: {render.escape(str(exc))}."
         except (RunnerUnavailable, UnknownRunner) as exc:
             return f"Runner {runner} is not reachable right now ({render.escape(str(exc))}); {again}."
         return None

@@ -186,7 +186,8 @@ async def check(settings: BotSettings) -> CheckResult:
             problems.append(f"runner {target.name} ({target.describe()}) unreachable: {error_reason(exc)}")
             continue
         lines.append(
-            f"runner {target.name}: reachable ({target.describe()}, calls itself {client.runner_name})"
+            f"runner {target.name}: reachable ({target.describe()}, calls itself {client.runner_name}"
+            + (f", database {client.runner_id})" if client.runner_id else ")")
         )
         await client.close()
     await _check_outbox(settings, lines)

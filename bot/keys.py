@@ -17,9 +17,11 @@ rows stored before keys were typed parse the same.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
+
+from goaltender.storage.bot_store import KeyMove
 
 _SPECIAL = re.compile(r"%(25|3A)")
 _DIGITS = re.compile(r"[0-9]+")
@@ -110,6 +112,22 @@ class DigestKey:
 
 
 OutboxKey = CardKey | ApprovalKey | BudgetKey | QueueKey | EventKey | ReplyKey | DigestKey
+RUNNER_KEYS = (CardKey, ApprovalKey, BudgetKey, EventKey)  # the keys of one runner's goals and events
+
+
+def moved(old: str, new: str, *, events_after: int | None = None) -> KeyMove:
+    """Runner `old`'s keys renamed as runner `new`'s (bot.db's switch_database and rewind); with
+    `events_after`, only the keys of events after that seq."""
+
+    def rekey(text: str) -> str | None:
+        key = parse(text)
+        if not isinstance(key, RUNNER_KEYS) or key.runner != old:
+            return None
+        if events_after is not None and not (isinstance(key, EventKey) and key.seq > events_after):
+            return None
+        return str(replace(key, runner=new))
+
+    return KeyMove(prefix=f"{_escape(old)}:", rekey=rekey)
 
 
 def parse(text: str) -> OutboxKey | None:

@@ -10,8 +10,15 @@ down, and the link connects again. Delivery is **at
 least once**: an event whose callback had finished but whose seq the bot had not yet made durable
 when the link dropped is delivered again after the reconnect. The callback makes it exactly-once by
 storing the event and its seq in one transaction and ignoring a seq it already has; `load_cursor`
-returns the highest stored seq. `RunnerPool` holds the links of every configured runner and picks
-one for a new goal.
+returns the highest stored seq.
+
+Before it subscribes, a link tells `on_database` which database the runner runs on (its welcome's
+identity): the bot keeps each database's goals apart (bot/databases.py). A runner whose event log
+ends before the bot's cursor had its database restored from an earlier copy and numbers events
+again: the link says so in the log, `on_rewind` moves the cursor back (bot/databases.py: to the
+start, the events read before told apart by their time), and it subscribes again from there, so
+none of the new events is skipped.
+`RunnerPool` holds the links of every configured runner and picks one for a new goal.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ R = TypeVar("R", bound=p.Reply)
 EventCallback = Callable[[str, Event], Awaitable[None]]
 CursorLoader = Callable[[str], Awaitable[int]]
 ChangeCallback = Callable[[str, bool], Awaitable[None]]  # (runner name, up)
+DatabaseCallback = Callable[[str, str], Awaitable[None]]  # (runner name, the identity of its database)
+RewindCallback = Callable[[str, int], Awaitable[None]]  # (runner name, where its event log ends)
 
 
 class UnknownRunner(LookupError):
@@ -44,6 +53,13 @@ class UnknownRunner(LookupError):
 
 class NoRunnerAvailable(RunnerUnavailable):
     """No configured runner is connected right now."""
+
+
+class DatabaseReplaced(UnknownRunner):
+    """A goal of a database its runner no longer runs on (bot/databases.py set it aside)."""
+
+
+RETIRED = "@"  # between a runner's name and a database it ran on before (bot/databases.py)
 
 
 STEADY_AFTER_S = 10.0  # a session up this long (or that delivered an event) resets the backoff
@@ -68,6 +84,8 @@ class RunnerLink:
         on_event: EventCallback,
         load_cursor: CursorLoader,
         on_change: ChangeCallback | None = None,
+        on_database: DatabaseCallback | None = None,
+        on_rewind: RewindCallback | None = None,
         client_name: str = "goaltender-bot",
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
@@ -82,6 +100,8 @@ class RunnerLink:
         self._on_event = on_event
         self._load_cursor = load_cursor
         self._on_change = on_change
+        self._on_database = on_database
+        self._on_rewind = on_rewind
         self._reported: bool | None = None  # the last state told to on_change
         self._change_tasks: set[asyncio.Task] = set()
         self._client: RunnerClient | None = None
@@ -99,6 +119,8 @@ class RunnerLink:
         """When the current session subscribed; None while the link is down."""
         self.runner_name: str | None = None
         """What the runner calls itself (its Welcome), once connected."""
+        self.runner_id: str | None = None
+        """The identity of the runner's database (its Welcome), once connected to a runner that says."""
         self.connects = 0
         """Successful subscriptions so far (1 + the number of reconnects)."""
         self.head: int | None = None
@@ -196,25 +218,30 @@ class RunnerLink:
         tasks: list[asyncio.Task] = []
         subscribed_at: float | None = None
         try:
+            if client.runner_id is not None and self._on_database is not None:
+                await self._on_database(self.name, client.runner_id)  # before the cursor: it may move
             since = await self._load_cursor(self.name)
-            try:
-                async with asyncio.timeout(self.target.request_timeout):
-                    self.head = await client.subscribe(since=since)
-            except TimeoutError:
-                raise RunnerUnavailable(
-                    f"the runner did not answer a Subscribe request within {self.target.request_timeout:g}s"
-                ) from None
+            self.head = await self._subscribe(client, since)
             if self.head < since:
                 log.warning(
-                    "runner %s: its event log ends at seq %d but the bot has stored up to %d; "
-                    "was the runner's database replaced? Its new events up to seq %d will be skipped.",
+                    "runner %s: its event log ends at seq %d, before the %d the bot has read: its database "
+                    "was restored from an earlier copy, and it numbers its new events as ones already read; "
+                    "reading its log again",
                     self.name,
                     self.head,
                     since,
-                    since,
                 )
+                if self._on_rewind is not None:
+                    await self._on_rewind(self.name, self.head)  # where to read it from: the cursor
+                since = await self._load_cursor(self.name) if self._on_rewind is not None else self.head
+                # On a new connection: events the first subscription sent may be waiting on this one.
+                await client.close()
+                client = await open_client(self.target, self.client_name)
+                self.head = await self._subscribe(client, since)
+            self._delivered = since  # (of this runner's log: after a rewind or a switch, lower than before)
             self._client = client
             self.runner_name = client.runner_name
+            self.runner_id = client.runner_id
             self.connected_since = utcnow()
             self.connects += 1
             subscribed_at = self._heard = time.monotonic()
@@ -247,6 +274,15 @@ class RunnerLink:
             for task in tasks:
                 task.cancel()
             await client.close()
+
+    async def _subscribe(self, client: RunnerClient, since: int) -> int:
+        try:
+            async with asyncio.timeout(self.target.request_timeout):
+                return await client.subscribe(since=since)
+        except TimeoutError:
+            raise RunnerUnavailable(
+                f"the runner did not answer a Subscribe request within {self.target.request_timeout:g}s"
+            ) from None
 
     def _changed(self, up: bool) -> None:
         if self._on_change is None or self._reported == up:
@@ -308,6 +344,8 @@ class RunnerPool:
         on_event: EventCallback,
         load_cursor: CursorLoader,
         on_change: ChangeCallback | None = None,
+        on_database: DatabaseCallback | None = None,
+        on_rewind: RewindCallback | None = None,
         client_name: str = "goaltender-bot",
         load_ttl: float = 5.0,
         status_timeout: float = 10.0,
@@ -323,6 +361,8 @@ class RunnerPool:
                 on_event=on_event,
                 load_cursor=load_cursor,
                 on_change=on_change,
+                on_database=on_database,
+                on_rewind=on_rewind,
                 client_name=client_name,
                 backoff_base=backoff_base,
                 backoff_cap=backoff_cap,
@@ -337,6 +377,12 @@ class RunnerPool:
         try:
             return self.links[name]
         except KeyError:
+            runner, _, runner_id = name.rpartition(RETIRED)
+            if runner in self.links:  # a goal of a database the runner no longer runs on
+                raise DatabaseReplaced(
+                    f"runner {runner} no longer runs on the database this goal was on ({runner_id}): "
+                    "the goal is not there any more"
+                ) from None
             raise UnknownRunner(
                 f"there is no runner called {name!r}; configured: {', '.join(self.links)}"
             ) from None

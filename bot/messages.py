@@ -24,7 +24,7 @@ from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.gallery import Gallery, NoAnswer, asks_for_examples
 from goaltender.bot.intake import GoalRefused, Intake
 from goaltender.bot.keys import CardKey, QueueKey, ReplyKey
-from goaltender.bot.links import RunnerPool, UnknownRunner
+from goaltender.bot.links import DatabaseReplaced, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
 from goaltender.bot.roles import Roles, actor
 from goaltender.bot.thread import root_at
@@ -159,6 +159,10 @@ class Messages:
             return
         try:
             link = self.pool[thread.runner]
+        except DatabaseReplaced as exc:
+            said = render.escape(str(exc))
+            await self._say(thread, f"{said[0].upper()}{said[1:]}; nothing was sent.", key)
+            return
         except UnknownRunner:
             await self._say(thread, f"This goal's runner {thread.runner} is no longer configured.", key)
             return

@@ -271,11 +271,17 @@ def _metric_text(e: Experiment) -> str:
 
 
 def status_card(
-    status: GoalStatus, runner: str, now: datetime | None = None, *, runner_down: str | None = None
+    status: GoalStatus,
+    runner: str,
+    now: datetime | None = None,
+    *,
+    runner_down: str | None = None,
+    runner_gone: str | None = None,
 ) -> Payload:
     """The goal's root message: state, budget bars, best result, runner, agent, pending approvals.
 
-    `runner_down` (why the runner is unreachable) adds a warning: the card shows the last status seen."""
+    `runner_down` (why the runner is unreachable) adds a warning: the card shows the last status seen.
+    `runner_gone` (why the runner no longer has the goal: bot/databases.py) says so, for good."""
     now = now or utcnow()
     goal = status.goal
     state = state_label(goal.state)
@@ -307,6 +313,13 @@ def status_card(
                 f":warning: *runner {escape(runner)} is unreachable* ({escape(runner_down[:300])}). "
                 "This card shows its last known state; nothing is lost, and the thread catches up "
                 "when the runner is back."
+            )
+        )
+    if runner_gone is not None:
+        blocks.append(
+            section(
+                f":warning: *This goal is no longer on runner {escape(runner)}*: {escape(runner_gone[:300])}. "
+                "This card shows its last known state; the thread hears nothing more of it."
             )
         )
     if status.running is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from goaltender.bot import queries, render
+from goaltender.bot.databases import end_replay
 from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, OutboxKey, QueueKey
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, Payload, editing, in_thread, replacing
@@ -143,14 +144,19 @@ class ThreadWriter:
 
     async def on_runner_event(self, runner: str, event: Event) -> None:
         """Render one runner event into outbox rows and store them with its seq (exactly once)."""
-        if event.seq <= await self.store.cursor(runner):
+        seq, replay_until = await self.store.position(runner)
+        if event.seq <= seq:
             return  # a redelivery after a reconnect: already rendered (record_event rechecks atomically)
+        if replay_until is not None:  # the runner's log is read again after a restore (bot/databases.py)
+            if event.ts <= replay_until:
+                return  # read before the restore
+            await end_replay(self.store, runner, event.seq)
         rows: list[tuple[str, OutboxKind, Payload, str | None]] = []
         thread = await self._thread(runner, event.goal_id)
         if thread is not None and await self._card_queued(runner, thread.goal_id):
             writes = await self._writes(EventInThread(runner, thread.goal_id, event.seq), event.data)
             rows = [(thread.channel, w.kind, w.payload, str(w.key)) for w in writes]
-        if await self.store.record_event(runner, event.seq, rows) and rows:
+        if await self.store.record_event(runner, event.seq, rows, event.ts) and rows:
             self.outbox.notify()
 
     async def _thread(self, runner: str, goal_id: int | None) -> Thread | None:

@@ -139,6 +139,7 @@ class RunnerClient:
         self._closed = False
         self._reader_task = asyncio.ensure_future(self._read_loop())
         self.runner_name: str | None = None
+        self.runner_id: str | None = None  # the runner's identity (None from a runner that predates it)
 
     @classmethod
     async def connect_unix(cls, path: str | Path, client: str = "cli") -> RunnerClient:
@@ -154,8 +155,16 @@ class RunnerClient:
             raise
 
     async def hello(self, client: str) -> RunnerClient:
-        welcome = await self.call(p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client)
+        try:
+            welcome = await self.call(
+                p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client, identity=True
+            )
+        except p.ProtocolError as exc:  # an older runner: `identity` is a field it does not know
+            if exc.error.code != "bad_request" or "identity" not in exc.error.message:
+                raise
+            welcome = await self.call(p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client)
         self.runner_name = welcome.runner
+        self.runner_id = welcome.runner_id
         return self
 
     async def __aenter__(self) -> RunnerClient:

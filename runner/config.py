@@ -246,6 +246,11 @@ class RunnerSettings(GoaltenderSettings):
         return self.home / "runner.db"
 
     @property
+    def lost_marker(self) -> Path:
+        """Left when runner.db was lost under the runner, saying so; starts wait until it is removed."""
+        return self.home / "database-lost.txt"
+
+    @property
     def workspaces(self) -> Path:
         return self.home / "workspaces"
 

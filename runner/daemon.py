@@ -53,7 +53,8 @@ from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFo
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal, operator_uids, user_name
-from goaltender.storage.db import UnusableDatabase
+from goaltender.storage.db import UnusableDatabase, let_go_of_any
+from goaltender.storage.db_files import Lost
 from goaltender.storage.records import (
     TOKEN_METRICS,
     Budget,
@@ -134,6 +135,11 @@ class Runner:
         self._home_lock: int | None = None  # held while this runner runs: one runner per home
         # goal id -> the last inbox message its agent was given unmarked, on a full disk
         self._given_unread: dict[int, int] = {}
+        self.lost: Lost | None = None
+        """What became of runner.db's files, if they were removed or replaced while it ran."""
+        self.stopped_because: str | None = None  # the line saying so, once the runner has closed
+        store.db.on_lost = self._database_lost
+        self._watching: asyncio.Task | None = None
 
     # ---- life cycle ----
 
@@ -150,6 +156,9 @@ class Runner:
             home_lock = _lock_home(settings)
         except OSError as exc:
             raise StartupFailed(startup_problem(settings, exc)) from exc
+        if (stopped := _stopped_earlier(settings)) is not None:
+            os.close(home_lock)
+            raise StartupFailed(stopped)
         try:
             store = await RunnerStore.open(settings.db_path)
         except (OSError, sqlite3.Error) as exc:
@@ -166,6 +175,8 @@ class Runner:
             await runner._start()
         except BaseException as exc:
             await runner._abandon()
+            if runner.stopped_because is not None:  # runner.db was lost while it started
+                raise StartupFailed(runner.stopped_because) from exc
             if isinstance(exc, OSError | sqlite3.Error | DiskFull | AlreadyServing):
                 raise StartupFailed(startup_problem(settings, exc)) from exc
             raise
@@ -173,6 +184,7 @@ class Runner:
 
     async def _start(self) -> None:
         settings = self.settings
+        self._watching = asyncio.ensure_future(self._watch_database())
         if problem := self.campaigns.sandbox.problem():
             log.error("agents cannot start until this is fixed: %s", problem)
         elif not self.campaigns.sandbox.enabled:
@@ -188,9 +200,11 @@ class Runner:
             self.mirror.start()
         await self.server.start_serving()
         log.info(
-            "runner %s listening on %s (compute unit: %s; %d slots, GPUs %s; sandbox: %s; limits: %s; "
+            "runner %s (database %s) listening on %s (compute unit: %s; %d slots, GPUs %s; sandbox: %s; "
+            "limits: %s; "
             "operators: %s)",
             settings.name,
+            self.store.runner_id,
             settings.socket_path,
             self.campaigns.compute_unit,
             self.campaigns.slots.slots,
@@ -213,13 +227,31 @@ class Runner:
         except (OSError, SkillEditError) as exc:  # agents read the shipped skills; edits are refused
             log.error("the box's skill folder %s cannot be made: %s", self.skills.root, exc)
 
+    async def _watch_database(self) -> None:
+        """Look at runner.db's files every few seconds, so that an idle runner notices too (every
+        write looks before it begins and after it commits)."""
+        while True:
+            if self.store.db.check_files() is not None:
+                return  # _database_lost has heard
+            await asyncio.sleep(FILE_CHECK_S)
+
+    def _database_lost(self, lost: Lost) -> None:
+        """runner.db (or its -wal or -shm) is gone from under the runner: stop answering now (no
+        write is acknowledged from here on); close() says what happened and what to do."""
+        log.error("%s while the runner ran: stopping", lost)
+        self.lost = lost
+        self.server.close()  # serve_forever ends, and with it run_forever
+
     async def _abandon(self) -> None:
         """Undo a start that failed half-way: agents recovery started, the socket, the database
         (whose thread, left open, would keep the process from exiting)."""
+        self._stop_watching()
         self.server.close()
         await self.campaigns.close()
         await self.server.audit.close()
         await self._close_mirror()
+        if self.lost is not None:
+            self.stopped_because = await self._give_up_database(self.lost)
         await self.store.close()
         if self._listening:
             self.server.remove_socket()
@@ -229,14 +261,41 @@ class Runner:
         await self.server.serve_forever()
 
     async def close(self) -> None:
-        """Shut down: stop serving, leave goals as they are (a restart resumes them)."""
+        """Shut down: stop serving, leave goals as they are (a restart resumes them). After runner.db
+        was lost, what the runner held is saved and the next start waits for the operator
+        (`stopped_because` says so)."""
+        self._stop_watching()
         self.server.close()
         await self.campaigns.close()  # from here on a write that finds the disk full fails
         await self.server.audit.close()
         await self._close_mirror()
+        if self.lost is not None and self.stopped_because is None:
+            self.stopped_because = await self._give_up_database(self.lost)
         await self.store.close()
         self.server.remove_socket()
         self._unlock_home()
+
+    def _stop_watching(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+
+    async def _give_up_database(self, lost: Lost) -> str:
+        """Save what the lost database held (storage/db_files.py), and leave the line saying what
+        happened where the next start finds it: that start waits until the operator has chosen."""
+        done = await self.store.db.let_go()
+        marker = self.settings.lost_marker
+        db = self.settings.db_path
+        where = f"move {done.saved} to {db} to go on where it stopped, or put" if done.saved else "put"
+        line = (
+            f"{lost} while the runner ran; nothing written after that was acknowledged. "
+            f"{done.said[0].upper()}{done.said[1:]}. To start again, {where} the database it should use at "
+            f"{db} (none: a new, empty one), then remove {marker}"
+        )
+        try:
+            marker.write_text(line + "\n")
+        except OSError as exc:
+            log.error("cannot write %s (%s): the next start will not wait for you", marker, exc)
+        return line
 
     def _unlock_home(self) -> None:
         if self._home_lock is not None:
@@ -711,6 +770,7 @@ def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:
 
 
 async def run_forever(settings: RunnerSettings) -> None:
+    """Serve until SIGTERM or SIGINT; raises DatabaseGone when runner.db was lost meanwhile."""
     runner = await Runner.start(settings)
     serving = asyncio.ensure_future(runner.serve_forever())
     # SIGTERM (systemd, kill) shuts down in order: agents and runs are ended and recorded, and a
@@ -720,16 +780,38 @@ async def run_forever(settings: RunnerSettings) -> None:
     try:
         await serving
     except asyncio.CancelledError:
-        log.info("runner %s shutting down", settings.name)
+        if runner.lost is None:
+            log.info("runner %s shutting down", settings.name)
     finally:
         await runner.close()
+    if runner.stopped_because is not None:
+        raise DatabaseGone(runner.stopped_because)
 
 
 class AlreadyServing(Exception):
     """Another runner answers on this runner's socket."""
 
 
+class DatabaseGone(Exception):
+    """runner.db was removed or replaced while the runner ran; the message says what to do."""
+
+
 HOME_LOCK = "runner.lock"
+FILE_CHECK_S = 2.0  # how often an idle runner looks at runner.db's files
+
+
+def _stopped_earlier(settings: RunnerSettings) -> str | None:
+    """Why the last runner on this home stopped, if it was because runner.db was lost: whatever
+    is at its path now is used only once the operator has said so (by removing the marker), not
+    by the next restart systemd makes."""
+    marker = settings.lost_marker
+    try:
+        said = marker.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        said = f"({exc})"
+    return f"the runner stopped earlier: {said or 'runner.db was lost'} (this start waits until {marker} is removed)"
 
 
 def _lock_home(settings: RunnerSettings) -> int:
@@ -801,7 +883,20 @@ def main(settings: RunnerSettings | None = None) -> None:
         asyncio.run(run_forever(settings))
     except StartupFailed as failed:
         print(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", file=sys.stderr)
-        sys.exit(EXIT_STARTUP_FAILED)
+        _exit(EXIT_STARTUP_FAILED)
+    except DatabaseGone as gone:
+        print(f"goaltender runner: stopped: {' '.join(str(gone).split())}", file=sys.stderr)
+        _exit(EXIT_STARTUP_FAILED)
+
+
+def _exit(code: int) -> None:
+    if not let_go_of_any():
+        sys.exit(code)
+    # Not a normal exit: that closes the database connection let go of, which would write its -wal
+    # into the file it has open, after a copy in place the copied-in one (storage/db_files.py).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 _UTF8_TAIL = 3  # continuation bytes a UTF-8 character may have

@@ -389,15 +389,17 @@ def check_runner(box: Box) -> Verdict:
     path = box.settings.socket_path
     start = "start it: goaltender runner (under systemd or tmux), with this GOALTENDER_HOME"
     if not path.exists():
+        if (lost := _lost_database(box)) is not None:  # it stopped for that, and starts wait for you
+            return fail(f"not running: it stopped because {lost}", f"do as it says, then {start}")
         return warn(f"not running (no socket at {path})", start)
 
-    async def hello() -> str | None:
+    async def hello() -> tuple[str | None, str | None]:
         runner = await asyncio.wait_for(RunnerClient.connect_unix(path, client="doctor"), box.timeout_s)
         await runner.close()
-        return runner.runner_name
+        return runner.runner_name, runner.runner_id
 
     try:
-        name = asyncio.run(hello())
+        name, runner_id = asyncio.run(hello())
     except TimeoutError:
         return fail(
             f"no answer to hello on {path} within {box.timeout_s:g}s",
@@ -410,7 +412,19 @@ def check_runner(box: Box) -> Verdict:
             f"{path} does not answer as a runner ({type(exc).__name__}: {exc})",
             f"restart the runner; {start}",
         )
-    return ok(f"{name} answers on {path}")
+    # Its database's identity: another one (a fresh runner.db) is another runner's goals to the bot.
+    return ok(f"{name} answers on {path}" + (f" (database {runner_id})" if runner_id else ""))
+
+
+def _lost_database(box: Box) -> str | None:
+    """What the runner said when it stopped because runner.db was lost under it, if it did."""
+    try:
+        said = box.settings.lost_marker.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"runner.db was lost ({box.settings.lost_marker}: {exc.strerror})"
+    return said[0].lower() + said[1:] if said else f"runner.db was lost ({box.settings.lost_marker})"
 
 
 def check_sandbox(box: Box) -> Verdict:

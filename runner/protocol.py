@@ -145,6 +145,10 @@ class Hello(Request):
     type: Literal["hello"] = "hello"
     version: Int64
     client: str = Field(default="anonymous", max_length=200)
+    #: Ask for the runner's identity in the welcome (Welcome.runner_id); a runner that predates it
+    #: refuses the field, and the client says hello again without it.
+    identity: bool = False
+    added_fields = frozenset({"identity"})
 
 
 class SubmitGoal(Request):
@@ -511,6 +515,10 @@ class Welcome(Reply):
     type: Literal["welcome"] = "welcome"
     version: int = PROTOCOL_VERSION
     runner: str
+    #: The runner's identity (made with its database; a runner with another database has another),
+    #: sent to a hello that asks for it: the bot keys a runner's goals by it.
+    runner_id: str | None = None
+    added_fields = frozenset({"runner_id"})
 
 
 class Done(Reply):

@@ -37,6 +37,7 @@ from goaltender.runner.audit import AuditTrail, is_control
 from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
+from goaltender.storage.db import DatabaseLost
 from goaltender.storage.records import Event, UnreadableEvent
 from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
@@ -240,12 +241,16 @@ class SocketServer:
             await conn.send(p.Error(id=hello.id, code="version_mismatch", message=message))
             return True
         conn.client = hello.client
-        await conn.send(p.Welcome(id=hello.id, runner=self.runner_name))
+        runner_id = self.store.runner_id if hello.identity else None
+        await conn.send(p.Welcome(id=hello.id, runner=self.runner_name, runner_id=runner_id))
         return True
 
     async def _answer(self, conn: _Connection, request: p.Request) -> None:
         try:
             reply = await self.handlers[type(request)](request, conn.principal)
+        except DatabaseLost:  # the runner is stopping (runner/daemon.py) and hangs up: no answer
+            conn.close()
+            return
         except Refused as refused:
             reply = p.Error(id=request.id, code=refused.code, message=str(refused))
         except Exception as exc:  # a bug must not take the daemon down with it
@@ -269,7 +274,7 @@ class SocketServer:
             conn.close()
 
     async def _stream_events(self, conn: _Connection, request: p.Subscribe) -> None:
-        await conn.send(p.Subscribed(id=request.id, head=await self.store.head_seq(request.goal_id)))
+        await conn.send(p.Subscribed(id=request.id, head=await self.store.log_head(request.goal_id)))
         if request.batch:  # many events a line, from their stored JSON
             await self._stream_batches(conn, request)
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -130,7 +131,24 @@ MIGRATIONS = [
     """
     ALTER TABLE queued_goals ADD COLUMN submit_key TEXT;
     """,
+    # v6: the database each runner runs on (its identity, from its welcome): what is stored under a
+    # runner's name (threads, cursor, keys) is that database's goals and events.
+    # Also the time of the last event read (cursors.last_ts), and, while a runner's event log is read
+    # again after it was found to end before the cursor, the time up to which its events are ones
+    # the bot had read (cursors.replay_until).
+    """
+    CREATE TABLE runner_ids (
+        runner TEXT PRIMARY KEY,
+        runner_id TEXT NOT NULL,
+        seen_at TEXT NOT NULL
+    );
+    ALTER TABLE cursors ADD COLUMN last_ts TEXT;
+    ALTER TABLE cursors ADD COLUMN replay_until TEXT;
+    """,
 ]
+
+#: The tables whose rows belong to one runner's goals or events, by its name in `runner`.
+RUNNER_TABLES = ("threads", "cursors", "milestones", "budget_requests", "audit")
 
 OutboxKind = Literal["post", "update", "ephemeral", "reaction", "upload"]
 
@@ -224,6 +242,16 @@ class Milestone(BaseModel):
     at: datetime
 
 
+@dataclass(frozen=True)
+class KeyMove:
+    """How outbox keys go from one runner name to another: bot/keys.py knows their shape."""
+
+    prefix: str
+    """The stored text of every key of the runner being moved starts with this."""
+    rekey: Callable[[str], str | None]
+    """A key's text -> its text under the other name; None for one that stays (another kind)."""
+
+
 class BotStore:
     def __init__(self, db: Database):
         self.db = db
@@ -242,10 +270,23 @@ class BotStore:
         row = await self.db.fetchone("SELECT last_seq FROM cursors WHERE runner = ?", (runner,))
         return int(row[0]) if row else 0
 
+    async def position(self, runner: str) -> tuple[int, datetime | None]:
+        """The last seq read from a runner, and while its log is read again after a rewind, the
+        time up to which its events were read before (`rewind`)."""
+        row = await self.db.fetchone("SELECT last_seq, replay_until FROM cursors WHERE runner = ?", (runner,))
+        if row is None:
+            return 0, None
+        return int(row[0]), datetime.fromisoformat(row[1]) if row[1] else None
+
     async def record_event(
-        self, runner: str, seq: int, writes: list[tuple[str, OutboxKind, dict[str, Any], str | None]]
+        self,
+        runner: str,
+        seq: int,
+        writes: list[tuple[str, OutboxKind, dict[str, Any], str | None]],
+        ts: datetime | None = None,
     ) -> bool:
-        """Store the outbox rows an event produced and advance the runner's cursor, atomically.
+        """Store the outbox rows an event produced and advance the runner's cursor (to the event's
+        seq and time `ts`), atomically.
 
         `writes` are (channel, kind, payload, dedupe_key). Returns False (and stores nothing) when
         the event was already recorded — a redelivery after a reconnect."""
@@ -256,11 +297,71 @@ class BotStore:
             for channel, kind, payload, key in writes:
                 await _queue_write(tx, channel, kind, payload, key)
             await tx.run(
-                "INSERT INTO cursors (runner, last_seq) VALUES (?, ?) "
-                "ON CONFLICT (runner) DO UPDATE SET last_seq = excluded.last_seq",
-                (runner, seq),
+                "INSERT INTO cursors (runner, last_seq, last_ts) VALUES (?, ?, ?) ON CONFLICT (runner) "
+                "DO UPDATE SET last_seq = excluded.last_seq, last_ts = excluded.last_ts",
+                (runner, seq, ts.isoformat() if ts else None),
             )
         return True
+
+    # ---- which database each runner runs on ----
+
+    async def runner_id(self, runner: str) -> str | None:
+        row = await self.db.fetchone("SELECT runner_id FROM runner_ids WHERE runner = ?", (runner,))
+        return row[0] if row else None
+
+    async def switch_database(
+        self, runner: str, runner_id: str, retired: Callable[[str], str], move: Callable[[str, str], KeyMove]
+    ) -> str | None:
+        """Record that `runner` now runs on the database `runner_id`; returns the one it ran on
+        before when that was another (None: the same, or the first the bot has seen, which takes
+        over what is stored under the name). On a change, in one transaction, what is stored under
+        the name goes under `retired(previous id)`, and what was stored for `runner_id` when the
+        runner last ran on it comes back under the name: a runner with another database starts
+        with no threads and reads its event log from the start. `move(from, to)` says how outbox
+        keys are renamed."""
+        now = utcnow().isoformat()
+        async with self.db.write() as tx:
+            row = await tx.row("SELECT runner_id FROM runner_ids WHERE runner = ?", (runner,))
+            await tx.run(
+                "INSERT INTO runner_ids (runner, runner_id, seen_at) VALUES (?, ?, ?) ON CONFLICT (runner) "
+                "DO UPDATE SET runner_id = excluded.runner_id, seen_at = excluded.seen_at",
+                (runner, runner_id, now),
+            )
+            if row is None or row[0] == runner_id:
+                return None
+            previous = str(row[0])
+            await _rename_runner(tx, runner, retired(previous), move(runner, retired(previous)))
+            await _rename_runner(tx, retired(runner_id), runner, move(retired(runner_id), runner))
+        return previous
+
+    async def rewind(self, runner: str, head: int, set_aside: Callable[[int], tuple[str, KeyMove]]) -> bool:
+        """The runner's event log ends at `head`, before the bot's cursor: its database was
+        restored from an earlier copy by a runner that numbers events again, and the events that
+        log has after the copy's end are new, whatever their seqs. When the time of the last event
+        read is known, the log is read again from its start (the cursor goes to 0), its events up
+        to that time taken for those read before (`position`, `end_replay`); returns True. Else it
+        is read from `head` on, and what the bot kept for the events after it goes aside
+        (`set_aside(first new seq)` names where, and how outbox keys move); returns False."""
+        async with self.db.write() as tx:
+            row = await tx.row("SELECT last_seq, last_ts FROM cursors WHERE runner = ?", (runner,))
+            if row is None or row[0] <= head:
+                return False
+            if row[1] is not None:
+                await tx.run(
+                    "UPDATE cursors SET last_seq = 0, replay_until = last_ts WHERE runner = ?", (runner,)
+                )
+                return True
+            await tx.run("UPDATE cursors SET last_seq = ? WHERE runner = ?", (head, runner))
+            await _set_aside_events(tx, runner, head + 1, *set_aside(head + 1))
+        return False
+
+    async def end_replay(self, runner: str, first_new: int, aside: str, move: KeyMove) -> None:
+        """The first event newer than those read before a rewind is `first_new`: what the bot kept
+        for the events from that seq on goes under `aside` (milestones, and the outbox keys `move`
+        renames), so that the new events of those seqs are new here."""
+        async with self.db.write() as tx:
+            await tx.run("UPDATE cursors SET replay_until = NULL WHERE runner = ?", (runner,))
+            await _set_aside_events(tx, runner, first_new, aside, move)
 
     # ---- goal threads ----
 
@@ -607,6 +708,43 @@ async def _queue_write(
         return None
     row = await tx.one("SELECT last_insert_rowid()")
     return int(row[0])
+
+
+async def _rename_runner(tx: Tx, old: str, new: str, move: KeyMove) -> None:
+    """Put what is stored under runner name `old` under `new` (which holds nothing yet)."""
+    for table in RUNNER_TABLES:
+        await tx.run(f"UPDATE {table} SET runner = ? WHERE runner = ?", (new, old))
+    await _rename_keys(tx, move)
+
+
+async def _set_aside_events(tx: Tx, runner: str, first: int, aside: str, move: KeyMove) -> None:
+    await tx.run("UPDATE milestones SET runner = ? WHERE runner = ? AND seq >= ?", (aside, runner, first))
+    await _rename_keys(tx, move)
+
+
+async def _rename_keys(tx: Tx, move: KeyMove) -> None:
+    """Rename the outbox keys `move` renames, and the references to them in writes still pending
+    (a post in a thread names its card: `thread_of`; an edit its message: `ts_of`)."""
+    rows = await tx.rows(
+        "SELECT id, dedupe_key, payload FROM outbox WHERE substr(dedupe_key, 1, length(?1)) = ?1 "
+        "OR (state = 'pending' AND (substr(json_extract(payload, '$.thread_of'), 1, length(?1)) = ?1 "
+        "OR substr(json_extract(payload, '$.ts_of'), 1, length(?1)) = ?1))",
+        (move.prefix,),
+    )
+    for row in rows:
+        key = move.rekey(row["dedupe_key"]) if row["dedupe_key"] else None
+        payload = json.loads(row["payload"])
+        refs = {
+            ref: new
+            for ref in ("thread_of", "ts_of")
+            if (old := payload.get(ref)) and (new := move.rekey(old))
+        }
+        if key is None and not refs:
+            continue
+        await tx.run(
+            "UPDATE outbox SET dedupe_key = COALESCE(?, dedupe_key), payload = ? WHERE id = ?",
+            (key, json.dumps({**payload, **refs}), row["id"]),
+        )
 
 
 def _thread(row) -> Thread:

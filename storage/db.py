@@ -1,5 +1,10 @@
 """One aiosqlite connection per process: WAL, a busy timeout, `BEGIN IMMEDIATE` for every write,
-migrations keyed on `PRAGMA user_version`."""
+migrations keyed on `PRAGMA user_version`.
+
+A database opened with `watch` (runner.db) checks before and after every write that its files are
+still the ones it opened (storage/db_files.py): once one is removed or replaced, no write begins,
+and none that committed into the lost file is acknowledged; `on_lost` hears it once.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,14 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+
+from goaltender.storage.db_files import FileWatch, Lost, Rescued, rescue
 
 BUSY_TIMEOUT_MS = 10_000
 LOCKED_RETRY_S = 1.0  # between tries of a write that found the database locked past the busy timeout
@@ -51,6 +58,26 @@ class DamagedDatabase(UnusableDatabase):
     """SQLite's quick_check finds the file damaged past its header."""
 
 
+class DatabaseLost(UnusableDatabase):
+    """The database file (or its -wal or -shm) was removed or replaced while open: nothing more is
+    written, and a write that committed into the lost file is not acknowledged."""
+
+    def __init__(self, lost: Lost):
+        super().__init__(f"{lost} while in use; nothing more is written to it")
+        self.lost = lost
+
+
+# Connections let go of without closing them (closing would checkpoint into a file that is not
+# theirs any more: storage/db_files.py); kept here so that they are not closed when collected.
+_LET_GO: list[Any] = []
+
+
+def let_go_of_any() -> bool:
+    """Whether this process let go of a connection: then it must end with os._exit, for a normal
+    exit closes that connection, and closing checkpoints into a file that is not its own."""
+    return bool(_LET_GO)
+
+
 class Database:
     """A SQLite file opened for one process.
 
@@ -62,9 +89,16 @@ class Database:
         self.conn = conn
         self.path = path
         self._write_lock = asyncio.Lock()
+        self._watch: FileWatch | None = None
+        self.lost: Lost | None = None
+        """What became of the database's files, once a check found it (then nothing is written)."""
+        self.on_lost: Callable[[Lost], None] = lambda lost: None
+        self._let_go: Rescued | None = None  # what let_go did, once it has
 
     @classmethod
-    async def open(cls, path: str | Path, migrations: Sequence[str] = ()) -> Database:
+    async def open(cls, path: str | Path, migrations: Sequence[str] = (), *, watch: bool = False) -> Database:
+        """Open (creating it if missing) and migrate. `watch`: check the files before and after each
+        write, and on `check_files` (see the module)."""
         path = Path(path)
         private_directory(path.parent, tighten=False)
         private_file(path)  # SQLite gives -wal and -shm the database's mode when it creates them
@@ -76,6 +110,8 @@ class Database:
             # The connection's thread is not a daemon: left open, it keeps the process from exiting.
             await conn.close()
             raise
+        if watch:
+            db._watch = FileWatch(path)
         return db
 
     async def _prepare(self, migrations: Sequence[str]) -> None:
@@ -102,7 +138,44 @@ class Database:
             )
 
     async def close(self) -> None:
-        await self.conn.close()
+        if self.lost is None:
+            await self.conn.close()
+        elif self._let_go is None:
+            await self.let_go()
+
+    def check_files(self) -> Lost | None:
+        """Whether the files are lost (a cheap check, for a timer); found once, it stays found. Not
+        while a write is under way: its commit may be changing the database file."""
+        if self.lost is None and self._watch is not None and not self._write_lock.locked():
+            self._found(self._watch.before_write())
+        return self.lost
+
+    def _found(self, lost: Lost | None) -> None:
+        if lost is not None and self.lost is None:
+            self.lost = lost
+            self.on_lost(lost)
+
+    def _still_ours(self, look: Callable[[FileWatch], Lost | None]) -> None:
+        """Raise DatabaseLost if the files are lost, or `look` finds them so."""
+        if self._watch is not None and self.lost is None:
+            self._found(look(self._watch))
+        if self.lost is not None:
+            raise DatabaseLost(self.lost)
+
+    async def let_go(self) -> Rescued:
+        """After the files were lost: save what the connection holds, take its -wal and -shm off
+        their paths, and stop its thread without closing it (storage/db_files.py). Returns what
+        was done."""
+        assert self.lost is not None and self._watch is not None
+        async with self._write_lock:  # no write is half way through
+            if self._let_go is None:
+                self._let_go = await rescue(self.conn, self._watch, self.lost)
+                # aiosqlite closes its sqlite3 connection as its thread stops, unless it has none.
+                _LET_GO.append(self.conn._connection)
+                self.conn._connection = None
+                if (stopped := self.conn.stop()) is not None:
+                    await stopped
+        return self._let_go
 
     async def user_version(self) -> int:
         row = await self.fetchone("PRAGMA user_version")
@@ -137,13 +210,19 @@ class Database:
         shell, say) is waited out: the write begins once the lock goes. It used to fail, and with
         it whatever was being entered (a run's row), leaving a goal running with no agent."""
         async with self._write_lock:
+            self._still_ours(FileWatch.before_write)
             await self._begin()
             try:
                 yield Tx(self.conn)
                 await self.conn.execute("COMMIT")
             except BaseException:
                 await self._rollback()
+                # A COMMIT whose await was cancelled ran all the same, and may have checkpointed.
+                if self._watch is not None:
+                    self._found(self._watch.after_commit())
                 raise
+            # Committed, but into the lost file if it went meanwhile: then not acknowledged.
+            self._still_ours(FileWatch.after_commit)
 
     async def _begin(self) -> None:
         said = False
@@ -158,6 +237,8 @@ class Database:
                     log.warning("%s is locked by another process; its writes wait for it", self.path)
                     said = True
                 await asyncio.sleep(LOCKED_RETRY_S)
+                # Not its content: the process holding the lock may be checkpointing into it.
+                self._still_ours(lambda watch: watch.after_commit(remember=False))
 
     async def _rollback(self) -> None:
         """Roll back what is left of a failed transaction. SQLite may have rolled it back already

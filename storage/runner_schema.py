@@ -172,4 +172,10 @@ MIGRATIONS = [
     ALTER TABLE goals ADD COLUMN submit_key TEXT;
     CREATE UNIQUE INDEX goals_by_submit_key ON goals (submit_key) WHERE submit_key IS NOT NULL;
     """,
+    # 11: the runner's identity, a random id made with its database (an existing one is given one
+    # here): sent in the welcome, so that the bot tells this database's goals from another's
+    """
+    CREATE TABLE identity (runner_id TEXT NOT NULL);
+    INSERT INTO identity (runner_id) VALUES (lower(hex(randomblob(16))));
+    """,
 ]

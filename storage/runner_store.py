@@ -30,6 +30,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, get_args
 from pydantic import TypeAdapter, ValidationError
 
 from goaltender.storage.db import Database, Tx
+from goaltender.storage.high_water import FILE as HIGH_WATER_FILE
+from goaltender.storage.high_water import HighWater
 from goaltender.storage.records import (
     TERMINAL_STATES,
     TOKEN_METRICS,
@@ -75,6 +77,13 @@ INSERT_EVENT = (
     "INSERT INTO events (goal_id, ts, kind, data, plain) "
     "VALUES (?1, ?2, ?3, ?4, json_valid(?4) AND json_quote(?2) = '\"' || ?2 || '\"')"
 )
+#: The same, numbered above ?5 (the home's high-water mark, storage/high_water.py) where the log
+#: ends below it: a database restored from an earlier copy never numbers an event twice.
+INSERT_EVENT_ABOVE = (
+    "INSERT INTO events (seq, goal_id, ts, kind, data, plain) "
+    "VALUES (MAX(?5, (SELECT COALESCE(MAX(seq), 0) FROM events)) + 1, "
+    "?1, ?2, ?3, ?4, json_valid(?4) AND json_quote(?2) = '\"' || ?2 || '\"')"
+)
 LOG_LOCATIONS_KEPT = 1024  # experiments whose log locations RunnerStore.log_location keeps
 log = logging.getLogger("goaltender.runner")
 P = ParamSpec("P")
@@ -109,14 +118,18 @@ def _waits_for_space(
 class RunnerStore:
     """Typed access to runner.db. `on_event` is called with each event after its commit."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, issued: HighWater):
         self.db = db
+        self.issued = issued
         self.on_event: Callable[[Event], None] = lambda event: None
         self.when_full: WhenFull | None = None  # None: a write that finds the disk full raises
         self.full = asyncio.Event()  # set while a write waits for room
         self._waiting_for_room = 0
         self._given_up = asyncio.Event()  # stop_waiting_for_room: the runner is shutting down
         self._log_locations: collections.OrderedDict[int, tuple[Path, Path]] = collections.OrderedDict()
+        self._seq_floor = 0  # while the log ends below the home's mark: number events above it
+        self.runner_id = ""
+        """This database's identity (made with it; the welcome carries it)."""
 
     async def wait_for_room(self, when_full: WhenFull, full: DiskFull) -> None:
         """Await `when_full`, or stop_waiting_for_room, whichever comes first."""
@@ -168,21 +181,54 @@ class RunnerStore:
 
     @classmethod
     async def open(cls, path: str | Path) -> RunnerStore:
-        return cls(await Database.open(path, MIGRATIONS))
+        """Open runner.db, watching its files (storage/db_files.py), with the home's high-water
+        marks beside it."""
+        db = await Database.open(path, MIGRATIONS, watch=True)
+        store = cls(db, HighWater(db.path.parent / HIGH_WATER_FILE))
+        try:
+            store.runner_id = (await db.one("SELECT runner_id FROM identity"))[0]
+            if (head := await store.head_seq()) < store.issued.marks.seq:
+                store._seq_floor = store.issued.marks.seq
+                log.info(
+                    "%s ends at event %d, below the %d this home has used: it goes on from there",
+                    path,
+                    head,
+                    store._seq_floor,
+                )
+        except BaseException:
+            await store.close()
+            raise
+        return store
 
     async def close(self) -> None:
+        self.issued.close()
         await self.db.close()
 
     # ---- the event log ----
 
     async def _append(self, tx: Tx, goal_id: int | None, data: EventData, pending: list[Event]) -> Event:
         ts = utcnow()
-        seq = await tx.insert(INSERT_EVENT, (goal_id, ts.isoformat(), data.kind, data.model_dump_json()))
+        row = (goal_id, ts.isoformat(), data.kind, data.model_dump_json())
+        if self._seq_floor:
+            seq = await tx.insert(INSERT_EVENT_ABOVE, (*row, self._seq_floor))
+        else:
+            seq = await tx.insert(INSERT_EVENT, row)
         event = Event(seq=seq, goal_id=goal_id, ts=ts, data=data)
         pending.append(event)
         return event
 
-    def _announce(self, events: Iterable[Event]) -> None:
+    def _announce(self, events: list[Event]) -> None:
+        """Tell the listeners of committed events, the high-water marks raised first (what anyone
+        hears of is never numbered again)."""
+        if events:
+            approvals = [e.data.approval.id for e in events if isinstance(e.data, ApprovalRequested)]
+            self.issued.raise_to(
+                goal=max(e.goal_id or 0 for e in events),
+                approval=max(approvals, default=0),
+                seq=events[-1].seq,
+            )
+            if events[-1].seq > self._seq_floor:
+                self._seq_floor = 0
         for event in events:
             self.on_event(event)
 
@@ -223,6 +269,13 @@ class RunnerStore:
         else:
             row = await self.db.one("SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ?", (goal_id,))
         return int(row[0])
+
+    async def log_head(self, goal_id: int | None = None) -> int:
+        """The seq new events come after: the newest one, or, while the log (restored from an
+        earlier copy) ends below the home's high-water mark, that mark, which the next event is
+        numbered above. A subscriber that had read up to it hears of nothing amiss and misses nothing."""
+        head = await self.head_seq(goal_id)
+        return head if goal_id is not None else max(head, self._seq_floor)
 
     async def set_cursor(self, client: str, seq: int) -> None:
         """Keep a client's acked position. One the disk has no room for is dropped: the client acks
@@ -267,11 +320,13 @@ class RunnerStore:
         pending: list[Event] = []
         now = utcnow()
         async with self.db.write() as tx:
-            goal_id = await tx.insert(
-                "INSERT INTO goals (text, owner, agent, state, budget, metric, direction, target, "
+            goal_id = await self._new_goal_id(tx, workspace_root)
+            await tx.insert(
+                "INSERT INTO goals (id, text, owner, agent, state, budget, metric, direction, target, "
                 "workspace, created_at, accepted_at, executor, gpus_per_experiment, stages, submit_key) "
-                "VALUES (?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, 'accepted', ?, ?, ?, ?, '', ?, ?, ?, ?, ?, ?)",
                 (
+                    goal_id,
                     text,
                     owner,
                     agent,
@@ -293,6 +348,16 @@ class RunnerStore:
             await self._append(tx, goal_id, GoalAccepted(goal=goal), pending)
         self._announce(pending)
         return goal
+
+    async def _new_goal_id(self, tx: Tx, workspace_root: Path) -> int:
+        """Above every goal this database and this home have had, and with no workspace yet: a
+        workspace left by a goal the database no longer knows (restored from an earlier copy) is
+        never handed to a new goal."""
+        highest = (await tx.one("SELECT COALESCE(MAX(id), 0) FROM goals"))[0]
+        goal_id = max(highest, self.issued.marks.goal) + 1
+        while (workspace_root / f"goal-{goal_id}").exists():
+            goal_id += 1
+        return goal_id
 
     async def _goal(self, tx: Tx, goal_id: int) -> Goal:
         row = await tx.row("SELECT * FROM goals WHERE id = ?", (goal_id,))
@@ -737,10 +802,18 @@ class RunnerStore:
     ) -> Approval:
         pending: list[Event] = []
         async with self.db.write() as tx:
-            approval_id = await tx.insert(
-                "INSERT INTO approvals (goal_id, kind, question, detail, state, requested_at, expires_at) "
-                "VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-                (goal_id, kind, question, detail, utcnow().isoformat(), expires_at.isoformat()),
+            approval_id = await tx.insert(  # numbered above the home's mark, as goals are
+                "INSERT INTO approvals (id, goal_id, kind, question, detail, state, requested_at, expires_at) "
+                "VALUES (MAX(?, (SELECT COALESCE(MAX(id), 0) FROM approvals)) + 1, ?, ?, ?, ?, 'pending', ?, ?)",
+                (
+                    self.issued.marks.approval,
+                    goal_id,
+                    kind,
+                    question,
+                    detail,
+                    utcnow().isoformat(),
+                    expires_at.isoformat(),
+                ),
             )
             approval = await self._approval(tx, approval_id)
             await self._append(tx, goal_id, ApprovalRequested(approval=approval), pending)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from goaltender.bot.keys import CardKey, moved
+from goaltender.bot.outbox import in_thread
 from goaltender.storage.bot_store import BotStore
 
 
@@ -83,4 +87,58 @@ async def test_channel_settings_and_milestones(tmp_path):
     assert [(m.seq, m.title) for m in await store.milestones("gpu1", 5)] == [(3, "Plan"), (9, "Baseline")]
     assert [m.title for m in await store.milestones("gpu1", 5, last=1)] == ["Baseline"]
     assert (await store.thread("gpu1", 5)).milestone == "Baseline"
+    await store.close()
+
+
+async def test_a_runner_on_another_database_has_its_goals_set_aside_and_back(tmp_path):
+    """bot/databases.py: what is kept under a runner's name belongs to the database it runs on."""
+    store = await BotStore.open(tmp_path / "bot.db")
+    aside = {"a" * 32: "gpu1@aaaaaaaaaaaa", "b" * 32: "gpu1@bbbbbbbbbbbb"}
+
+    async def switch(runner_id: str) -> str | None:
+        return await store.switch_database("gpu1", runner_id, aside.__getitem__, moved)
+
+    assert await switch("a" * 32) is None  # the first one seen takes over what is stored
+    card = str(CardKey("gpu1", 1))
+    await store.add_thread("gpu1", 1, "C1", "U1", card=({"text": "card"}, card))
+    await store.record_event(
+        "gpu1", 7, [("C1", "post", in_thread(CardKey("gpu1", 1), {"text": "m"}), "gpu1:7:0")]
+    )
+    assert await switch("a" * 32) is None  # the same database: nothing moves
+
+    assert await switch("b" * 32) == "a" * 32
+    assert await store.thread("gpu1", 1) is None and await store.cursor("gpu1") == 0
+    assert (await store.thread("gpu1@aaaaaaaaaaaa", 1)).channel == "C1"
+    pending = await store.outbox_by_key("gpu1@aaaaaaaaaaaa:7:0")
+    assert pending.payload["thread_of"] == "gpu1@aaaaaaaaaaaa:1:card"  # still finds its card
+    assert await store.outbox_by_key(card) is None  # free for the new database's goal #1
+
+    assert await switch("a" * 32) == "b" * 32  # back on the first: its goals come back
+    assert (await store.thread("gpu1", 1)).channel == "C1" and await store.cursor("gpu1") == 7
+    assert (await store.outbox_by_key("gpu1:7:0")).payload["thread_of"] == card
+    assert await store.runner_id("gpu1") == "a" * 32
+    await store.close()
+
+
+async def test_a_rewound_log_is_read_again_from_the_start_or_its_end(tmp_path):
+    """A runner's log found to end before the cursor: read again from the start, the events up to
+    the time of the last one read skipped (bot/thread.py), or, with that time unknown (a cursor
+    from before it was kept), from the log's end, what was kept for later seqs set aside."""
+    store = await BotStore.open(tmp_path / "bot.db")
+    read_at = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    await store.record_event("timed", 9, [("C1", "post", {"text": "m"}, "timed:9:0")], read_at)
+    assert await store.rewind(
+        "timed", 4, lambda first: ("timed@x", moved("timed", "timed@x", events_after=first - 1))
+    )
+    assert await store.position("timed") == (0, read_at)
+    await store.end_replay("timed", 6, "timed@x", moved("timed", "timed@x", events_after=5))
+    assert await store.position("timed") == (0, None) and await store.outbox_by_key("timed@x:9:0")
+
+    await store.record_event("old", 9, [("C1", "post", {"text": "m"}, "old:9:0")])  # no time kept
+    await store.set_milestone("old", 1, "later", seq=9)
+    assert not await store.rewind(
+        "old", 4, lambda first: ("old@x", moved("old", "old@x", events_after=first - 1))
+    )
+    assert await store.position("old") == (4, None)
+    assert await store.outbox_by_key("old@x:9:0") and await store.milestones("old", 1) == []
     await store.close()

@@ -154,7 +154,9 @@ async def test_doctor_on_this_box_with_a_running_runner(start_runner, tmp_path):
     assert "offline mode (HF_HUB_OFFLINE): 0 models cached" in line(output, "hub")
     assert "HF_TOKEN set (not shown)" in line(output, "hub")
     assert line(output, "model").startswith("warn model: not configured")
-    assert line(output, "runner") == f"ok   runner: test-runner answers on {runner.settings.socket_path}"
+    assert line(output, "runner") == (
+        f"ok   runner: test-runner answers on {runner.settings.socket_path} (database {runner.store.runner_id})"
+    )
     assert line(output, "sandbox").startswith("ok   sandbox: bubblewrap ")
     limits = runner.campaigns.limits
     if limits.tree is not None:  # what the running runner applies (it may run in another cgroup)
@@ -498,6 +500,18 @@ def test_runner_and_sandbox_checks(tmp_path, monkeypatch):
     planned = check_limits(box)  # no runner: what one started from here would find
     assert planned.detail.startswith("a runner started here would ")
     assert ("hold each goal to 8192 processes" in planned.detail) == (planned.status == "ok"), planned
+
+
+def test_a_runner_stopped_for_its_lost_database_is_a_fail_saying_so(tmp_path):
+    box = make_box(tmp_path)
+    box.settings.home.mkdir(parents=True, exist_ok=True)
+    box.settings.lost_marker.write_text("/h/runner.db was removed while the runner ran; … then remove it\n")
+    found = check_runner(box)
+    assert found.status == "fail"
+    assert (
+        found.detail
+        == "not running: it stopped because /h/runner.db was removed while the runner ran; … then remove it"
+    )
 
 
 async def test_ssh_check_reads_the_banner(tmp_path):

@@ -4,12 +4,14 @@ found from its (channel, ts) routes to the right goal card or approval prompt.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot.keys import (
+    RUNNER_KEYS,
     ApprovalKey,
     BudgetKey,
     CardKey,
@@ -17,6 +19,7 @@ from goaltender.bot.keys import (
     EventKey,
     QueueKey,
     ReplyKey,
+    moved,
     parse,
 )
 from goaltender.bot.outbox import Outbox
@@ -57,15 +60,13 @@ def test_keys_stored_before_they_were_typed_read_as_they_did():
         assert parse(other) is None
 
 
-def test_any_key_reads_back_as_itself():
-    hypothesis = pytest.importorskip("hypothesis")
-    st = hypothesis.strategies
-    names = st.text(min_size=1, max_size=20)
+def any_key(st, names):
+    """A hypothesis strategy for keys of every kind, runners named by `names`."""
     ids = st.integers(min_value=1, max_value=10**9)
     channels = st.from_regex(r"[CDG][A-Z0-9]{8,10}", fullmatch=True)
     tss = st.from_regex(r"[0-9]{10}\.[0-9]{6}", fullmatch=True)
     times = st.datetimes(datetime(2000, 1, 1), datetime(2200, 1, 1), timezones=st.just(UTC))
-    keys = st.one_of(
+    return st.one_of(
         st.builds(CardKey, names, ids),
         st.builds(ApprovalKey, names, ids, ids),
         st.builds(BudgetKey, names, ids, ids),
@@ -77,11 +78,38 @@ def test_any_key_reads_back_as_itself():
         st.builds(DigestKey, channels, times, st.booleans()),
     )
 
-    @hypothesis.given(keys)
+
+def test_any_key_reads_back_as_itself():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.given(any_key(st, st.text(min_size=1, max_size=20)))
     def reads_back(key):
         assert parse(str(key)) == key
 
     reads_back()
+
+
+def test_a_runner_s_keys_and_only_its_are_moved_under_another_name():
+    """bot/databases.py sets a database's keys aside under `<name>@<id>`: every key of that
+    runner (and of its events after a seq, when asked) is renamed, found by the prefix bot.db
+    filters on, and no other key is touched, whatever the names."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    names = st.one_of(st.sampled_from(AWKWARD), st.text(min_size=1, max_size=12))
+
+    @hypothesis.given(names, names, any_key(st, names), st.one_of(st.none(), st.integers(0, 10**9)))
+    def moved_right(old, new, key, after):
+        hypothesis.assume(old != new)
+        move = moved(old, new, events_after=after)
+        ours = isinstance(key, RUNNER_KEYS) and key.runner == old
+        if after is not None:
+            ours = ours and isinstance(key, EventKey) and key.seq > after
+        assert move.rekey(str(key)) == (str(replace(key, runner=new)) if ours else None)
+        if ours:
+            assert str(key).startswith(move.prefix)
+
+    moved_right()
 
 
 @pytest.mark.parametrize("runner", ["queue", "card", "lab:gpu"])

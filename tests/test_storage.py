@@ -303,3 +303,32 @@ async def test_a_write_cancelled_while_its_commit_waits_raises_the_cancellation(
     async with db.write() as tx:  # and the next write goes on as usual
         await tx.run("INSERT INTO t VALUES (2)")
     await db.close()
+
+
+async def test_a_cancelled_commit_that_checkpointed_is_not_taken_for_a_copy_over_the_file(tmp_path):
+    """A watched database (runner.db) takes a change to its file that no commit of its own made
+    for another program's. A COMMIT whose await was cancelled runs all the same, and its checkpoint
+    writes the file: that change is the connection's own, and the next write goes on."""
+    db = await Database.open(tmp_path / "c.db", ["CREATE TABLE t (x INTEGER)"], watch=True)
+    await db.conn.execute("PRAGMA wal_autocheckpoint=1")  # every commit checkpoints into the file
+    slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000) SELECT count(*) FROM c"
+    committing = asyncio.Event()
+    busy: list[asyncio.Future] = []
+
+    async def write() -> None:
+        async with db.write() as tx:
+            await tx.run("INSERT INTO t VALUES (?)", (b"x" * 100_000,))  # pages enough to grow the file
+            busy.append(asyncio.ensure_future(db.fetchall(slow)))
+            await asyncio.sleep(0)
+            committing.set()
+
+    task = asyncio.ensure_future(write())
+    await committing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await busy[0]
+    async with db.write() as tx:
+        await tx.run("INSERT INTO t VALUES (2)")
+    assert db.check_files() is None and (await db.one("SELECT count(*) FROM t"))[0] == 2
+    await db.close()
