@@ -894,15 +894,15 @@ class Campaigns:
             or goal.id in self._asking_low_signal
         ):
             return
-        found = noise.flat_curve(await self.store.loss_series(goal.id, experiment.id))
+        found = noise.flat_curve(await self.store.loss_curves(goal.id, experiment.id))
         if found is None:
             return
-        name, values = found
+        name, (start, end, points) = found
         self._asked_flat.add(goal.id)
         self._asking_low_signal.add(goal.id)
         question = (
-            f"The training curve of #{experiment.index} has not moved ({name} {values[0]:.4g} → "
-            f"{values[-1]:.4g} over {len(values)} points). Go on as planned?"
+            f"The training curve of #{experiment.index} has not moved ({name} {start:.4g} → "
+            f"{end:.4g} over {points} points). Go on as planned?"
         )
         self._spawn(self._low_signal_prompt(goal, [], question))
 
