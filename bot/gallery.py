@@ -66,7 +66,7 @@ def analysis_text(raw: bytes) -> str:
     The file lies in the agent's workspace: it is read as untrusted text."""
     try:
         text = json.loads(raw).get("text")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # any bytes at all: nested past the limit too
         return ""
     if not isinstance(text, str):
         return ""

@@ -49,12 +49,14 @@ from goaltender.runner.server import Refused
 from goaltender.runner.slots import Grant, Slots, Unfit, Waiting, waiting_for
 from goaltender.runner.standby import Standbys
 from goaltender.runner.supervisor import (
+    MAX_LINE,
     Launch,
     ProcessResult,
     RunCancelled,
+    SupervisionFailed,
     kill_leftover_group,
     leftover_usage,
-    read_beneath,
+    read_end_beneath,
     spawn,
     terminate_group,
     wait_process,
@@ -1038,6 +1040,7 @@ class Campaigns:
             if watching is not None:
                 watching.cancel()
         done = _combined(attempts, metric, req.repeat)
+        done.note = _with_unreadable(done.note, done.result.unreadable_lines)
         # Its processes have ended: a goal's end or the runner's waits for its row, not cancels it
         # (cancelled in the middle of its writes, the row stayed `running`).
         self._concluding.add(experiment.id)
@@ -1093,15 +1096,15 @@ class Campaigns:
             or goal.id in self._asking_low_signal
         ):
             return
-        found = noise.flat_curve(await self.store.loss_series(goal.id, experiment.id))
+        found = noise.flat_curve(await self.store.loss_curves(goal.id, experiment.id))
         if found is None:
             return
-        name, values = found
+        name, (start, end, points) = found
         self._asked_flat.add(goal.id)
         self._asking_low_signal.add(goal.id)
         question = (
-            f"The training curve of #{experiment.index} has not moved ({name} {values[0]:.4g} → "
-            f"{values[-1]:.4g} over {len(values)} points). Go on as planned?"
+            f"The training curve of #{experiment.index} has not moved ({name} {start:.4g} → "
+            f"{end:.4g} over {points} points). Go on as planned?"
         )
         self._spawn(self._low_signal_prompt(goal, [], question))
 
@@ -1189,6 +1192,13 @@ class Campaigns:
                 used = before if used is None else _together(before, used)
             status, note = self._cancel_reasons.pop(experiment.id, ("crash", "cancelled"))
             self._close_row(experiment, status, note, used)
+            raise
+        except SupervisionFailed as failed:
+            # A fault of the runner's own: the process was killed, its row is closed and charged.
+            used = _add(before, failed.result)
+            await self._finish(
+                experiment, "crash", f"killed: the runner failed to follow it ({failed})", result=used
+            )
             raise
 
     def _close_row(
@@ -1395,7 +1405,20 @@ def _together(first: ProcessResult, then: ProcessResult) -> ProcessResult:
         timed_out=first.timed_out,
         summary=first.summary,
         limits=first.limits,
+        unreadable_lines=first.unreadable_lines + then.unreadable_lines,
     )
+
+
+def _with_unreadable(note: str | None, unreadable: int) -> str | None:
+    """The row's note, saying how many of its output lines were skipped as no metrics could be
+    read from them (so a person sees why a number printed as `{'acc': 0.5}` is missing)."""
+    if not unreadable:
+        return note
+    said = (
+        f"{unreadable} unreadable output line{'' if unreadable == 1 else 's'} skipped "
+        f"(a {{…}} line that is not a JSON object, or a line over {MAX_LINE // 1024 // 1024} MiB)"
+    )
+    return f"{note}; {said}" if note else said
 
 
 class _NotStarted(OSError):
@@ -1475,7 +1498,7 @@ async def _no_points(points: list[MetricPoint]) -> None:
 def _tail_text(workspace: Path, limit: int) -> str:
     """The end of the agent's log (in its workspace: never read through a link it left there)."""
     try:
-        data = read_beneath(workspace, workspace / "agent.log")
+        data = read_end_beneath(workspace, workspace / "agent.log", limit + 1)
     except OSError as exc:
         return f"(agent.log cannot be read: {exc})"
     if len(data) > limit:

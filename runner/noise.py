@@ -71,11 +71,10 @@ FLAT = 0.01  # a loss curve that moved less than this share of its start "has no
 FLAT_MIN_POINTS = 5
 
 
-def flat_curve(curves: dict[str, list[float]]) -> tuple[str, list[float]] | None:
-    """The first loss curve that has not moved (at least FLAT_MIN_POINTS points), if any."""
-    for name, values in curves.items():
-        if len(values) >= FLAT_MIN_POINTS:
-            start, end = values[0], values[-1]
-            if abs(end - start) <= FLAT * max(abs(start), 1e-12):
-                return name, values
+def flat_curve(curves: dict[str, tuple[float, float, int]]) -> tuple[str, tuple[float, float, int]] | None:
+    """The first loss curve (first value, last value, points) that has not moved, with at least
+    FLAT_MIN_POINTS points, if any."""
+    for name, (start, end, points) in curves.items():
+        if points >= FLAT_MIN_POINTS and abs(end - start) <= FLAT * max(abs(start), 1e-12):
+            return name, (start, end, points)
     return None

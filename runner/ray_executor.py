@@ -128,7 +128,7 @@ class RayExecutor:
             if answer.status == 404:
                 raise ProcessLookupError(f"Ray at {address}: job {placement.job_id} is not known there")
             follow = _Follow(api, job, placement.job_id, on_points, self.patience_s, self.detached)
-            copied = follow.resume_metrics()
+            copied = await follow.resume_metrics()
             follow.resumed = True
             return await follow.run(None, copied=copied)
 
@@ -176,12 +176,10 @@ class _Follow:
         self.copied = 0
         self.failing_since: float | None = None
 
-    def resume_metrics(self) -> int:
+    async def resume_metrics(self) -> int:
         """Reads what run.log holds already for its summary lines only (its series points were
         delivered before the restart); returns its size, where copying resumes."""
-        for tail in self.live.tails:
-            for line in tail.read_lines():
-                self.live.parser.feed(line)
+        await self.live.skim()
         return self.live.tails[0].offset
 
     async def run(self, started: Callable[[], Awaitable[None]] | None, *, copied: int) -> ProcessResult:
@@ -310,7 +308,8 @@ class _Follow:
             cpu_seconds=wall * CPUS,
             peak_rss_mb=0.0,
             timed_out=timed_out,
-            summary=self.live.parser.summary,
+            summary=self.live.summary,
+            unreadable_lines=self.live.unreadable,
         )
 
 

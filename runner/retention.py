@@ -214,7 +214,7 @@ def _training_info(step_dir_parent: int, name: str) -> dict[str, Any]:
                 return {}
             data = f.read(INFO_LIMIT + 1)
         info = json.loads(data) if len(data) <= INFO_LIMIT else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # the agent writes it: any bytes at all
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -245,7 +245,12 @@ def _named_step(experiment: Experiment) -> float | None:
 
 
 def _finite(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past any float
+        return False
 
 
 # ---- deletion ----

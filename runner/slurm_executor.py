@@ -282,7 +282,8 @@ class _Follow:
             cpu_seconds=wall * record.cpus,
             peak_rss_mb=0.0,
             timed_out=timed_out,
-            summary=self.live.parser.summary,
+            summary=self.live.summary,
+            unreadable_lines=self.live.unreadable,
         )
 
 

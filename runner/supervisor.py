@@ -9,6 +9,14 @@ A process is started from a Launch: the command itself, or the sandbox wrapped a
 (runner/sandbox.py), in its goal's cgroup (runner/limits.py). Its logs live in the goal's
 workspace, which the agent writes too, so the runner opens them with `open_beneath`: never
 through a symlink or onto a FIFO the agent left there.
+
+Nothing a run prints frees it from supervision. Its output is the run's to choose, so reading it
+is total: a line that cannot be read (a `{…}` line that is no JSON object, nested past the
+recursion limit, a line over MAX_LINE) is skipped and counted in the run's result, never raised.
+It is read a bounded chunk at a time, in a worker thread, so the runner's memory does not grow
+with a run's output and the event loop keeps answering through a burst. And whatever goes wrong
+while it is followed, the run's timeout stands and its process group is not abandoned: a fault of
+the runner's own kills the group and measures it (SupervisionFailed).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -34,6 +43,8 @@ import psutil
 from goaltender.runner.limits import Usage, joined
 from goaltender.storage.records import MetricPoint
 
+log = logging.getLogger("goaltender.runner")
+
 MAX_METRIC_NAME = 128  # characters: a longer `name: value` or JSON key is no metric's name
 _SUMMARY_LINE = re.compile(
     rf"^\s*([A-Za-z_][\w./-]{{0,{MAX_METRIC_NAME - 1}}})\s*[:=]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$"
@@ -42,29 +53,44 @@ _SUMMARY_LINE = re.compile(
 # per-example lines is among them; it is part of every event and reply that carries the run.
 MAX_SUMMARY = 256
 TAIL_INTERVAL_S = 0.5
+# Bytes of a run's output read at a time: a chunk of tiny JSON lines is ~16 MB of points.
+READ_CHUNK = 256 * 1024
+MAX_LINE = 1024 * 1024  # bytes: a longer line is skipped (and counted) without being held whole
+DRAIN_CHUNKS = 64  # chunks one drain reads of a file while the run goes on; the rest come next
+_INT_DIGITS = 18  # a longer integer is read as the float it is near (inf past 1e308): no int() limit
 
 
 @dataclass
 class MetricParser:
-    """Incremental parser for an experiment's output (fed whole lines)."""
+    """Incremental parser for an experiment's output (fed whole lines). Total: any line at all is
+    read or counted in `unreadable`, never raised."""
 
     summary: dict[str, float] = field(default_factory=dict)
+    unreadable: int = 0  # lines refused: `{…}` lines that are no JSON object
+    # One decoder for all lines (json.loads with options builds one a call), not shared between
+    # parsers: each is fed by one thread at a time.
+    _json: json.JSONDecoder = field(default_factory=lambda: json.JSONDecoder(parse_int=_integer), repr=False)
 
     def feed(self, line: str) -> list[MetricPoint]:
+        try:
+            return self._read(line)
+        except Exception:  # the run chooses its lines: none may end its supervision
+            self.unreadable += 1
+            return []
+
+    def _read(self, line: str) -> list[MetricPoint]:
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                return []
+            # ValueError (not JSON) or RecursionError (nested too deep) make it unreadable.
+            obj = self._json.decode(line)
             if not isinstance(obj, dict):
-                return []
+                raise ValueError("not a JSON object")
             step = obj.get("step")
             step = float(step) if _is_number(step) else None
             return [
                 MetricPoint(name=k, value=float(v), step=step)
                 for k, v in obj.items()
-                if k != "step" and _is_number(v) and len(k) <= MAX_METRIC_NAME
+                if k != "step" and _is_number(v) and len(k) <= MAX_METRIC_NAME and _is_text(k)
             ]
         if m := _SUMMARY_LINE.match(line):
             value = float(m.group(2))
@@ -76,48 +102,171 @@ class MetricParser:
         return []
 
 
+def _integer(digits: str) -> int | float:
+    """A JSON integer; a long one as a float (1e400 is inf, not a metric), as int() refuses
+    4,300 digits and float() overflows on an int past 1e308."""
+    return int(digits) if len(digits.lstrip("-")) <= _INT_DIGITS else float(digits)
+
+
 def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-class _Tail:
-    """Reads whole new lines appended to a file (inside `root`) since the last call."""
+def _is_text(name: str) -> bool:
+    """Whether a JSON key is text that can be stored: a `\\ud800` escape decodes to a lone
+    surrogate, which no UTF-8 (SQLite, the wire) can carry."""
+    return name.isascii() or not any("\ud800" <= c <= "\udfff" for c in name)
 
-    def __init__(self, root: Path, path: Path):
+
+class _Tail:
+    """Reads whole new lines appended to a file (inside `root`), at most `chunk` bytes a call.
+
+    A line is held until its newline comes, but never more than `max_line` of it: past that it is
+    skipped to its newline and counted in `skipped`. Only lines that may be metrics are returned:
+    a burst of plain text must not cost a Python object a line."""
+
+    def __init__(self, root: Path, path: Path, chunk: int = READ_CHUNK, max_line: int = MAX_LINE):
         self.root = root
         self.path = path
+        self.chunk = chunk
+        self.max_line = max_line
+        # A long line (to skip), or one with `{`, `:` or `=` in it; found by the regex engine.
+        self.candidates = re.compile(rb"^(?:[^\n]{%d,}|[^\n]*[{:=][^\n]*)" % (max_line + 1), re.MULTILINE)
         self.offset = 0
-        self.partial = b""
+        self.partial = bytearray()  # the start of the line being written (grown in place)
+        self.overlong = False  # the line being written is past max_line: skipped to its newline
+        self.skipped = 0
+        self.end: int | None = None  # where a final read stops: the file's size when it began
 
-    def read_lines(self, final: bool = False) -> list[str]:
+    def read_lines(self, final: bool = False) -> tuple[list[str], bool]:
+        """The next chunk's lines that may be metrics, and whether there is more to read.
+        `final`: the writer is done; the read goes on to where the file ended when it began, and
+        a last line without a newline counts too."""
         try:
-            chunk = read_beneath(self.root, self.path, self.offset)
+            data, size = _read_sized(self.root, self.path, self.offset, self.chunk)
         except OSError:  # replaced by something that is not a file: nothing more to read
-            return []
-        self.offset += len(chunk)
-        data = self.partial + chunk
-        *lines, self.partial = data.split(b"\n")
-        if final and self.partial:
-            lines.append(self.partial)
-            self.partial = b""
-        return [raw.decode(errors="replace") for raw in lines]
+            return [], False
+        if final and self.end is None:
+            self.end = size
+        self.offset += len(data)
+        more = len(data) == self.chunk and (self.end is None or self.offset < self.end)
+        cut = data.rfind(b"\n") + 1  # after the last newline: 0 when there is none
+        whole = self._ended(data[:cut]) if cut else b""
+        self._hold(data[cut:])
+        if final and not more:
+            if self.partial:
+                whole, self.partial = whole + b"\n" + self.partial, bytearray()
+            self.overlong, self.end = False, None
+        return self._worth_reading(whole), more
+
+    def _ended(self, ended: bytes) -> bytes:
+        """The lines that end in this chunk, the one begun before it first (unless skipped)."""
+        if self.overlong:
+            ended = ended[ended.index(b"\n") + 1 :]  # the end of the skipped line
+            self.overlong = False
+        else:
+            ended = bytes(self.partial) + ended
+        self.partial = bytearray()
+        return ended
+
+    def _hold(self, begun: bytes) -> None:
+        """The start of a line whose newline is not written yet, kept up to max_line."""
+        if self.overlong or not begun:
+            return
+        if len(self.partial) + len(begun) > self.max_line:
+            self.partial, self.overlong = bytearray(), True
+            self.skipped += 1
+        else:
+            self.partial += begun
+
+    def _worth_reading(self, whole: bytes) -> list[str]:
+        lines = []
+        for found in self.candidates.finditer(whole):
+            if len(line := found.group()) > self.max_line:
+                self.skipped += 1
+            else:
+                lines.append(line.decode(errors="replace"))
+        return lines
 
 
 class LiveMetrics:
     """A run's metrics as they are written: its log and the metrics.jsonl beside it, read for new
-    whole lines; series points go to `on_points`, `key: value` lines to the summary."""
+    whole lines; series points go to `on_points`, `key: value` lines to the summary.
+
+    `drain` never raises (but CancelledError): the files are read in a worker thread, a chunk at a
+    time; a line that cannot be read is counted (`unreadable`), and so are points `on_points`
+    failed to take (`lost_points`); the run is followed on."""
 
     def __init__(
-        self, beneath: Path, log_path: Path, on_points: Callable[[list[MetricPoint]], Awaitable[None]]
+        self,
+        beneath: Path,
+        log_path: Path,
+        on_points: Callable[[list[MetricPoint]], Awaitable[None]],
+        *,
+        chunk: int = READ_CHUNK,
+        max_line: int = MAX_LINE,
     ):
         self.parser = MetricParser()
-        self.tails = [_Tail(beneath, log_path), _Tail(beneath, log_path.parent / "metrics.jsonl")]
+        self.tails = [
+            _Tail(beneath, path, chunk, max_line) for path in (log_path, log_path.parent / "metrics.jsonl")
+        ]
         self.on_points = on_points
+        self.lost_points = 0
+        self.given_up = False  # reading itself failed (a bug): the run is supervised, not followed
 
-    async def drain(self, final: bool = False) -> None:
-        points = [p for tail in self.tails for line in tail.read_lines(final) for p in self.parser.feed(line)]
-        if points:
+    @property
+    def unreadable(self) -> int:
+        """Lines skipped: not readable as metrics, or over MAX_LINE."""
+        return self.parser.unreadable + sum(tail.skipped for tail in self.tails)
+
+    @property
+    def summary(self) -> dict[str, float]:
+        return dict(self.parser.summary)  # a copy: a cancelled drain's thread may still add to it
+
+    async def drain(self, final: bool = False) -> bool:
+        """Reads what both files have new: up to DRAIN_CHUNKS chunks each, or (`final`: the run
+        has ended) all they held then. Whether it caught up."""
+        return await self._drain(final, DRAIN_CHUNKS if not final else None, deliver=True)
+
+    async def skim(self) -> None:
+        """Reads all both files hold for the summary alone: their series points were delivered
+        before (a run followed again after a runner restart)."""
+        await self._drain(False, None, deliver=False)
+
+    async def _drain(self, final: bool, budget: int | None, *, deliver: bool) -> bool:
+        caught_up = True
+        for tail in self.tails:
+            left, more = budget, True
+            while more and not self.given_up:
+                points, more = await self._read(tail, final)
+                if points and deliver:
+                    await self._deliver(points)
+                if left is not None and more and (left := left - 1) <= 0:
+                    caught_up = False
+                    break
+        return caught_up
+
+    async def _read(self, tail: _Tail, final: bool) -> tuple[list[MetricPoint], bool]:
+        """A chunk's points, read in a worker thread: the event loop answers meanwhile."""
+
+        def read() -> tuple[list[MetricPoint], bool]:
+            lines, more = tail.read_lines(final)
+            return [point for line in lines for point in self.parser.feed(line)], more
+
+        try:
+            return await asyncio.to_thread(read)
+        except Exception:
+            self.given_up = True
+            log.exception("reading a run's output failed: its metrics are no longer followed")
+            return [], False
+
+    async def _deliver(self, points: list[MetricPoint]) -> None:
+        try:
             await self.on_points(points)
+        except Exception:
+            if not self.lost_points:
+                log.exception("storing a run's metric points failed: they are dropped, the run followed on")
+            self.lost_points += len(points)
 
 
 @dataclass
@@ -130,6 +279,7 @@ class ProcessResult:
     timed_out: bool
     summary: dict[str, float]
     limits: Usage | None = None  # what its goal's limits did while it ran (local runs; runner/limits.py)
+    unreadable_lines: int = 0  # of its output: skipped, not read as metrics (LiveMetrics.unreadable)
 
 
 @dataclass
@@ -223,6 +373,31 @@ def read_beneath(root: Path, path: Path, offset: int = 0, limit: int = -1) -> by
         return f.read(limit)
 
 
+def read_end_beneath(root: Path, path: Path, limit: int) -> bytes:
+    """The last `limit` bytes of a file inside `root` (read_beneath's rules): however long it
+    grew, only they are read."""
+    try:
+        fd = open_beneath(root, path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return os.pread(fd, limit, max(0, os.fstat(fd).st_size - limit))
+    finally:
+        os.close(fd)
+
+
+def _read_sized(root: Path, path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """read_beneath's `limit` bytes from `offset`, and the file's size then (0 when missing)."""
+    try:
+        fd = open_beneath(root, path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b"", 0
+    try:
+        return os.pread(fd, limit, offset), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
 def read_chunk_beneath(
     root: Path, path: Path, offset: int, limit: int, peek: int, behind: int = 0
 ) -> tuple[bytes, bytes, bytes]:
@@ -280,6 +455,15 @@ class RunCancelled(asyncio.CancelledError):
         self.result = result
 
 
+class SupervisionFailed(RuntimeError):
+    """Following the run failed by a fault of the runner's own (its output cannot cause one): its
+    process group was killed rather than left unsupervised, and `result` is what it used."""
+
+    def __init__(self, cause: Exception, result: ProcessResult):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.result = result
+
+
 async def run_supervised(
     launch: Launch,
     *,
@@ -297,9 +481,9 @@ async def run_supervised(
     run, runner/standby.py); `launch` still reads its exit status.
 
     However it ends (exit, timeout, cancellation) its wall and CPU time are measured: a cancelled
-    run raises RunCancelled carrying them."""
+    run raises RunCancelled carrying them; one the runner failed to follow, SupervisionFailed.
+    Once the process has started, nothing else is raised, and the process never outlives this."""
     follow = LiveMetrics(beneath, log_path, on_points)
-    parser, drain = follow.parser, follow.drain
     started = time.monotonic()
     proc = start() if start is not None else spawn(launch, log_path=log_path, beneath=beneath)
     waiter = asyncio.ensure_future(wait_process(proc))
@@ -307,22 +491,32 @@ async def run_supervised(
     # the timeout from being enforced.
     timer = asyncio.ensure_future(_kill_after(timeout_s, proc.pid, waiter, grace_s))
 
+    def measured(timed_out: bool) -> ProcessResult:
+        return _measured(launch, started, _reaped(waiter), timed_out, follow)
+
     try:
         await on_start(proc.pid)
+        caught_up = True
         while not waiter.done():
-            await asyncio.wait({waiter}, timeout=TAIL_INTERVAL_S)
-            await drain()
-        ended = await waiter
+            if caught_up:  # behind a burst of output, it reads on at once
+                await asyncio.wait({waiter}, timeout=TAIL_INTERVAL_S)
+            caught_up = await follow.drain()
+        await waiter
         timed_out = await timer  # returns at once now (or once its kill is done)
-        await drain(final=True)
+        await follow.drain(final=True)
     except asyncio.CancelledError:
         # The runner is stopping this experiment: take its whole process group down with it.
         timer.cancel()
         await terminate_group(proc.pid, waiter, grace_s)
-        raise RunCancelled(_measured(launch, started, _reaped(waiter), False, parser.summary)) from None
+        raise RunCancelled(measured(False)) from None
+    except Exception as exc:
+        log.exception("following pid %d failed: its process group is killed", proc.pid)
+        timer.cancel()
+        await terminate_group(proc.pid, waiter, grace_s)
+        raise SupervisionFailed(exc, measured(False)) from exc
     finally:
         timer.cancel()  # done already, unless something failed: then it must not kill later
-    return _measured(launch, started, ended, timed_out, parser.summary)
+    return measured(timed_out)
 
 
 async def _kill_after(
@@ -349,13 +543,15 @@ def _measured(
     started: float,
     reaped: tuple[int, struct_rusage] | None,
     timed_out: bool,
-    summary: dict[str, float],
+    follow: LiveMetrics,
 ) -> ProcessResult:
-    """The run's ProcessResult: its exit, wall time since `started`, wait4's rusage. `reaped` is
-    None only when a killed group's leader could not be reaped: then wall time alone is known."""
+    """The run's ProcessResult: its exit, wall time since `started`, wait4's rusage, what its
+    output said. `reaped` is None only when a killed group's leader could not be reaped: then
+    wall time alone is known."""
     wall = time.monotonic() - started
+    summary, unreadable = follow.summary, follow.unreadable
     if reaped is None:
-        return ProcessResult(None, None, wall, 0.0, 0.0, timed_out, summary)
+        return ProcessResult(None, None, wall, 0.0, 0.0, timed_out, summary, unreadable_lines=unreadable)
     status, rusage = reaped
     code = launch.exit_code(status)
     return ProcessResult(
@@ -366,6 +562,7 @@ def _measured(
         peak_rss_mb=rusage.ru_maxrss / 1024,  # KiB on Linux
         timed_out=timed_out,
         summary=summary,
+        unreadable_lines=unreadable,
     )
 
 

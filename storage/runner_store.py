@@ -782,17 +782,21 @@ class RunnerStore:
         rows = await self.db.fetchall(sql + " ORDER BY id", params)
         return [(row[0], row[1]) for row in rows]
 
-    async def loss_series(self, goal_id: int, experiment_id: int) -> dict[str, list[float]]:
-        """A run's training-loss curves (series named *loss, e.g. train_loss, train/loss), in order."""
-        rows = await self.db.fetchall(
-            "SELECT name, value FROM metrics WHERE goal_id = ? AND experiment_id = ? AND name LIKE '%loss' "
-            "ORDER BY id",
-            (goal_id, experiment_id),
+    async def loss_curves(self, goal_id: int, experiment_id: int) -> dict[str, tuple[float, float, int]]:
+        """A run's training-loss curves (series named *loss, e.g. train_loss, train/loss), in the
+        order they began, each as (first value, last value, points). Counted by SQLite: a run may
+        log millions of points, and their rows loaded here held the runner for seconds."""
+        where = "FROM metrics WHERE goal_id = ? AND experiment_id = ? AND name LIKE '%loss' GROUP BY name"
+        # With one min() or max() in a query, SQLite takes `value` from the row that has it.
+        firsts = await self.db.fetchall(
+            f"SELECT name, value, MIN(id), COUNT(*) {where}", (goal_id, experiment_id)
         )
-        curves: dict[str, list[float]] = {}
-        for name, value in rows:
-            curves.setdefault(name, []).append(value)
-        return curves
+        lasts = await self.db.fetchall(f"SELECT name, value, MAX(id) {where}", (goal_id, experiment_id))
+        last_of = {name: value for name, value, _ in lasts}
+        return {
+            name: (first, last_of[name], count)
+            for name, first, _, count in sorted(firsts, key=lambda row: row[2])
+        }
 
     # ---- approvals ----
 

@@ -235,6 +235,26 @@ def test_a_fifo_as_training_info_does_not_hang(tmp_path):
     assert pruned.removed == [path]
 
 
+def test_a_poisoned_training_info_scores_nothing(tmp_path):
+    """training_info.json is the agent's to write: an integer past any float (OverflowError), one
+    past int()'s digit limit (ValueError) or nesting past the recursion limit (RecursionError)
+    raised out of the pruning after every run of its goal. Such a checkpoint is merely unscored."""
+    ws = tmp_path / "ws"
+    poisons = [
+        '{"val:accuracy": 1' + "0" * 400 + "}",
+        '{"val:accuracy": ' + "9" * 5000 + "}",
+        '{"val:accuracy": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ]
+    for index, poison in enumerate(poisons, start=1):
+        (checkpoint(ws, index, 10) / "training_info.json").write_text(poison)
+    checkpoint(ws, 4, 10, {"val:accuracy": 0.5})
+    experiments = [experiment(i, value=None, metric_name="validation/accuracy") for i in (1, 2, 3)]
+    experiments.append(experiment(4, value=0.5, metric_name="validation/accuracy"))
+    pruned = prune_checkpoints(ws, experiments, direction="maximize", keep_best=1)
+    assert pruned.best == ["#4 step_10"]
+    assert sorted(names(pruned.removed)) == ["001/step_10", "002/step_10", "003/step_10"]
+
+
 def test_no_workspace_or_no_checkpoints(tmp_path):
     pruned = prune_checkpoints(
         tmp_path / "missing", [experiment(1, value=1.0)], direction="maximize", keep_best=2
