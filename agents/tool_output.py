@@ -16,9 +16,10 @@ import functools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from goaltender.runner.secrets import Redactor, environment_secrets
+if TYPE_CHECKING:  # imported where used: the sweep agent's start needs one_line only, not pydantic
+    from goaltender.runner.secrets import Redactor
 
 
 def truncate_middle(text: str | bytes, limit: int, secrets: Sequence[str] = ()) -> str:
@@ -80,6 +81,8 @@ def _join(head: bytes, tail: bytes, cut: int, total: int) -> str:
 def secret_values(environ: Mapping[str, str]) -> list[str]:
     """The secrets an environment holds (runner/secrets.py: environment_secrets), longest first
     so that a secret containing another is redacted whole."""
+    from goaltender.runner.secrets import environment_secrets
+
     return sorted({value for _, value in environment_secrets(environ)}, key=len, reverse=True)
 
 
@@ -90,6 +93,8 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _redactor(secrets: tuple[str, ...]) -> Redactor:
+    from goaltender.runner.secrets import Redactor
+
     return Redactor(("", value) for value in secrets)  # unlabelled: each is `[redacted]`
 
 
