@@ -62,6 +62,7 @@ from goaltender.runner.supervisor import (
     wait_process,
 )
 from goaltender.storage.records import (
+    AGENT_LOG,
     TERMINAL_STATES,
     Approval,
     Budget,
@@ -385,7 +386,7 @@ class Campaigns:
                 # that run waits on it. (The standby's sandbox binds the goal's socket, there now.)
                 self.standbys.keep(goal)
             launch = self.sandbox.launch(goal, command, cwd=workspace, env=env, agent=True)
-            proc = spawn(launch, log_path=workspace / "agent.log", beneath=workspace)
+            proc = spawn(launch, log_path=workspace / AGENT_LOG, beneath=workspace)
         except OSError as exc:
             await self.end_goal(goal.id, "failed", f"could not start agent {goal.agent!r}: {exc}")
             return
@@ -1498,7 +1499,7 @@ async def _no_points(points: list[MetricPoint]) -> None:
 def _tail_text(workspace: Path, limit: int) -> str:
     """The end of the agent's log (in its workspace: never read through a link it left there)."""
     try:
-        data = read_end_beneath(workspace, workspace / "agent.log", limit + 1)
+        data = read_end_beneath(workspace, workspace / AGENT_LOG, limit + 1)
     except OSError as exc:
         return f"(agent.log cannot be read: {exc})"
     if len(data) > limit:

@@ -12,6 +12,9 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+AGENT_LOG = "agent.log"  # in a goal's workspace, from its agent's start: the goal has run
+
+
 class Record(BaseModel):
     # Schemas are built on first use: a CLI verb (a process each) needs few of these (issue 13).
     model_config = ConfigDict(extra="forbid", defer_build=True)

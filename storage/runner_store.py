@@ -33,6 +33,7 @@ from goaltender.storage.db import Database, Tx
 from goaltender.storage.high_water import FILE as HIGH_WATER_FILE
 from goaltender.storage.high_water import HighWater
 from goaltender.storage.records import (
+    AGENT_LOG,
     TERMINAL_STATES,
     TOKEN_METRICS,
     Approval,
@@ -350,12 +351,13 @@ class RunnerStore:
         return goal
 
     async def _new_goal_id(self, tx: Tx, workspace_root: Path) -> int:
-        """Above every goal this database and this home have had, and with no workspace yet: a
-        workspace left by a goal the database no longer knows (restored from an earlier copy) is
-        never handed to a new goal."""
+        """Above every goal this database and this home have had, and with no goal's workspace yet:
+        a workspace left by a goal the database no longer knows (restored from an earlier copy) is
+        never handed to a new goal. (A goal's workspace holds its agent's log from its start; a
+        directory an operator prepared for the next goal holds none.)"""
         highest = (await tx.one("SELECT COALESCE(MAX(id), 0) FROM goals"))[0]
         goal_id = max(highest, self.issued.marks.goal) + 1
-        while (workspace_root / f"goal-{goal_id}").exists():
+        while (workspace_root / f"goal-{goal_id}" / AGENT_LOG).exists():
             goal_id += 1
         return goal_id
 
