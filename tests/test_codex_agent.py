@@ -12,8 +12,10 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 import tomllib
@@ -382,11 +384,14 @@ FAKE_APP_SERVER = textwrap.dedent(
 )
 
 
-async def test_permissions_unknown_requests_and_a_crashing_app_server(start_runner, connect, monkeypatch):
+async def test_permissions_unknown_requests_and_a_crashing_app_server(
+    start_runner, connect, monkeypatch, request
+):
     runner = await start_runner(agents={"codex": AGENT})
-    # In the runner's cache, which the agent's sandbox shows it (tmp_path is under /tmp: hidden).
-    fakes = runner.settings.cache_dir / "fake-codex"
-    fakes.mkdir()
+    # Under /var/tmp, which the agent's sandbox shows it read-only (tmp_path is under /tmp: the
+    # sandbox's /tmp is the goal's own; the runner's cache is the goals' own caches).
+    fakes = Path(tempfile.mkdtemp(prefix="gt-fake-codex-", dir="/var/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(fakes, ignore_errors=True))
     script = fakes / "fake_app_server.py"
     script.write_text(FAKE_APP_SERVER)
     answers = fakes / "answers.json"
