@@ -394,9 +394,8 @@ async def test_permissions_unknown_requests_and_a_crashing_app_server(
     request.addfinalizer(lambda: shutil.rmtree(fakes, ignore_errors=True))
     script = fakes / "fake_app_server.py"
     script.write_text(FAKE_APP_SERVER)
-    answers = fakes / "answers.json"
-    binary = fakes / "codex"
-    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} {answers}\n")
+    binary = fakes / "codex"  # its answers go to the goal's workspace, where it runs
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} codex-answers.json\n")
     binary.chmod(0o755)
     monkeypatch.setenv("GOALTENDER_CODEX_BIN", str(binary))
     client = await connect(runner)
@@ -407,7 +406,7 @@ async def test_permissions_unknown_requests_and_a_crashing_app_server(
     assert approval.kind == "permissions"
     assert "network access" in approval.question and "/data/shared" in approval.question
     assert "download the dataset" in approval.detail
-    replies = json.loads(answers.read_text())
+    replies = json.loads((workspace(runner, goal_id) / "codex-answers.json").read_text())
     assert replies["100"]["result"] == {
         "permissions": {"network": {"enabled": True}, "fileSystem": {"write": ["/data/shared"]}},
         "scope": "turn",
