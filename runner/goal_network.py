@@ -12,12 +12,15 @@ GOALTENDER_SANDBOX_NETWORK says what a goal's sandboxes reach:
 - `none`: the goal's own namespace with its loopback only: no way out.
 - `host`: the box's network, as it is (its loopback and abstract sockets included).
 
-How: a holder process — bwrap with a network namespace of its own, running `HOLDER` — keeps the
-namespace for the goal's life. It makes the allowed ports' listeners inside and hands them to the
-runner over a socketpair (SCM_RIGHTS), then waits for the runner to hang up (or die). slirp4netns
-joins the namespace to give it a way out. Each sandboxed process enters it with nsenter (an exec,
-so the sandbox's pid is still the one the runner supervises): with the namespace's own user
-namespace when it has one (an unprivileged runner's bwrap makes one), by its descriptor.
+How: a holder process — bwrap with a network namespace of its own, running `sleep` once bwrap has
+set the namespace up (it says so on its stdout) — keeps the namespace for the goal's life, and dies
+with the runner. slirp4netns joins the namespace to give it a way out. When the runner allows
+ports, a short-lived helper enters the namespace, makes their listeners there and hands them to the
+runner over a socketpair (SCM_RIGHTS): a listening socket stays in the namespace it was made in.
+Each sandboxed process enters the namespace with nsenter (an exec, so the sandbox's pid is still the
+one the runner supervises): with the namespace's own user namespace when it has one (an
+unprivileged runner's bwrap makes one), by its descriptor. Opening a goal's network costs a bwrap,
+a slirp4netns and (with ports) a Python start: tens of milliseconds at a goal's start.
 """
 
 from __future__ import annotations
@@ -52,8 +55,15 @@ INSTALL_HINT = (
     "then reach the box's loopback services and abstract sockets) or none (no network)"
 )
 
-# The holder, inside the goal's namespace: listeners for the allowed ports, handed to the runner.
-HOLDER = """
+# The holder, once bwrap has set up the namespace (its loopback up): it says so, then waits.
+HOLDER = [
+    "/bin/sh",
+    "-c",
+    'echo ready && exec "$0" infinity',
+    os.path.realpath(shutil.which("sleep") or "/bin/sleep"),
+]
+# Inside the goal's namespace, for a moment: listeners for the allowed ports, handed to the runner.
+LISTENER = """
 import socket, sys
 channel = socket.socket(fileno=int(sys.argv[1]))
 listeners = []
@@ -67,7 +77,6 @@ for port in map(int, sys.argv[2:]):
             continue
         listeners.append(listener)
 socket.send_fds(channel, [b"ready"], [l.fileno() for l in listeners])
-channel.recv(1)
 """
 
 
@@ -126,7 +135,6 @@ class _Network:
     """One goal's namespace and what keeps it: the holder, the way out, the relays."""
 
     holder: subprocess.Popen
-    channel: socket.socket
     net_fd: int
     user_fd: int | None  # the namespace's own user namespace; None: ours (a root runner)
     slirp: subprocess.Popen | None = None
@@ -136,7 +144,6 @@ class _Network:
     def close(self) -> None:
         for relay in self.relays:
             relay.close()
-        self.channel.close()  # the holder returns from recv and exits
         for fd in (self.net_fd, self.user_fd, self.slirp_exit):
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -145,7 +152,7 @@ class _Network:
             if proc is not None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
-                proc.wait()
+                proc.communicate()  # reaped, its pipes closed
 
 
 class GoalNetworks:
@@ -205,6 +212,9 @@ class GoalNetworks:
         network = self._networks.get(goal_id)
         if network is None:
             raise NetworkError(f"goal #{goal_id} has no network (it is not running)")
+        return self._entry(network)
+
+    def _entry(self, network: _Network) -> tuple[list[str], tuple[int, ...]]:
         net = os.dup(network.net_fd)
         words = [self._nsenter, f"--net=/proc/self/fd/{net}"]
         fds = [net]
@@ -241,13 +251,10 @@ class GoalNetworks:
         if problem := self.problem():
             raise NetworkError(problem)
         ports = allowed_ports(self.settings, os.environ)
-        network = await asyncio.to_thread(self._hold, ports)
+        network = await asyncio.to_thread(self._hold)
         try:
-            # The holder's listeners first: by then bwrap has set up the namespace's loopback, which
-            # slirp4netns's own setup of its device would race.
-            listeners = await asyncio.to_thread(_received, network)
-            if self.mode == "isolated":
-                await asyncio.to_thread(self._way_out, network)
+            outside = asyncio.to_thread(self._way_out, network) if self.mode == "isolated" else _nothing()
+            _, listeners = await asyncio.gather(outside, asyncio.to_thread(self._listen, network, ports))
             for listener in listeners:
                 port = listener.getsockname()[1]
                 host = "::1" if listener.family == socket.AF_INET6 else "127.0.0.1"
@@ -260,36 +267,35 @@ class GoalNetworks:
                  ", ".join(map(str, ports)) or "none")  # fmt: skip
         return network
 
-    def _hold(self, ports: list[int]) -> _Network:
-        """Start the holder; its namespace's descriptors."""
-        ours, theirs = socket.socketpair()
+    def _hold(self) -> _Network:
+        """Start the holder; its namespace's descriptors once it is set up."""
         info_r, info_w = os.pipe()
         argv = [self._bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-net", "--die-with-parent"]
-        argv += ["--info-fd", str(info_w), "--", sys.executable, "-c", HOLDER, str(theirs.fileno())]
-        argv += [str(port) for port in ports]
+        argv += ["--info-fd", str(info_w), "--", *HOLDER]
         try:
             holder = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(), info_w),
+                pass_fds=(info_w,),
                 start_new_session=True,
             )
         except OSError as exc:
-            ours.close()
+            os.close(info_r)
             raise NetworkError(f"the goal's network could not be made: {exc}") from exc
         finally:
-            theirs.close()
             os.close(info_w)
+        assert holder.stdout is not None
         try:
             pid = _child_pid(info_r)
+            if holder.stdout.readline() != b"ready\n":  # set up: its loopback is up
+                raise OSError("the holder ended before it was ready")
             net_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, ValueError, KeyError) as exc:
             holder.kill()
             _, err = holder.communicate()
-            ours.close()
-            why = err.decode(errors="replace").strip() or str(exc)
+            why = err.decode(errors="replace").strip()[-300:] or str(exc)
             raise NetworkError(f"the goal's network could not be made: bwrap: {why}") from exc
         user_fd: int | None = fcntl.ioctl(net_fd, NS_GET_USERNS)
         if user_fd is not None and os.fstat(user_fd).st_ino == os.stat("/proc/self/ns/user").st_ino:
@@ -297,8 +303,41 @@ class GoalNetworks:
             user_fd = None
         if user_fd is not None:
             os.set_inheritable(user_fd, False)
-        ours.settimeout(OPEN_TIMEOUT_S)
-        return _Network(holder, ours, net_fd, user_fd)
+        return _Network(holder, net_fd, user_fd)
+
+    def _listen(self, network: _Network, ports: list[int]) -> list[socket.socket]:
+        """Listeners for the allowed ports, made inside the namespace by a helper that enters it."""
+        if not ports:
+            return []
+        ours, theirs = socket.socketpair()
+        words, fds = self._entry(network)
+        argv = [*words, sys.executable, "-I", "-S", "-c", LISTENER, str(theirs.fileno()), *map(str, ports)]
+        try:
+            helper = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(), *fds),
+            )  # fmt: skip
+        except OSError as exc:
+            raise NetworkError(f"the goal's allowed ports could not be opened: {exc}") from exc
+        finally:
+            theirs.close()
+            for fd in fds:
+                os.close(fd)
+        try:
+            ours.settimeout(OPEN_TIMEOUT_S)
+            message, received, _, _ = socket.recv_fds(ours, 16, 2 * len(ports))
+        except OSError as exc:
+            helper.kill()
+            raise NetworkError(f"the goal's allowed ports could not be opened: {exc}") from exc
+        finally:
+            ours.close()
+        _, err = helper.communicate()
+        if message != b"ready":
+            for fd in received:
+                os.close(fd)
+            why = err.decode(errors="replace").strip()[-300:] or f"exit code {helper.returncode}"
+            raise NetworkError(f"the goal's allowed ports could not be opened: {why}")
+        return [socket.socket(fileno=fd) for fd in received]
 
     def _way_out(self, network: _Network) -> None:
         """slirp4netns into the namespace: a tap device, an address, a default route, a resolver;
@@ -346,20 +385,8 @@ def _child_pid(info_fd: int) -> int:
     return int(json.loads(said)["child-pid"])
 
 
-def _received(network: _Network) -> list[socket.socket]:
-    """The holder's listeners, once it has made them."""
-    try:
-        message, fds, _, _ = socket.recv_fds(network.channel, 16, 64)
-    except OSError as exc:
-        raise NetworkError(f"the goal's network holder did not answer: {exc}") from exc
-    if message != b"ready":
-        for fd in fds:
-            os.close(fd)
-        network.holder.kill()
-        _, err = network.holder.communicate()
-        why = err.decode(errors="replace").strip()[-300:] or f"exit code {network.holder.returncode}"
-        raise NetworkError(f"the goal's network holder exited before it was ready: {why}")
-    return [socket.socket(fileno=fd) for fd in fds]
+async def _nothing() -> None:
+    return None
 
 
 async def _relay(host: str, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
