@@ -214,7 +214,9 @@ class ConsoleThread:
             return ""  # past the goal's rate: its PostsFolded shows it
         if isinstance(data, PostsFolded):
             lines, _ = folded_titles(data, FOLDED_ROOM)
-            return self._message(ts, EMOJI["posts_folded"], folded_summary(data), self._body("\n".join(lines)))
+            return self._message(
+                ts, EMOJI["posts_folded"], folded_summary(data), self._body("\n".join(lines))
+            )
         if isinstance(data, MilestoneReported):
             summary, body = self._fit("", data.title, "bold")
             return self._message(ts, EMOJI["milestone"], summary, body + self._body(data.text))
