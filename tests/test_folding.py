@@ -88,21 +88,29 @@ def assert_each_folded_shown_once(events: list[Event]) -> None:
 # ---- the arithmetic, under any arrival times ----
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     gaps=st.lists(st.floats(0, 40, allow_nan=False) | st.just(0.0), min_size=1, max_size=60),
     burst=st.integers(1, 12),
     per_minute=st.floats(0.5, 120, allow_nan=False),
+    lag=st.floats(0, 5, allow_nan=False),
 )
-def test_every_milestone_is_posted_or_in_exactly_one_fold(tmp_path_factory, gaps, burst, per_minute):
-    """Milestones arriving at any times, against a goal's rate: each one is either posted or folded
-    and then counted in exactly one PostsFolded (written to a real runner.db); none is lost, and
-    the thread never gets more than the bucket allows (`burst`, then `per_minute`)."""
+def test_every_milestone_is_posted_or_in_exactly_one_fold(tmp_path_factory, gaps, burst, per_minute, lag):
+    """Milestones arriving at any times, against a goal's rate, and the wait for a token waking up
+    to `lag` seconds late: each milestone is either posted or folded and then counted in exactly
+    one PostsFolded (written to a real runner.db); none is lost, the thread keeps their order, and
+    it never gets more posts than the bucket allows (`burst`, then `per_minute`)."""
     db = tmp_path_factory.mktemp("fold") / "runner.db"
-    asyncio.run(_arrivals(db, list(itertools.accumulate(gaps)), burst, per_minute))
+    asyncio.run(_arrivals(db, list(itertools.accumulate(gaps)), burst, per_minute, lag))
 
 
-async def _arrivals(db: Path, times: list[float], burst: int, per_minute: float) -> None:
+async def _arrivals(db: Path, times: list[float], burst: int, per_minute: float, lag: float) -> None:
     store = await RunnerStore.open(db)
     try:
         goal = await store.create_goal(
@@ -117,27 +125,30 @@ async def _arrivals(db: Path, times: list[float], burst: int, per_minute: float)
         )
         posts = GoalPosts(PostRate.full(burst, per_minute, 0.0))
         posted_at: list[float] = []  # when the thread got a post: a milestone of its own, or a fold
-        clock = 0.0
+        wake: float | None = None  # when Folding's wait for a token next looks
 
-        async def show_due(until: float) -> None:
-            """What Folding's wait does: the folded posts shown as soon as a token comes."""
-            nonlocal clock
-            while posts.folded_waiting and (due := clock + posts.wait(clock)) <= until:
-                clock = due
-                if posts.show_due(clock):
+        async def wait_until(until: float) -> None:
+            """What Folding's wait does until then: looks when a token is due (waking `lag` late,
+            so that a milestone may come first and find the token), and shows the folded posts."""
+            nonlocal wake
+            while wake is not None and wake <= until:
+                if posts.show_due(wake):
                     assert await store.show_folded(goal.id) is not None
-                    posted_at.append(clock)
+                    posted_at.append(wake)
+                    wake = None
+                else:
+                    wake += posts.wait(wake) + lag
 
         for i, at in enumerate(times):
-            await show_due(at)
-            clock = at
+            await wait_until(at)
             milestone = MilestoneReported(title=f"m{i}")
             if posts.arrive(at):
                 posted_at.append(at)
             else:
                 milestone = milestone.model_copy(update={"folded": True})
+                wake = at + posts.wait(at) + lag if wake is None else wake
             await store.append_event(goal.id, milestone)
-        await show_due(math.inf)
+        await wait_until(math.inf)
 
         events = await goal_events(store, goal.id)
         assert [m.title for _, m in milestones(events)] == [f"m{i}" for i in range(len(times))]
