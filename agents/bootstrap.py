@@ -81,10 +81,12 @@ class GoalAgent:
     async def close(self) -> None:
         """Whatever the ending: release what the agent holds (child processes, clients)."""
 
-    async def milestone(self, title: str, text: str = "") -> None:
-        await self.runner.call(
+    async def milestone(self, title: str, text: str = "") -> str:
+        """What the runner said: logged, or folded past the goal's rate (runner/folding.py)."""
+        reply = await self.runner.call(
             p.ReportMilestone, p.Done, goal_id=self.goal_id, title=one_line(title, 300), text=text[:20_000]
         )
+        return reply.message
 
     async def submit_report(self, text: str) -> None:
         await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=text[:50_000])

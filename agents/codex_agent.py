@@ -127,9 +127,10 @@ class CodexAgent(GoalAgent):
             self._log.write("".join(f"    {v}\n" for v in verbose.rstrip().splitlines()))
         self._log.flush()
 
-    async def milestone(self, title: str, text: str = "") -> None:
+    async def milestone(self, title: str, text: str = "") -> str:
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):
-            await super().milestone(title, clip(text, 19_000))
+            return await super().milestone(title, clip(text, 19_000))
+        return ""
 
     async def submit_report(self, text: str) -> None:
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):

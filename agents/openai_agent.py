@@ -500,8 +500,8 @@ class OpenAIAgent(GoalAgent):
         )
         return reply.approval
 
-    async def milestone(self, title: str, text: str = "") -> None:
-        await super().milestone(redact(title, self.secrets), redact(text, self.secrets))
+    async def milestone(self, title: str, text: str = "") -> str:
+        return await super().milestone(redact(title, self.secrets), redact(text, self.secrets))
 
     async def finish(self, args: Finish) -> str:
         self.finished = True

@@ -39,7 +39,7 @@ from goaltender.training.launch import LaunchError, plan
 
 # (command, what it is for) -> (may run, a note for the tool result)
 Gate = Callable[[str, str], Awaitable[tuple[bool, str]]]
-PostMilestone = Callable[[str, str], Awaitable[None]]
+PostMilestone = Callable[[str, str], Awaitable[str]]  # -> what the runner said
 
 
 def steer_text(message: p.InboxMessage) -> str:
@@ -136,8 +136,9 @@ class RunnerVerbs:
         return note + experiment_text(reply)
 
     async def post_milestone(self, args: Milestone) -> str:
-        await self.milestone(args.title, args.text)
-        return "milestone posted"
+        said = await self.milestone(args.title, args.text)
+        # Past the goal's rate the runner folds it, and says so: the model should post less often.
+        return said if "; folded: " in said else "milestone posted"
 
     async def log_metrics(self, args: LogMetrics) -> str:
         points = [MetricPoint(name=k, value=v, step=args.step) for k, v in args.metrics.items()]

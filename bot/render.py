@@ -22,6 +22,8 @@ from goaltender.display.facts import (
     budget_summary,
     crash_text,
     experiment_cost,
+    folded_summary,
+    folded_titles,
     format_bar,
     format_metric,
     format_params,
@@ -43,6 +45,7 @@ from goaltender.storage.records import (
     HubFetched,
     InboxMessage,
     MilestoneReported,
+    PostsFolded,
     StageChanged,
     utcnow,
 )
@@ -429,6 +432,26 @@ def milestone(data: MilestoneReported) -> Payload:
     if data.text:
         blocks += sections(markdown_to_mrkdwn(data.text))
     return payload(f"Milestone: {escape(data.title)}", blocks)
+
+
+def posts_folded(data: PostsFolded) -> Payload:
+    """A goal's posts folded past its rate (runner/folding.py), as one post: how many, and their
+    titles (escaped only, as a milestone's), as many as fit one section; it says when some do not."""
+    summary = folded_summary(data)
+    lines, cut = folded_titles(data, SECTION_MAX - CUT_NOTE_MAX, escape)
+    where = (
+        f"events {data.first_seq}–{data.last_seq}"
+        if data.first_seq != data.last_seq
+        else f"event {data.first_seq}"
+    )
+    note = (
+        f"Posted faster than this goal's rate allows, so shown here as one post; each is whole in the "
+        f"runner's event log ({where})." + (" Titles cut to fit Slack." if cut else "")
+    )
+    blocks = sections(f"{EMOJI['posts_folded']} *{summary}*")
+    if lines:
+        blocks += sections("\n".join(lines))
+    return payload(summary.capitalize(), [*blocks, context(note)])
 
 
 def experiment_finished(data: ExperimentFinished) -> Payload:

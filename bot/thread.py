@@ -4,7 +4,8 @@ Each kind of event has one small function (the `WRITES` table) returning its pos
 campaign plot comes with milestones and the final report (one plot per such event, not one per
 metric; a milestone that names training curves, as the NeMo RL launcher's does, gets those
 instead), and events that change what the card shows refresh it. An event's writes are stored
-with its seq in one transaction, so each is made exactly once.
+with its seq in one transaction, so each is made exactly once. A milestone or fetch the runner
+folded past its goal's rate (runner/folding.py) gets no post and no plot: its PostsFolded shows it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from goaltender.storage.records import (
     GoalStateChanged,
     HubFetched,
     MilestoneReported,
+    PostsFolded,
     StageChanged,
     SteerReceived,
 )
@@ -91,7 +93,7 @@ class EventInThread:
 
 
 WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
-    MilestoneReported: lambda event, data: event.post(render.milestone(data)),
+    MilestoneReported: lambda event, data: event.post(None if data.folded else render.milestone(data)),
     ExperimentFinished: lambda event, data: event.post(render.experiment_finished(data)),
     ApprovalRequested: lambda event, data: event.post(
         render.approval_prompt(data.approval, event.runner), event.approval(data.approval.id)
@@ -104,7 +106,8 @@ WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
     BudgetChanged: lambda event, data: event.post(render.budget_changed(data)),
     GoalStateChanged: lambda event, data: event.post(render.state_changed(event.goal_id, data)),
     FinalReport: lambda event, data: event.post(render.final_report(data, event.goal_id)),
-    HubFetched: lambda event, data: event.post(render.hub_fetched(data)),
+    HubFetched: lambda event, data: event.post(None if data.folded else render.hub_fetched(data)),
+    PostsFolded: lambda event, data: event.post(render.posts_folded(data)),
 }
 """Event data type -> its post in the thread, or its edit of an earlier post."""
 
@@ -174,7 +177,7 @@ class ThreadWriter:
 
     async def _writes(self, event: EventInThread, data: Any) -> list[Write]:
         writes = [w for w in WRITES.get(type(data), _nothing)(event, data) if await self._target_queued(w)]
-        if isinstance(data, PLOTTED) and (plot := await self._plot_for(event, data)):
+        if isinstance(data, PLOTTED) and not _folded(data) and (plot := await self._plot_for(event, data)):
             writes.append(
                 Write("upload", in_thread(event.card, plot), EventKey(event.runner, event.seq, "plot"))
             )
@@ -283,3 +286,8 @@ class ThreadWriter:
 
 def _nothing(event: EventInThread, data: Any) -> list[Write]:
     return []
+
+
+def _folded(data: Any) -> bool:
+    """Folded past its goal's rate: in the goal's next PostsFolded post, not in one of its own."""
+    return bool(getattr(data, "folded", False))

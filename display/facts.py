@@ -18,7 +18,7 @@ from typing import Any
 
 from goaltender.display.params import format_params as _one_line_params
 from goaltender.display.plain import clean
-from goaltender.storage.records import Approval, Budget, Experiment, Goal
+from goaltender.storage.records import Approval, Budget, Experiment, Goal, PostsFolded
 
 EMOJI = {
     "goal_accepted": "🎯",
@@ -40,6 +40,7 @@ EMOJI = {
     "budget_changed": "📐",
     "report": "📋",
     "hub_fetched": "📦",
+    "posts_folded": "🗂️",
 }
 STATE_EMOJI = {
     "running": "▶️",
@@ -288,3 +289,52 @@ def approval_verdict(a: Approval) -> tuple[str, str]:
         "expired": "Expired without an answer (treated as rejected)",
     }
     return EMOJI.get(a.state, EMOJI["pending"]), verdicts.get(a.state, "Still pending")
+
+
+FOLDED_TITLE_MAX = 150  # characters of each folded post's title shown
+
+
+def folded_summary(data: PostsFolded) -> str:
+    """`1,990 milestones folded`, `3 milestones and 1 fetch folded`."""
+    parts = [
+        f"{count:,} {noun}{'' if count == 1 else plural}"
+        for count, noun, plural in ((data.milestones, "milestone", "s"), (data.fetches, "fetch", "es"))
+        if count
+    ]
+    return f"{' and '.join(parts) or 'nothing'} folded"
+
+
+def folded_titles(
+    data: PostsFolded, room: int, shown: Callable[[str], str] = lambda title: title
+) -> tuple[list[str], bool]:
+    """The folded posts' titles, one line each: the first ones, `… N more …`, the latest ones;
+    each cut to FOLDED_TITLE_MAX characters, then as `shown` makes it (escaped for Slack), and
+    together within `room` characters, titles being left out from the middle. True when any title
+    was cut or left out to fit."""
+    first = [_one_line(title) for title in data.titles]
+    latest = [_one_line(title) for title in data.latest_titles]
+    cut = any(len(title) > FOLDED_TITLE_MAX for title in first + latest)
+    first, latest = [_cut_title(title) for title in first], [_cut_title(title) for title in latest]
+    left_out = data.unnamed
+    while True:
+        lines = [f"• {shown(title)}" for title in first]
+        if left_out:
+            lines.append(f"… {left_out:,} more …")
+        lines += [f"• {shown(title)}" for title in latest]
+        if sum(len(line) + 1 for line in lines) <= room or not (first or latest):
+            return lines, cut
+        # From the middle: the first ones say how the burst began, the latest where the goal is now.
+        if len(first) > len(latest):
+            first.pop()
+        else:
+            latest.pop(0)
+        left_out += 1
+        cut = True
+
+
+def _one_line(title: str) -> str:
+    return " ".join(clean(title).split())
+
+
+def _cut_title(title: str) -> str:
+    return title if len(title) <= FOLDED_TITLE_MAX else title[: FOLDED_TITLE_MAX - 1] + "…"

@@ -27,6 +27,8 @@ from goaltender.display.facts import (
     clock,
     crash_text,
     experiment_cost,
+    folded_summary,
+    folded_titles,
     format_bar,
     format_metric,
     format_params,
@@ -55,6 +57,7 @@ from goaltender.storage.records import (
     HubFetched,
     MetricsLogged,
     MilestoneReported,
+    PostsFolded,
     SteerReceived,
 )
 
@@ -63,6 +66,7 @@ __all__ = ["ConsoleThread"]
 WIDTH = 100
 INDENT = "    "
 SPEAKER = "goaltender"
+FOLDED_ROOM = 2000  # characters of folded posts' titles shown in their one message
 
 DEFAULT_APPROVAL_HINT = "Answer at the prompt: y = approve, n = reject; anything after it is your comment."
 
@@ -206,6 +210,13 @@ class ConsoleThread:
             return self._render_accepted(ts, data)
         if isinstance(data, GoalStateChanged):
             return self._render_state(ts, data)
+        if isinstance(data, MilestoneReported | HubFetched) and data.folded:
+            return ""  # past the goal's rate: its PostsFolded shows it
+        if isinstance(data, PostsFolded):
+            lines, _ = folded_titles(data, FOLDED_ROOM)
+            return self._message(
+                ts, EMOJI["posts_folded"], folded_summary(data), self._body("\n".join(lines))
+            )
         if isinstance(data, MilestoneReported):
             summary, body = self._fit("", data.title, "bold")
             return self._message(ts, EMOJI["milestone"], summary, body + self._body(data.text))

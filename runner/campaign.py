@@ -41,6 +41,7 @@ from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experi
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Executor, Job, LocalExecutor, OnStart, Placement
 from goaltender.runner.fetches import HubFetches
+from goaltender.runner.folding import Folding
 from goaltender.runner.limits import Counters, GoalCgroups
 from goaltender.runner.report import best_experiment, final_report
 from goaltender.runner.retention import prune_checkpoints
@@ -66,10 +67,12 @@ from goaltender.storage.records import (
     TERMINAL_STATES,
     Approval,
     Budget,
+    Event,
     Experiment,
     ExperimentStatus,
     Goal,
     GoalState,
+    HubFetched,
     MetricPoint,
     MilestoneReported,
     utcnow,
@@ -82,6 +85,7 @@ AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
 WAITING_WRITES_MOST = 100  # an agent's writes of one goal held for room on a full disk; past it, refused
 ACTIVE = ("running", "waiting_for_approval")  # the states a full disk pauses
 T = TypeVar("T")
+Post = MilestoneReported | HubFetched  # what an agent's requests post to its thread (Campaigns.post)
 
 
 class AgentSockets(Protocol):
@@ -139,6 +143,9 @@ class Campaigns:
         self._unrecorded: dict[int, tuple[GoalState, str]] = {}
         # experiment id -> (its goal id, the closing of its row, killed: _close_row)
         self._rows: dict[int, tuple[int, asyncio.Task]] = {}
+        self.folding = Folding(
+            settings.milestone_burst, settings.milestones_per_minute, self._show_folded, self._spawn
+        )
 
     # ---- goals ----
 
@@ -251,6 +258,8 @@ class Campaigns:
             return
         if goal.state == "waiting_for_approval":
             await self.store.set_goal_state(goal.id, "running", "the runner restarted")
+        if await self.store.folded_unshown(goal.id):
+            self.folding.left_folded(goal.id)
         await self.store.append_event(
             goal.id,
             MilestoneReported(
@@ -369,6 +378,21 @@ class Campaigns:
         if await self.store.done_unless_full(recording):
             return True, recording.result()
         return False, None
+
+    async def post(self, goal_id: int, data: Post, what: str) -> tuple[bool, Event | None, bool]:
+        """A post to the goal's thread made for its agent (a milestone, a fetch's record), logged
+        as write_in_turn does, folded past the goal's rate (runner/folding.py): (written, its
+        event once written, folded)."""
+        folded = not self.folding.arrive(goal_id)
+        if folded:
+            data = data.model_copy(update={"folded": True})
+        written, event = await self.write_in_turn(
+            goal_id, lambda: self.store.append_event(goal_id, data), what
+        )
+        return written, event, folded
+
+    def _show_folded(self, goal_id: int) -> None:
+        self._record(goal_id, lambda: self.store.show_folded(goal_id), "its folded posts' summary")
 
     # ---- the agent ----
 
@@ -805,13 +829,11 @@ class Campaigns:
         )
         if found.ok:
             await self.store.block_experiments(goal.id, None)
-            await self.store.append_event(
-                goal.id,
-                MilestoneReported(
-                    title=f"Cross-check #{number} agreed: {compared} numbers",
-                    text=f"{req.description}\n\nA and B agree within rtol {req.rtol:g}, atol {req.atol:g}.",
-                ),
+            agreed = MilestoneReported(
+                title=f"Cross-check #{number} agreed: {compared} numbers",
+                text=f"{req.description}\n\nA and B agree within rtol {req.rtol:g}, atol {req.atol:g}.",
             )
+            await self.post(goal.id, agreed, "a cross-check's agreement")
             return reply
         return await self._decide_disagreement(goal, req, number, found, reply)
 
@@ -1315,6 +1337,7 @@ class Campaigns:
         await self._cancel_experiments(goal_id, f"ended with the goal: {first_line}")
         await self.limits.end(goal_id)  # whatever escaped its process groups (a double fork) too
         self.forget_disk_pause(goal_id)
+        self.folding.forget(goal_id)  # what is left folded is shown with its end (_record_end)
         self.sockets.close_agent_socket(goal_id)
         self.sandbox.networks.close(goal_id)
         self.sandbox.remove_goal_files(goal_id)
@@ -1333,6 +1356,7 @@ class Campaigns:
         rows = [task for id_, task in self._experiments.items() if self._experiment_goal.get(id_) == goal_id]
         rows += [task for of_goal, task in self._rows.values() if of_goal == goal_id]
         await asyncio.gather(*rows, return_exceptions=True)  # the report counts them
+        await self.store.show_folded(goal_id)  # what is left folded, before its end, whatever the rate
         first_line = reason.splitlines()[0]
         for approval in await self.store.pending_approvals(goal_id):
             approval, _ = await self.store.decide_approval(

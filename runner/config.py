@@ -150,6 +150,12 @@ class RunnerSettings(GoaltenderSettings):
     noise_ask_after: int = Field(default=2, ge=0)
     """After this many kept results in a row whose gains are within noise, the humans are asked how
     to go on (repeat seeds, a larger eval split, longer runs, another direction); 0 never asks."""
+    milestone_burst: int = Field(default=10, ge=1)
+    """Posts a goal's agent may make to its thread at once (milestones, fetches; runner/folding.py):
+    past it, and past GOALTENDER_MILESTONES_PER_MINUTE, they are folded into one post."""
+    milestones_per_minute: float = Field(default=6.0, gt=0)
+    """How fast a goal's burst comes back: its sustained rate of milestone posts. Slack takes ~60
+    messages a minute per channel; the default leaves room for ten goals posting flat out."""
     gpu_sample_s: float = Field(default=5.0, gt=0)
     """How often a run's GPUs are sampled (memory, utilisation) for its ledger row."""
     operators: Annotated[list[int | str], NoDecode] = Field(default_factory=list)

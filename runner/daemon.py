@@ -588,12 +588,18 @@ class Runner:
     async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
         milestone = MilestoneReported(title=req.title, text=req.text, curves=req.curves)
-        _, event = await self.campaigns.write_in_turn(
-            goal.id, lambda: self.store.append_event(goal.id, milestone), "a milestone"
+        _, event, folded = await self.campaigns.post(goal.id, milestone, "a milestone")
+        # On a full disk it is written in its turn when there is room.
+        said = f"milestone taken: {_TAKEN}" if event is None else f"milestone logged (event {event.seq})"
+        return p.Done(message=said + (self._folded(goal.id) if folded else ""))
+
+    def _folded(self, goal_id: int) -> str:
+        """What an agent is told of a post of its folded past its goal's rate (runner/folding.py)."""
+        burst, per_minute = self.settings.milestone_burst, self.settings.milestones_per_minute
+        return (
+            f"; folded: goal #{goal_id} posts {burst} at once, then {per_minute:g} a minute, and is past "
+            "that: its thread shows this one with the others folded, in one post, when the rate allows"
         )
-        if event is None:  # on a full disk: written in its turn when there is room
-            return p.Done(message=f"milestone taken: {_TAKEN}")
-        return p.Done(message=f"milestone logged (event {event.seq})")
 
     async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
@@ -659,24 +665,18 @@ class Runner:
             raise Refused("bad_request", problem)
 
         async def milestone(title: str, text: str) -> None:
-            reported = MilestoneReported(title=title, text=text)
-            await self.campaigns.write_in_turn(
-                goal.id, lambda: self.store.append_event(goal.id, reported), "a fetch milestone"
-            )
+            await self.campaigns.post(goal.id, MilestoneReported(title=title, text=text), "a fetch milestone")
 
         try:
             fetched = await self.campaigns.fetches.fetch(goal.id, spec, milestone)
         except FetchFailed as failed:
             return p.FetchReply(failure=str(failed))
-        record = HubFetched(fetch=fetched)
-        _, event = await self.campaigns.write_in_turn(
-            goal.id, lambda: self.store.append_event(goal.id, record), "a fetch record"
-        )
+        _, event, folded = await self.campaigns.post(goal.id, HubFetched(fetch=fetched), "a fetch record")
         if event is None:
-            return p.FetchReply(fetch=fetched, message=f"fetch taken for goal #{goal.id}'s ledger: {_TAKEN}")
-        return p.FetchReply(
-            fetch=fetched, message=f"recorded in goal #{goal.id}'s ledger (event {event.seq})"
-        )
+            said = f"fetch taken for goal #{goal.id}'s ledger: {_TAKEN}"
+        else:
+            said = f"recorded in goal #{goal.id}'s ledger (event {event.seq})"
+        return p.FetchReply(fetch=fetched, message=said + (self._folded(goal.id) if folded else ""))
 
     async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)

@@ -264,11 +264,23 @@ class StageChanged(Record):
     reason: str = ""
 
 
+def _unfolded(folded: bool) -> bool:
+    return not folded
+
+
+# Posts past their goal's rate (runner/folding.py) are logged whole, marked folded: shown in no post
+# of their own, but counted in the goal's next PostsFolded. Unfolded, the key is left out, so that
+# the log reads as before; a client that predates folding finds a folded one unreadable, and skips
+# it rather than post it.
+Folded = Annotated[bool, Field(exclude_if=_unfolded)]
+
+
 class MilestoneReported(Record):
     kind: Literal["milestone"] = "milestone"
     title: str
     text: str = ""
     curves: Curves | None = None
+    folded: Folded = False
 
 
 class MetricsLogged(Record):
@@ -327,6 +339,30 @@ class FinalReport(Record):
 class HubFetched(Record):
     kind: Literal["hub_fetched"] = "hub_fetched"
     fetch: HubFetch
+    folded: Folded = False
+
+
+class PostsFolded(Record):
+    """The goal's posts folded since its last PostsFolded (runner/folding.py), shown as one post:
+    how many of each kind, the titles of the first and of the latest (the ones between are only
+    counted), and the seqs they span in the log, where each is whole."""
+
+    kind: Literal["posts_folded"] = "posts_folded"
+    milestones: int = Field(ge=0)
+    fetches: int = Field(default=0, ge=0)
+    first_seq: int
+    last_seq: int
+    titles: list[str]  # the first ones folded, oldest first
+    latest_titles: list[str] = Field(default_factory=list)  # the last ones, oldest first
+
+    @property
+    def count(self) -> int:
+        return self.milestones + self.fetches
+
+    @property
+    def unnamed(self) -> int:
+        """Folded posts between `titles` and `latest_titles`, counted but not named."""
+        return self.count - len(self.titles) - len(self.latest_titles)
 
 
 class UnreadableEvent(Record):
@@ -354,6 +390,7 @@ EventData = Annotated[
     | BudgetChanged
     | FinalReport
     | HubFetched
+    | PostsFolded
     | UnreadableEvent,
     Field(discriminator="kind"),
 ]

@@ -59,6 +59,8 @@ from goaltender.storage.records import (
     InboxMessage,
     MetricPoint,
     MetricsLogged,
+    MilestoneReported,
+    PostsFolded,
     StageChanged,
     SteerReceived,
     UnreadableEvent,
@@ -963,6 +965,42 @@ class RunnerStore:
         )
         return [event.data.fetch for event in map(_event, rows) if isinstance(event.data, HubFetched)]
 
+    # ---- posts folded beyond their goal's rate (runner/folding.py) ----
+
+    async def folded_unshown(self, goal_id: int) -> int:
+        """The goal's folded posts that no PostsFolded shows yet."""
+        return (await _folded_since_shown(self.db, goal_id))[0]
+
+    @_waits_for_space
+    async def show_folded(self, goal_id: int) -> Event | None:
+        """Log one PostsFolded for the goal's folded posts after its last one (in one transaction,
+        so each folded post is in exactly one); None when there are none."""
+        pending: list[Event] = []
+        async with self.db.write() as tx:
+            count, milestones, first_seq, last_seq, since = await _folded_since_shown(tx, goal_id)
+            if not count:
+                return None
+            where = f"{_FOLDED} AND seq > ?"
+            first = await tx.rows(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
+                (goal_id, since, FOLDED_TITLES_KEPT),
+            )
+            latest = await tx.rows(
+                f"SELECT {_EVENT_COLUMNS} FROM events WHERE {where} AND seq > ? ORDER BY seq DESC LIMIT ?",
+                (goal_id, since, first[-1]["seq"], FOLDED_TITLES_KEPT),
+            )
+            shown = PostsFolded(
+                milestones=milestones,
+                fetches=count - milestones,
+                first_seq=first_seq,
+                last_seq=last_seq,
+                titles=[_folded_title(row) for row in first],
+                latest_titles=[_folded_title(row) for row in reversed(latest)],
+            )
+            event = await self._append(tx, goal_id, shown, pending)
+        self._announce(pending)
+        return event
+
     # ---- the final report ----
 
     async def record_report(
@@ -1073,6 +1111,40 @@ def _inbox(row: sqlite3.Row) -> InboxMessage:
 
 # Text columns come as bytes, decoded here: text that is not UTF-8 (a row written by other means)
 # must fail its own row, not the query that reads a whole batch.
+FOLDED_TITLES_KEPT = 25  # titles a PostsFolded keeps of the first folded posts, and of the latest
+# A post logged folded: `folded` is in its data only when true (records.Folded). The CASE keeps
+# json_extract off a row that is no JSON (one not written by this runner), which would fail the query.
+_FOLDED = (
+    "goal_id = ? AND kind IN ('milestone', 'hub_fetched') "
+    "AND CASE WHEN json_valid(data) THEN json_extract(data, '$.folded') END = 1"
+)
+
+
+async def _folded_since_shown(tx: Database | Tx, goal_id: int) -> tuple[int, int, int, int, int]:
+    """(folded posts after the goal's last PostsFolded, how many of them milestones, their first
+    and last seq, the last PostsFolded's seq or 0)."""
+    row = await tx.one(
+        "SELECT COALESCE(MAX(seq), 0) FROM events WHERE goal_id = ? AND kind = 'posts_folded'", (goal_id,)
+    )
+    since = int(row[0])
+    row = await tx.one(
+        "SELECT COUNT(*), COALESCE(SUM(kind = 'milestone'), 0), COALESCE(MIN(seq), 0), "
+        f"COALESCE(MAX(seq), 0) FROM events WHERE {_FOLDED} AND seq > ?",
+        (goal_id, since),
+    )
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3]), since
+
+
+def _folded_title(row: sqlite3.Row) -> str:
+    """A folded post's title, as its PostsFolded names it."""
+    match _event(row).data:
+        case MilestoneReported(title=title):
+            return title
+        case HubFetched(fetch=fetch):
+            return f"fetched {fetch.repo_type} {fetch.repo} ({fetch.revision})"
+    return "(unreadable)"
+
+
 _EVENT_COLUMNS = (
     "seq, goal_id, CAST(ts AS BLOB) AS ts, CAST(kind AS BLOB) AS kind, CAST(data AS BLOB) AS data"
 )

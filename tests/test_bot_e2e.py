@@ -42,6 +42,7 @@ from goaltender.storage.records import (
     FinalReport,
     GoalStateChanged,
     MilestoneReported,
+    PostsFolded,
     SteerReceived,
 )
 
@@ -49,7 +50,7 @@ RUNNER = "box"  # the bot's name for the runner: the prefix of every outbox key
 ASK_ABOVE_S = 1.0  # below the baseline's estimate: the sweep asks before its very first run
 NEVER_ASK_S = 10_000.0  # no run is that costly: the campaign runs to its stop rule unattended
 # Events that always get a thread post (a state change only when people act on it: render decides).
-POSTED = (MilestoneReported, ExperimentFinished, SteerReceived, BudgetChanged, FinalReport)
+POSTED = (MilestoneReported, ExperimentFinished, SteerReceived, BudgetChanged, FinalReport, PostsFolded)
 WRITES = (
     "chat.postMessage",
     "chat.update",
@@ -184,6 +185,8 @@ def expected_keys(events: list[Event], goal_id: int) -> list[str]:
         data = event.data
         if isinstance(data, ApprovalRequested):
             keys.append(str(ApprovalKey(RUNNER, goal_id, data.approval.id)))
+        elif isinstance(data, MilestoneReported) and data.folded:
+            continue  # past the goal's rate: its PostsFolded is the post
         elif isinstance(data, POSTED) or (
             isinstance(data, GoalStateChanged) and render.state_changed(goal_id, data) is not None
         ):
@@ -213,7 +216,11 @@ def plot_seqs(fake: FakeSlack, channel: str, root_ts: str, goal_id: int) -> list
 def plots_due(events: list[Event]) -> tuple[set[int], set[int]]:
     """(the seqs that must have a plot, the seqs that may have one): milestones and the report may;
     those after the first result must (earlier ones may, if they were rendered after it)."""
-    may = {e.seq for e in events if isinstance(e.data, MilestoneReported | FinalReport)}
+    may = {
+        e.seq
+        for e in events
+        if isinstance(e.data, FinalReport) or (isinstance(e.data, MilestoneReported) and not e.data.folded)
+    }
     first = min((e.seq for e in events if isinstance(e.data, ExperimentFinished)), default=None)
     return {s for s in may if first is not None and s > first}, may
 

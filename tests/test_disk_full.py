@@ -42,7 +42,9 @@ DISK_MB = 48  # the home's tmpfs
 MIN_FREE_MB = 8  # GOALTENDER_MIN_FREE_MB: below it no experiment starts
 
 
-def start_runner_on_small_disk(tmp_path: Path, socket: Path, agent: list[str]) -> subprocess.Popen:
+def start_runner_on_small_disk(
+    tmp_path: Path, socket: Path, agent: list[str], **settings: str
+) -> subprocess.Popen:
     home = tmp_path / "home"
     home.mkdir()
     env = {
@@ -54,6 +56,7 @@ def start_runner_on_small_disk(tmp_path: Path, socket: Path, agent: list[str]) -
         "GOALTENDER_DISK_CHECK_S": "0.2",
         "GOALTENDER_STOP_GRACE_S": "1",
         "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        **settings,  # more GOALTENDER_* variables
     }
     small_home = ["bwrap", "--dev-bind", "/", "/", "--size", str(DISK_MB * MB), "--tmpfs", str(home), "--"]
     runner = [sys.executable, "-m", "goaltender.cli", "--socket", str(socket), "runner", "--home", str(home)]
@@ -582,6 +585,65 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
         await agent.close()
     finally:
         await stop(runner)
+
+
+async def test_milestones_folded_on_a_full_disk_are_kept_and_shown_once(tmp_path, short_dir):
+    """Past its rate on a full disk, a goal's milestones are taken and told they are folded
+    (runner/folding.py); once there is room runner.db has every one in the order sent, marked as
+    its reply said, and each folded one in exactly one PostsFolded after it (those wait in the
+    goal's queue of writes too)."""
+    socket, home = short_dir / "runner.sock", tmp_path / "home"
+    agent = write_agent(tmp_path, "a.sh", "sleep 3600\n")
+    rate = {"GOALTENDER_MILESTONE_BURST": "2", "GOALTENDER_MILESTONES_PER_MINUTE": "600"}
+    runner = start_runner_on_small_disk(tmp_path, socket, agent, **rate)
+    try:
+        client = await connect_when_up(socket)
+        goal_id = await submit(client, "wait, max 1 experiments", agent="a")
+        agent_socket = runner_view(runner, home / "agents" / f"goal-{goal_id}.sock")
+        await eventually(agent_socket.exists, 30)
+        agent_client = await RunnerClient.connect_unix(agent_socket, client="agent")
+        ballast = runner_view(runner, home / "ballast")
+        fill(ballast)
+        replies = [
+            await agent_client.call(p.ReportMilestone, p.Done, goal_id=goal_id, title=f"m{i}", text="")
+            for i in range(12)
+        ]
+        ballast.unlink()  # room again
+        await agent_client.close()
+
+        def logged() -> list[tuple[int, str, dict]] | None:
+            rows = runner_db(
+                runner, home, "SELECT seq, kind, data FROM events WHERE goal_id = ? ORDER BY seq", (goal_id,)
+            )
+            events = [(seq, kind, json.loads(data)) for seq, kind, data in rows]
+            said = [data for _, kind, data in events if kind == "milestone" and data["title"].startswith("m")]
+            folded = sum(data.get("folded", False) for data in said)
+            shown = sum(data["milestones"] for _, kind, data in events if kind == "posts_folded")
+            return events if len(said) == 12 and folded and shown == folded else None
+
+        events = await eventually(logged, 60)
+    finally:
+        await stop(runner)
+
+    assert all(reply.message.startswith("milestone taken: the disk is full") for reply in replies), replies
+    told_folded = ["; folded: goal #" in reply.message for reply in replies]
+    said = [
+        (seq, data) for seq, kind, data in events if kind == "milestone" and data["title"].startswith("m")
+    ]
+    assert [data["title"] for _, data in said] == [f"m{i}" for i in range(12)]  # in the order sent
+    assert [data.get("folded", False) for _, data in said] == told_folded and told_folded[:3] == [
+        False,
+        False,
+        True,
+    ]
+    folded = [seq for seq, data in said if data.get("folded")]
+    counted = []
+    for seq, kind, data in events:
+        if kind == "posts_folded":
+            covers = [s for s in folded if data["first_seq"] <= s <= data["last_seq"]]
+            assert len(covers) == data["milestones"] and covers[-1] < seq
+            counted += covers
+    assert counted == folded  # each folded milestone shown once
 
 
 # ---- the same rules with a stand-in for the free-space probe (in-process runners) ----

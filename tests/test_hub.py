@@ -40,7 +40,7 @@ from goaltender.runner.client import RunnerClient
 from goaltender.runner.fetch_spec import FetchSpec, spec_problem
 from goaltender.runner.fetches import MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES, download_command
 from goaltender.runner.trust import user_name
-from goaltender.storage.records import Event, HubFetch, HubFetched, utcnow
+from goaltender.storage.records import Event, HubFetch, HubFetched, MilestoneReported, PostsFolded, utcnow
 
 TOKEN = "hf_PlantedFetchToken0123456789abcdef"  # valid, may read org/private (not org/gated)
 GATED_TOKEN = "hf_PlantedGatedToken0123456789abcdef"  # valid, may read org/gated too
@@ -415,6 +415,36 @@ async def test_a_goal_records_what_its_agent_fetched(hub, start_runner, connect,
         "".join(f.read_text() for f in workspace.glob("*.out")) + (workspace / "fetch.err").read_text()
     )
     assert TOKEN not in everything and TOKEN[3:12] not in everything
+
+
+async def test_a_goals_fetches_past_its_rate_are_folded_and_kept(
+    hub, start_runner, connect, tmp_path, monkeypatch
+):
+    """A fetch's milestones and its record are posts the agent's request makes: past the goal's
+    rate (runner/folding.py) they are folded like its own milestones, the agent is told so, and
+    the record is still the goal's ledger of fetches (its final report lists it)."""
+    runner_environment(monkeypatch, hub)
+    agent = write_agent(tmp_path, "agent.sh", "goaltender fetch org/tiny > fetch.out 2> fetch.err\n")
+    runner = await start_runner(agents={"a": agent}, milestone_burst=2, milestones_per_minute=0.001)
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch a model, max 1 experiments", agent="a")
+    events = await events_until_report(client, goal_id)
+
+    workspace = Path((await runner.store.get_goal(goal_id)).workspace)
+    assert "; folded: goal #" in (workspace / "fetch.out").read_text()
+    posts = [e.data for e in events if isinstance(e.data, MilestoneReported | HubFetched)]
+    assert [getattr(d, "title", "record") for d in posts if not d.folded] == [
+        "Downloading model org/tiny (4.0 MB)",
+        "Downloading model org/tiny: 25% of 4.0 MB",
+    ]
+    [fold] = [e.data for e in events if isinstance(e.data, PostsFolded)]  # shown before the report
+    assert (fold.milestones, fold.fetches) == (2, 1)
+    assert fold.titles[-1] == "fetched model org/tiny (main)"
+    [fetched] = await runner.store.hub_fetches(goal_id)
+    assert (
+        fetched.repo == "org/tiny"
+        and f"model org/tiny (main, commit {fetched.commit})" in events[-1].data.text
+    )
 
 
 async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, connect, monkeypatch):

@@ -731,3 +731,22 @@ async def test_bad_tool_arguments_go_back_to_the_model(start_runner, connect, fa
     assert "command: Field required" in bad and "timeout_s: Input should be a valid number" in bad
     [unknown] = tool_results(fake.requests[2].body)
     assert unknown.startswith("error: there is no tool 'no_such_tool'") and "shell" in unknown
+
+
+async def test_the_model_is_told_when_its_milestone_is_folded(start_runner, connect, fake):
+    """Past the goal's rate (runner/folding.py) the milestone tool says the milestone was folded,
+    in the runner's words, so the model posts less often; within it, "milestone posted"."""
+    fake.add(
+        Turn(tool_calls=[ToolCall("milestone", {"title": f"step {i}"}) for i in range(3)]),
+        Turn(tool_calls=[ToolCall("finish", {"summary": "done"})]),
+    )
+    runner = await start_runner(agents=AGENTS, milestone_burst=2, milestones_per_minute=0.001)
+    client = await connect(runner)
+    goal_id = await submit(client, "post three milestones, max 1 experiments", agent="openai")
+    await events_until_report(client, goal_id, timeout=40)
+
+    first, second, third = tool_results(fake.requests[1].body)
+    assert first == second == "milestone posted"
+    assert (
+        third.startswith("milestone logged (event ") and f"; folded: goal #{goal_id} posts 2 at once" in third
+    )

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import eventually, pending_approval, submit, write_agent
+from conftest import events_until_report, eventually, pending_approval, submit, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 
 from goaltender.runner import protocol as p
 from goaltender.runner.stages import compare, parse_stages
+from goaltender.storage.records import MilestoneReported, PostsFolded
 
 STAGED = """
 echo "# Plan\nTry lr 1e-3, then 3e-3." > plan.md
@@ -147,3 +148,21 @@ async def test_an_agreeing_cross_check_lets_the_campaign_go(start_runner, connec
     await eventually(lambda: "after rc=" in said(runner, goal_id), timeout=30)
     assert said(runner, goal_id).splitlines() == ["check rc=0", "after rc=0"]
     await client.call(p.Stop, p.Done, goal_id=goal_id)
+
+
+async def test_agreeing_cross_checks_past_the_goals_rate_are_folded(start_runner, connect, tmp_path):
+    """A cross-check's agreement is a post the agent's request makes: past the goal's rate
+    (runner/folding.py) it is folded like a milestone, and shown before the goal's end."""
+    check = 'goaltender cross-check -d "same loss" --a "python a.py" --b "python a.py"\n'
+    script = "echo \"print('loss: 0.6931')\" > a.py\n" + check * 3 + "echo done >> said.txt\nsleep 60\n"
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)}, milestone_burst=1)
+    client = await connect(runner)
+    goal_id = await submit(client, "port the loss, max 3 experiments", agent="a")
+    await eventually(lambda: "done" in said(runner, goal_id), timeout=60)
+    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    events = await events_until_report(client, goal_id)
+
+    agreed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "agreed" in e.data.title]
+    assert [m.folded for m in agreed] == [False, True, True]
+    [fold] = [e.data for e in events if isinstance(e.data, PostsFolded)]
+    assert fold.titles == ["Cross-check #2 agreed: 1 numbers", "Cross-check #3 agreed: 1 numbers"]
