@@ -84,6 +84,7 @@ log = logging.getLogger("goaltender.runner")
 AGENT_LOG_TAIL = 1500  # bytes of agent.log quoted when an agent fails
 WAITING_WRITES_MOST = 100  # an agent's writes of one goal held for room on a full disk; past it, refused
 ACTIVE = ("running", "waiting_for_approval")  # the states a full disk pauses
+WAITING_QUESTIONS = 5  # an agent's questions waiting for people at once, per goal
 T = TypeVar("T")
 Post = MilestoneReported | HubFetched  # what an agent's requests post to its thread (Campaigns.post)
 
@@ -135,6 +136,7 @@ class Campaigns:
         self._ending: set[int] = set()
         self._disk_waits: dict[int, asyncio.Task] = {}  # goal id -> its wait for disk space
         self._over_cap: set[int] = set()  # goals paused for their disk cap (runner/goal_disk.py)
+        self._asking: dict[int, asyncio.Lock] = {}  # goal id -> its agent's questions, one at a time
         self._disk_full_logged = False
         self._tasks: set[asyncio.Task] = set()
         self._recording: dict[int, asyncio.Task] = {}  # goal id -> the last of its writes queued (_record)
@@ -602,17 +604,29 @@ class Campaigns:
         agent_asks: bool = False,
     ) -> Approval:
         """Ask the humans and wait for the decision; no decision in time expires the approval. A
-        question its agent asks is refused (disk_full) when the disk has no room to ask it."""
+        question its agent asks is refused (disk_full) when the disk has no room to ask it, and
+        (conflict) when WAITING_QUESTIONS of its goal wait already: approval prompts are never
+        folded (runner/folding.py), so an agent asking without bound would flood its channel."""
         timeout = timeout_s or self.settings.approval_timeout_s
         try:
-            with self.store.refuse_when_full() if agent_asks else contextlib.nullcontext():
-                approval = await self.store.create_approval(
-                    goal.id,
-                    kind=kind,
-                    question=question,
-                    detail=detail,
-                    expires_at=utcnow() + timedelta(seconds=timeout),
-                )
+            async with self._asking.setdefault(goal.id, asyncio.Lock()):  # counted, then asked
+                if (
+                    agent_asks
+                    and len(waiting := await self.store.pending_approvals(goal.id)) >= WAITING_QUESTIONS
+                ):
+                    raise Refused(
+                        "conflict",
+                        f"not asked: goal #{goal.id} has {len(waiting)} questions waiting for people "
+                        f"already (#{', #'.join(str(a.id) for a in waiting)}); wait for their answers",
+                    )
+                with self.store.refuse_when_full() if agent_asks else contextlib.nullcontext():
+                    approval = await self.store.create_approval(
+                        goal.id,
+                        kind=kind,
+                        question=question,
+                        detail=detail,
+                        expires_at=utcnow() + timedelta(seconds=timeout),
+                    )
         except DiskFull as full:
             raise Refused(
                 "disk_full", f"{full}: the question was not asked; try again when there is room"

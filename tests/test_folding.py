@@ -345,3 +345,23 @@ def _folded_count(message) -> int | None:
     """N of an `N milestones folded` post; None for any other post."""
     found = re.search(r"([\d,]+) milestones? folded", message.text)
     return int(found[1].replace(",", "")) if found else None
+
+
+async def test_an_agent_cannot_flood_its_channel_with_questions(start_runner, connect, tmp_path):
+    """Approval prompts are never folded, so an agent's questions are bounded instead: past
+    WAITING_QUESTIONS (5) waiting at once, one more is refused (exit 4) saying why."""
+    script = 'for i in $(seq 8); do (goaltender ask "may I do $i?" --timeout 1h > ask-$i.out 2>&1; echo $? > ask-$i.rc) & done\nwait\n'
+    runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)})
+    client = await connect(runner)
+    goal = await submit(client, "ask a lot, max 1 experiments", agent="a")
+    workspace = Path((await runner.store.get_goal(goal)).workspace)
+
+    def refused() -> list[Path]:
+        return [rc for rc in workspace.glob("ask-*.rc") if rc.read_text().strip() == "4"]
+
+    await eventually(lambda: len(refused()) == 3, timeout=60)
+    pending = await runner.store.pending_approvals(goal)
+    assert len(pending) == 5
+    said = refused()[0].with_suffix(".out").read_text()
+    assert "has 5 questions waiting for people already" in said and "wait for their answers" in said
+    await client.call(p.Stop, p.Done, goal_id=goal, by="ana")
