@@ -189,7 +189,7 @@ async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_d
 
         # The second run is refused at its start; or, when the runner's disk watch saw the disk
         # fill while the first still ran, the goal paused then and the second waits for room.
-        status = await eventually(paused, 30)
+        status = await eventually(lambda: paused_status(client, goal_id), 30)
         runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
         events = await events_until_report(client, goal_id, timeout=60)
     finally:
@@ -266,7 +266,10 @@ def runner_db(bwrap: subprocess.Popen, home: Path, sql: str, params: tuple = ())
 AUDIT = "SELECT action, goal_id, outcome, detail FROM audit ORDER BY id"
 
 
-async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path, short_dir):
+@contextlib.asynccontextmanager
+async def hog_on_a_small_disk(tmp_path: Path, short_dir: Path):
+    """A runner on the small disk whose goal's run fills it and keeps it full: (the runner's
+    process, a client, the goal's id, the socket), once the disk is full; the runner stopped after."""
     filled = tmp_path / "filled"
     agent = write_agent(
         tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
@@ -277,13 +280,21 @@ async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path
         client = await connect_when_up(socket)
         goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
         await eventually(filled.exists, 30)
+        yield runner, client, goal_id, socket
+    finally:
+        await stop(runner)
 
-        async def paused():
-            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-            return status if status.goal.state == "paused" else None
 
+async def paused_status(client, goal_id: int) -> p.GoalStatus | None:
+    """The goal's status, once it shows paused (a predicate for `eventually`)."""
+    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    return status if status.goal.state == "paused" else None
+
+
+async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path, short_dir):
+    async with hog_on_a_small_disk(tmp_path, short_dir) as (runner, client, goal_id, socket):
         # Paused for the disk, as its status shows, though runner.db cannot say so yet.
-        status = await eventually(paused, 30)
+        status = await eventually(lambda: paused_status(client, goal_id), 30)
         workspace = Path(status.goal.workspace)
         assert psutil.disk_usage(str(runner_view(runner, workspace))).free < MB
         started = runner_process(runner).children(recursive=True)
@@ -310,8 +321,6 @@ async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path
             lambda: (rows := runner_db(runner, home, AUDIT)) and rows[-1][0] == "stop" and rows, 30
         )
         [(state,)] = runner_db(runner, home, "SELECT state FROM goals WHERE id = ?", (goal_id,))
-    finally:
-        await stop(runner)
 
     assert state == "stopped"
     assert [(action, goal, outcome) for action, goal, outcome, _ in audit] == [
@@ -329,24 +338,13 @@ async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path
 
 
 async def test_a_runner_stopped_on_a_full_disk_exits_and_says_what_it_could_not_write(tmp_path, short_dir):
-    filled = tmp_path / "filled"
-    agent = write_agent(
-        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
-    )
-    socket = short_dir / "runner.sock"
-    runner = start_runner_on_small_disk(tmp_path, socket, agent)
-    try:
-        client = await connect_when_up(socket)
-        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
-        await eventually(filled.exists, 30)
+    async with hog_on_a_small_disk(tmp_path, short_dir) as (runner, _client, goal_id, socket):
         code, out, err = await goaltender(socket, "stop", str(goal_id))
         assert code == 0 and "when the disk has room" in out, err
         process = runner_process(runner)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(runner.pid, signal.SIGTERM)
         await asyncio.to_thread(process.wait, 60)  # it used to wait for room, forever
-    finally:
-        await stop(runner)
 
     said = (tmp_path / "runner.log").read_text()
     me = f"uid {os.getuid()} ({user_name(os.getuid())})"
@@ -360,22 +358,8 @@ async def test_a_runner_stopped_on_a_full_disk_exits_and_says_what_it_could_not_
 
 
 async def test_a_pause_on_a_full_disk_holds_once_there_is_room(tmp_path, short_dir):
-    filled = tmp_path / "filled"
-    agent = write_agent(
-        tmp_path, "a.sh", f"goaltender experiment -d hog --metric score -- {fill_and_hold(filled)}\n"
-    )
-    socket = short_dir / "runner.sock"
-    runner = start_runner_on_small_disk(tmp_path, socket, agent)
-    try:
-        client = await connect_when_up(socket)
-        goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
-        await eventually(filled.exists, 30)
-
-        async def paused():
-            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
-            return status if status.goal.state == "paused" else None
-
-        status = await eventually(paused, 30)  # for the disk
+    async with hog_on_a_small_disk(tmp_path, short_dir) as (runner, client, goal_id, socket):
+        status = await eventually(lambda: paused_status(client, goal_id), 30)  # for the disk
         code, out, err = await goaltender(socket, "pause", str(goal_id))
         assert code == 0, err
         me = f"uid {os.getuid()} ({user_name(os.getuid())})"
@@ -388,14 +372,12 @@ async def test_a_pause_on_a_full_disk_holds_once_there_is_room(tmp_path, short_d
         # Written once there is room, and kept: room alone no longer resumes it.
         written = "SELECT state, paused_for_disk FROM goals"
         await eventually(lambda: runner_db(runner, tmp_path / "home", written) == [("paused", 0)], 30)
-        assert await paused()
+        assert await paused_status(client, goal_id)
         code, out, err = await goaltender(socket, "resume", str(goal_id))
         assert code == 0 and out == f"goal #{goal_id} resumed\n", err
         code, _, err = await goaltender(socket, "stop", str(goal_id))
         assert code == 0, err
         events = await events_until_report(client, goal_id, timeout=60)
-    finally:
-        await stop(runner)
 
     reasons = [(s.state, s.reason.split(" by ")[0]) for s in goal_states(events)]
     assert [state for state, _ in reasons] == ["running", "paused", "paused", "running", "stopped"]
