@@ -211,8 +211,9 @@ class Campaigns:
             self._follow_again(experiment)
             return
         started = experiment.started_at.timestamp()
-        used = leftover_usage(experiment.pid, started)  # before the kill: its CPU time so far
-        killed = kill_leftover_group(experiment.pid, started)
+        workspace = Path((await self.goal(experiment.goal_id)).workspace).resolve()
+        used = leftover_usage(experiment.pid, started, workspace)  # before the kill: its CPU time so far
+        killed = kill_leftover_group(experiment.pid, started, workspace)
         note = "interrupted: the runner restarted while it ran" + (
             " (process group killed)" if killed else ""
         )
@@ -250,7 +251,8 @@ class Campaigns:
         await self._conclude(goal, experiment, _Attempt(result, status, note, result.summary, False))
 
     async def _resume(self, goal: Goal) -> None:
-        kill_leftover_group(goal.agent_pid, goal.accepted_at.timestamp() if goal.accepted_at else None)
+        accepted = goal.accepted_at.timestamp() if goal.accepted_at else None
+        kill_leftover_group(goal.agent_pid, accepted, Path(goal.workspace).resolve())
         if goal.state == "paused":
             self.hold_experiments(goal.id)
             if await self.store.paused_for_disk(goal.id):

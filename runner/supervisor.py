@@ -650,7 +650,7 @@ def group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
-def leftover_usage(pid: int | None, started_at: float) -> ProcessResult | None:
+def leftover_usage(pid: int | None, started_at: float, workspace: Path) -> ProcessResult | None:
     """After a runner restart: what a run we lost track of has used, measured before it is killed
     (wait4 cannot reach it: it is no longer our child). CPU time of its group and session so far
     (with children they reaped); wall time since it started, since it is still running. None when
@@ -659,7 +659,7 @@ def leftover_usage(pid: int | None, started_at: float) -> ProcessResult | None:
         return None
     try:
         leader = psutil.Process(pid)
-        if leader.create_time() < started_at - 5 or os.getpgid(pid) != pid:
+        if not _ours(leader, started_at, workspace):
             return None
     except (psutil.Error, ProcessLookupError):
         return None
@@ -684,21 +684,31 @@ def _group_and_descendants(leader: psutil.Process) -> list[psutil.Process]:
     return list(found.values())
 
 
-def kill_leftover_group(pid: int | None, started_after: float | None = None) -> bool:
-    """After a runner restart: SIGKILL a process group we once led, if it is still ours.
-
-    `started_after` (epoch seconds) guards against a recycled pid: the process must not be older
-    than the record that named it.
-    """
+def kill_leftover_group(pid: int | None, started_after: float | None, workspace: Path) -> bool:
+    """After a runner restart: SIGKILL a process group we once led, if it is still ours."""
     if not pid:
         return False
     try:
-        proc = psutil.Process(pid)
-        if started_after is not None and proc.create_time() < started_after - 5:
-            return False
-        if os.getpgid(pid) != pid:
+        if not _ours(psutil.Process(pid), started_after, workspace):
             return False
     except (psutil.Error, ProcessLookupError):
         # The leader is gone; members of its group (and session) may not be.
         return _signal_groups({pid} | _session_groups(pid), signal.SIGKILL) if group_alive(pid) else False
     return _signal_groups({pid} | _session_groups(pid), signal.SIGKILL)
+
+
+def _ours(leader: psutil.Process, started_after: float | None, workspace: Path) -> bool:
+    """Is `leader` the group leader a record named (an agent or a run of the goal in `workspace`),
+    not a process that got its pid since? Not older than the record, leading its group, and started
+    in the goal's workspace, as the runner starts them all. (Pids come round again within minutes
+    where pid_max is 32768: a restarted runner had SIGKILLed an unrelated process group, a shell
+    session with everything in it, that had come to lead with a recorded pid.)"""
+    if started_after is not None and leader.create_time() < started_after - 5:
+        return False
+    if os.getpgid(leader.pid) != leader.pid:
+        return False
+    try:
+        cwd = Path(leader.cwd())
+    except (psutil.Error, OSError):
+        return False
+    return cwd == workspace or cwd.is_relative_to(workspace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,31 @@ async def test_crash_during_the_baseline_runs_it_again(tmp_path, short_dir):
     assert "Interrupted, so run again if still wanted: #1" in resumed.text
     report = next(e.data for e in all_events if e.data.kind == "report")
     assert "nothing to build on" not in report.text and "4/4 attempted" in report.text
+
+
+async def test_a_restart_kills_no_process_that_got_a_recorded_pid_since(start_runner, connect, tmp_path):
+    """Pids come round again within minutes where pid_max is 32768: a process group leader that got
+    the pid a goal's record names, after the record, is not the goal's (it runs elsewhere) and
+    survives the restart's clean-up of leftovers."""
+    from conftest import write_agent
+
+    agents = {"a": write_agent(tmp_path, "a.sh", "sleep 300\n")}
+    runner = await start_runner(agents=agents)
+    goal = await submit(await connect(runner), "wait, max 1 experiments", agent="a")
+    await eventually(lambda: _agent_pid(runner, goal))
+    await runner.close()
+    decoy = subprocess.Popen(["sleep", "300"], cwd=tmp_path, start_new_session=True)  # a leader, later
+    try:
+        db = sqlite3.connect(runner.settings.db_path)
+        with db:
+            db.execute("UPDATE goals SET agent_pid = ? WHERE id = ?", (decoy.pid, goal))
+        db.close()
+        await start_runner(agents=agents)  # recovery: the leftovers of goal #1 are killed
+        assert decoy.poll() is None, "the restart killed a process that was never the goal's"
+    finally:
+        decoy.kill()
+        decoy.wait()
+
+
+async def _agent_pid(runner, goal_id: int) -> int | None:
+    return (await runner.store.get_goal(goal_id)).agent_pid
