@@ -172,8 +172,9 @@ class RunnerSettings(GoaltenderSettings):
     sandbox_ports: Annotated[list[Annotated[int, Field(ge=1, le=65535)]], NoDecode] = Field(
         default_factory=list
     )
-    """Loopback ports of the box that isolated goals may reach, besides those the runner's own URL
-    variables name (OPENAI_BASE_URL=http://127.0.0.1:8080/v1 and the like). Comma-separated."""
+    """Loopback ports of the box that isolated goals may reach, besides those the runner's variables
+    for services goals use name (OPENAI_BASE_URL=http://127.0.0.1:8080/v1, HF_ENDPOINT, a proxy:
+    runner/goal_network.py GOAL_SERVICES). Comma-separated."""
     goal_pids: int = Field(default=8192, ge=16)
     """Processes (threads count) each goal may have at once: its agent, runs, evals and standbys
     together (runner/limits.py). Past it their forks fail, so a fork bomb stays in its goal."""

@@ -6,9 +6,10 @@ GOALTENDER_SANDBOX_NETWORK says what a goal's sandboxes reach:
   one experiment starts, another reaches at localhost), the outside world is reached through
   slirp4netns (user-mode TCP/IP, as rootless podman does), and the box's own loopback services
   (a Ray dashboard, a database, any local daemon) and abstract Unix sockets are not there — but
-  for the loopback ports the runner allows: those its own URL variables name (OPENAI_BASE_URL, a
-  model server at 127.0.0.1:8080, HF_ENDPOINT, …) and GOALTENDER_SANDBOX_PORTS. The runner relays
-  those: a listener inside the namespace, a connection to the box's port outside.
+  for the loopback ports the runner allows: those its variables for services goals use name
+  (GOAL_SERVICES: the model endpoint, OPENAI_BASE_URL=http://127.0.0.1:8080/v1; HF_ENDPOINT; a
+  proxy) and GOALTENDER_SANDBOX_PORTS; never its own (the Ray dashboard it submits jobs to). The
+  runner relays those: a listener inside the namespace, a connection to the box's port outside.
 - `none`: the goal's own namespace with its loopback only: no way out.
 - `host`: the box's network, as it is (its loopback and abstract sockets included).
 
@@ -49,7 +50,15 @@ log = logging.getLogger("goaltender.runner")
 NS_GET_USERNS = 0xB701  # ioctl: the user namespace that owns a namespace (linux/nsfs.h)
 SLIRP_DNS = "10.0.2.3"  # slirp4netns's resolver, which asks the box's
 OPEN_TIMEOUT_S = 30.0
-URL_VARIABLE_ENDINGS = ("_URL", "_URI", "_ENDPOINT", "_ADDRESS", "_HOST")
+# The runner's variables naming services its goals use: a loopback port one names is relayed into
+# their namespaces. Never the runner's own (GOALTENDER_RAY_ADDRESS: Ray's job API would run a goal's
+# commands outside its sandbox; the MLflow mirror's store).
+GOAL_SERVICES = (
+    "OPENAI_BASE_URL", "GOALTENDER_OPENAI_BASE_URL", "OPENAI_API_BASE",  # the model endpoint
+    "HF_ENDPOINT",  # a hub mirror libraries in runs may read
+    "MLFLOW_TRACKING_URI", "WANDB_BASE_URL",  # trackers a run logs to itself
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy",  # a box's proxy
+)  # fmt: skip
 INSTALL_HINT = (
     "install slirp4netns (apt install slirp4netns), or set GOALTENDER_SANDBOX_NETWORK=host (sandboxes "
     "then reach the box's loopback services and abstract sockets) or none (no network)"
@@ -85,11 +94,11 @@ class NetworkError(OSError):
 
 
 def allowed_ports(settings: RunnerSettings, env: Mapping[str, str]) -> list[int]:
-    """The box's loopback ports a goal may reach: those the runner's URL variables name
+    """The box's loopback ports a goal may reach: those the runner's GOAL_SERVICES variables name
     (OPENAI_BASE_URL=http://127.0.0.1:8080/v1), and GOALTENDER_SANDBOX_PORTS."""
     ports = set(settings.sandbox_ports)
-    for name, value in env.items():
-        if name.upper().endswith(URL_VARIABLE_ENDINGS) and (port := _loopback_port(value)):
+    for name in GOAL_SERVICES:
+        if (value := env.get(name)) and (port := _loopback_port(value)):
             ports.add(port)
     return sorted(ports)
 

@@ -358,10 +358,11 @@ async def test_a_goal_reaches_the_outside_but_not_the_boxs_loopback(
     start_runner, connect, tmp_path, monkeypatch
 ):
     """Goal A's agent and its experiment share the goal's own loopback (a server the agent starts,
-    the run reaches); neither reaches a service on the box's loopback, nor an abstract socket, nor
-    goal B's loopback; the box's ports the runner allows (its URL variables, GOALTENDER_SANDBOX_PORTS)
-    are relayed; the way out (here: back in, through this machine's own address) works."""
-    private = await _echo_server("127.0.0.1")
+    the run reaches); neither reaches a service on the box's loopback (the runner's own Ray
+    dashboard included), nor an abstract socket, nor goal B's loopback; the box's ports the runner
+    allows (its model endpoint, GOALTENDER_SANDBOX_PORTS) are relayed; the way out (here: back in,
+    through this machine's own address) works."""
+    private = await _echo_server("127.0.0.1")  # say, the Ray dashboard the runner submits jobs to
     allowed = await _echo_server("127.0.0.1")
     named = await _echo_server("127.0.0.1")
     outside_host = _outside_address()
@@ -370,7 +371,8 @@ async def test_a_goal_reaches_the_outside_but_not_the_boxs_loopback(
     abstract.bind(f"\0gt-test-{os.getpid()}")
     abstract.listen()
     port = {server: server.sockets[0].getsockname()[1] for server in (private, allowed, named)}
-    monkeypatch.setenv("GT_TEST_MODEL_URL", f"http://localhost:{port[named]}/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://localhost:{port[named]}/v1")  # the model endpoint
+    monkeypatch.setenv("GOALTENDER_RAY_ADDRESS", f"http://127.0.0.1:{port[private]}")  # the runner's own
     targets = [
         f"127.0.0.1:{port[private]}",
         f"127.0.0.1:{port[allowed]}",
