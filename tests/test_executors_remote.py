@@ -166,8 +166,9 @@ print("accuracy: 0.75")
 """
 
 
-class RunnerCrashed(Exception):
-    """Stands for the runner dying while it follows a job: the follower stops, the job runs on."""
+class RunnerCrashed(BaseException):
+    """Stands for the runner dying while it follows a job: the follower stops, the job runs on.
+    A BaseException, as SystemExit is: a failing `on_points` (an Exception) is survived by design."""
 
 
 async def test_attach_follows_a_job_to_its_end_after_a_restart(engine, tmp_path):
