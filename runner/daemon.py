@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from goaltender import readiness
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import (
     GoalTextError,
@@ -773,15 +774,24 @@ async def run_forever(settings: RunnerSettings) -> None:
     """Serve until SIGTERM or SIGINT; raises DatabaseGone when runner.db was lost meanwhile."""
     runner = await Runner.start(settings)
     serving = asyncio.ensure_future(runner.serve_forever())
+    received: list[str] = []
+
+    def shut_down(sig: signal.Signals) -> None:
+        if not received:
+            received.append(sig.name)
+            readiness.stopping(f"shutting down ({sig.name}): ending goals' runs, recording them")
+        serving.cancel()
+
     # SIGTERM (systemd, kill) shuts down in order: agents and runs are ended and recorded, and a
     # restart resumes the goals. SIGKILL is survived too, by the recovery at start.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, serving.cancel)
+        asyncio.get_running_loop().add_signal_handler(sig, shut_down, sig)
+    readiness.ready(f"listening on {settings.socket_path}")
     try:
         await serving
     except asyncio.CancelledError:
         if runner.lost is None:
-            log.info("runner %s shutting down", settings.name)
+            log.info("runner %s shutting down (%s)", settings.name, ", ".join(received) or "cancelled")
     finally:
         await runner.close()
     if runner.stopped_because is not None:
