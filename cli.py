@@ -951,11 +951,14 @@ def cmd_service(args: argparse.Namespace) -> int:
             unit_dir=args.unit_dir,
             env_dir=args.env_dir,
         )
-        if args.action == "show":
-            sys.stdout.write(layout.unit(args.service))
-        else:
-            print("\n".join(install(layout)))
-    except ServiceError as exc:
+    except ServiceError as exc:  # what was asked cannot be: bad input
+        raise UsageError(f"service: {exc}") from None
+    if args.action == "show":
+        sys.stdout.write(layout.unit(args.service))
+        return EXIT_OK
+    try:
+        print("\n".join(install(layout)))
+    except ServiceError as exc:  # this machine would not have it (permissions, systemctl)
         print(f"goaltender service: {exc}", file=sys.stderr)
         return EXIT_NO
     return EXIT_OK

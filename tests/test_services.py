@@ -152,7 +152,7 @@ def test_install_writes_env_files_once_privately_and_says_what_next(tmp_path):
 
 def test_a_path_a_unit_would_misread_is_refused_in_one_line(tmp_path):
     done = install(tmp_path, "--home", str(tmp_path / "my home"))
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "spaces, quotes, %, $" in done.stderr, done.stderr
     assert not (tmp_path / "units").exists()
 
