@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -284,3 +285,103 @@ async def test_the_bot_is_ready_once_connected_and_a_sigterm_keeps_what_slack_ha
         await both_steps_arrive_once(goal)
     finally:
         await bot.stop()
+
+
+# ---- the runner as its unit runs it ----
+
+LOOKING_AGENT = """
+{{
+  echo "uid $(id -u)"
+  grep NoNewPrivs /proc/self/status
+  test -e {db} && echo "runner.db visible" || echo "runner.db hidden"
+}} > "$GOALTENDER_WORKSPACE/seen"
+sleep 600
+"""
+
+
+def as_the_unit_runs_it(command: list[str]) -> list[str]:
+    """`command` as the runner's system unit runs it, as far as a box without systemd as PID 1
+    can: a user's (nobody's) with no_new_privs (NoNewPrivileges=yes), in a mount namespace of its
+    own where /usr and /etc are read-only (ProtectSystem=full)."""
+    nobody = pwd.getpwnam("nobody")
+    drop = [
+        "setpriv",
+        f"--reuid={nobody.pw_uid}",
+        f"--regid={nobody.pw_gid}",
+        "--clear-groups",
+        "--no-new-privs",
+    ]
+    protect = 'mount -o bind,ro /usr /usr && mount -o bind,ro /etc /etc && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", protect, "sh", *drop, *command]
+
+
+def tun_is_everyones() -> bool:
+    """slirp4netns, run as the runner's user, opens /dev/net/tun: 0666 on stock systems."""
+    return os.stat("/dev/net/tun").st_mode & 0o006 == 0o006
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="dropping to another user and read-only mounts need root")
+async def test_the_sandbox_works_under_the_runner_units_hardening(short_dir, notify):
+    """NoNewPrivileges=yes, a user that is not root, ProtectSystem=full: sandboxed agents still run
+    (unprivileged bwrap, its user namespace, the goal's network namespace), see no runner.db, and
+    carry no_new_privs themselves. Where the user cannot open /dev/net/tun (this test box's is
+    root's alone), an isolated goal fails saying slirp4netns could not, and a goal without a
+    network still runs."""
+    nobody = pwd.getpwnam("nobody")
+    home = short_dir / "home"
+    home.mkdir()
+    for directory in (home, short_dir):
+        os.chown(directory, nobody.pw_uid, nobody.pw_gid)
+    agent = write_agent(short_dir, "look.sh", LOOKING_AGENT.format(db=home / "runner.db"))
+    sock = short_dir / "runner.sock"
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "GOALTENDER_HOME": str(home),
+        "GOALTENDER_SOCKET": str(sock),
+        "GOALTENDER_AGENTS": json.dumps({"look": agent}),
+        "GOALTENDER_DEFAULT_AGENT": "look",
+        "GOALTENDER_OPERATORS": "0",  # this test's user
+        "GOALTENDER_STOP_GRACE_S": "1",
+        "GOALTENDER_MIN_FREE_MB": "64",
+        "NOTIFY_SOCKET": str(notify.path),
+    }
+    env.pop("GOALTENDER_CONFIG", None)
+    os.chmod(notify.path, 0o666)  # systemd's socket takes notes from the service's user
+
+    async def run_goal(network: str, starts: int) -> tuple[str, str]:
+        """A goal on a runner with this network mode: its state and what its agent saw."""
+        runner = await asyncio.create_subprocess_exec(
+            *as_the_unit_runs_it([sys.executable, "-m", "goaltender.cli", "runner"]),
+            env={**env, "GOALTENDER_SANDBOX_NETWORK": network},
+            stdout=subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            await notify.wait_for("READY=1", count=starts)
+            client = await RunnerClient.connect_unix(sock, client="test")
+            goal_id = await submit(client, f"look around ({network})")
+            seen = home / "workspaces" / f"goal-{goal_id}" / "seen"
+
+            async def settled() -> p.GoalStatus | None:
+                [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+                return status if status.goal.state == "failed" or seen.exists() else None
+
+            status = await eventually(settled, 60)
+            await eventually(lambda: not seen.exists() or seen.read_text().count("\n") == 3, 30)
+            await client.close()
+        finally:
+            runner.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(runner.communicate(), 60)
+        assert runner.returncode == 0, err.decode()[-3000:]
+        said = seen.read_text() if seen.exists() else status.goal.end_reason or ""
+        return status.goal.state, said
+
+    if tun_is_everyones():
+        state, seen = await run_goal("isolated", 1)
+    else:
+        state, said = await run_goal("isolated", 1)
+        assert state == "failed" and 'slirp4netns failed: open("/dev/net/tun")' in said, said
+        state, seen = await run_goal("none", 2)
+    assert state == "running"
+    assert seen.splitlines() == [f"uid {nobody.pw_uid}", "NoNewPrivs:\t1", "runner.db hidden"]
