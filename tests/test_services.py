@@ -227,7 +227,7 @@ async def test_the_runner_is_ready_when_it_answers_and_a_sigterm_ends_it_cleanly
         stopping = await notify.wait_for("STOPPING=1")
         assert any(line.startswith("STATUS=shutting down (SIGTERM)") for line in stopping)
         [said] = shutdown_lines(runner)
-        assert said.endswith("runner shutting down (SIGTERM)") or "shutting down (SIGTERM)" in said
+        assert said.endswith(" shutting down (SIGTERM)") and "goaltender.runner INFO runner " in said
         assert "Traceback" not in runner.log.read_text()
 
         # Nothing lost: the restarted runner resumes the goal (its agent starts again).
