@@ -7,8 +7,9 @@ and a start that fails is a failed start, not a service that died later. Without
 NOTIFY_SOCKET) nothing is sent.
 
 The datagrams go through sdnotify, a pure-Python client of the protocol. NOTIFY_SOCKET is taken
-out of the environment once read (as sd_notify(3)'s unset_environment does): the agents and runs
-the runner starts inherit its environment, and systemd takes notes from the main process only.
+out of the environment as this module is imported (as sd_notify(3)'s unset_environment does):
+the agents and runs the runner starts inherit its environment, and systemd takes notes from the
+main process only (NotifyAccess=main).
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ import os
 
 import sdnotify
 
-_notifier: sdnotify.SystemdNotifier | None = None
+
+def _connect() -> sdnotify.SystemdNotifier | None:
+    """The connection to systemd's notification socket; None without one."""
+    if not os.environ.get("NOTIFY_SOCKET"):
+        return None
+    notifier = sdnotify.SystemdNotifier()  # connects to $NOTIFY_SOCKET now
+    del os.environ["NOTIFY_SOCKET"]
+    return notifier
 
 
-def _systemd() -> sdnotify.SystemdNotifier | None:
-    """The connection to systemd's notification socket, opened at the first note; None without one."""
-    global _notifier
-    if _notifier is None and os.environ.get("NOTIFY_SOCKET"):
-        _notifier = sdnotify.SystemdNotifier()  # connects to $NOTIFY_SOCKET now
-        os.environ.pop("NOTIFY_SOCKET", None)
-    return _notifier
+# As the runner or the bot imports this module, before either starts a process of its own.
+_systemd = _connect()
 
 
 def _tell(*lines: str) -> None:
-    if (systemd := _systemd()) is not None:
-        systemd.notify("\n".join(lines))  # one datagram: systemd reads its lines together
+    if _systemd is not None:
+        _systemd.notify("\n".join(lines))  # one datagram: systemd reads its lines together
 
 
 def ready(status: str) -> None:

@@ -191,6 +191,7 @@ def test_every_example_setting_as_systemd_reads_it_is_accepted(monkeypatch):
 # ---- readiness and SIGTERM ----
 
 LONG_AGENT = """
+echo "${NOTIFY_SOCKET-unset}" > "$GOALTENDER_WORKSPACE/notify-socket"
 date +%s%N >> "$GOALTENDER_WORKSPACE/started"
 sleep 600
 """
@@ -220,6 +221,8 @@ async def test_the_runner_is_ready_when_it_answers_and_a_sigterm_ends_it_cleanly
         started = tmp_path / "home" / "workspaces" / f"goal-{goal_id}" / "started"
         await eventually(started.exists, 60)
         await client.close()
+        # Only the runner speaks to systemd: its agents are not given the socket.
+        assert (started.parent / "notify-socket").read_text() == "unset\n"
 
         assert runner.proc is not None
         runner.proc.send_signal(signal.SIGTERM)
@@ -235,6 +238,8 @@ async def test_the_runner_is_ready_when_it_answers_and_a_sigterm_ends_it_cleanly
         await notify.wait_for("READY=1", count=2)
         client = await connect_when_up(sock)
         await eventually(lambda: len(started.read_text().split()) == 2, 60)
+        # Resumed before the runner was ready, the agent was not given the socket either.
+        assert (started.parent / "notify-socket").read_text() == "unset\n"
         [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
         assert status.goal.state == "running"
         await client.close()
