@@ -372,7 +372,10 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         "--user", action="store_true", help="a user service (systemctl --user), not a system one"
     )
     cmd.add_argument(
-        "--as", dest="account", help="the user a system service runs as (default: $SUDO_USER, else you)"
+        "--as",
+        dest="account",
+        metavar="USER",
+        help="the user a system service runs as (default: $SUDO_USER, else you)",
     )
     cmd.add_argument("--home", type=_path, help="GOALTENDER_HOME (default: ~USER/.goaltender)")
     cmd.add_argument("--unit-dir", type=_path, help="where the units go (default: systemd's folder)")
