@@ -136,7 +136,7 @@ class RunnerSettings(GoaltenderSettings):
     executors: Annotated[list[Literal["local", "ray", "slurm"]], NoDecode] = Field(default_factory=list)
     """Remote executors goals may use besides `executor` (comma-separated or a JSON list); local,
     in the goal's sandbox, is always allowed. A remote one runs a goal's commands outside its sandbox, as the runner's user on the cluster's
-    nodes: allow it only where the cluster is the isolation you want (README, Executors)."""
+    nodes: allow it only where the cluster is the isolation you want (docs/security.md)."""
     ray_address: str = "http://127.0.0.1:8265"
     """The Ray cluster's dashboard (its Job Submission API) for `--executor ray`."""
     ray_token: str = ""
