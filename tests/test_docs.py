@@ -116,15 +116,17 @@ def fenced_blocks(text: str) -> Iterator[tuple[str, str]]:
         yield match.group(1), match.group(2)
 
 
-def goaltender_commands(body: str) -> Iterator[list[str]]:
-    """The argument lists of `goaltender …` commands in a shell block: continuations joined,
-    comments dropped, each command of a `&&`, `;` or `|` list, variable assignments skipped."""
+def goaltender_commands(body: str, console: bool = False) -> Iterator[list[str]]:
+    """The argument lists of `goaltender …` commands in a shell block (in a console block, only its
+    `$ ` lines: the rest is output): continuations joined, comments dropped, each command of a
+    `&&`, `;` or `|` list, variable assignments skipped."""
     for line in body.replace("\\\n", " ").splitlines():
+        if console and not line.startswith("$ "):
+            continue
         lexer = shlex.shlex(line.removeprefix("$ "), posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
-        words = list(lexer)
         command: list[str] = []
-        for word in [*words, ";"]:
+        for word in [*lexer, ";"]:
             if word and set(word) <= set("&|;()<>"):
                 while command and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", command[0]):
                     command.pop(0)
@@ -140,7 +142,7 @@ def documented_commands() -> list[tuple[str, list[str]]]:
     for page in PAGES:
         for language, body in fenced_blocks(page.read_text()):
             if language in SHELL_FENCES:
-                found += [(page.name, argv) for argv in goaltender_commands(body)]
+                found += [(page.name, argv) for argv in goaltender_commands(body, language == "console")]
     return found
 
 
