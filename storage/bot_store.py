@@ -665,6 +665,16 @@ class BotStore:
         row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])
 
+    async def oldest_pending_since(self) -> datetime | None:
+        """When the oldest write still waiting for Slack was queued (None: nothing waits)."""
+        row = await self.db.one("SELECT MIN(created_at) FROM outbox WHERE state = 'pending'")
+        return datetime.fromisoformat(row[0]) if row[0] else None
+
+    async def queued_goal_count(self) -> int:
+        """Goals waiting for a runner."""
+        row = await self.db.one("SELECT COUNT(*) FROM queued_goals WHERE state = 'queued'")
+        return int(row[0])
+
     async def failed_count(self) -> int:
         row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'failed'")
         return int(row[0])
