@@ -37,13 +37,13 @@ async def bot_state(bot: GoaltenderBot) -> list[Metric]:
     )
     for link in bot.pool:
         up.add_metric([link.name], 1 if link.healthy else 0)
-    oldest = await store.oldest_pending_since()
+    pending, oldest = await store.pending_writes()
     families: list[Metric] = [
         up,
         GaugeMetricFamily(
             "goaltender_bot_outbox_pending",
             "Slack writes queued, not yet delivered",
-            value=await store.pending_count(),
+            value=pending,
         ),
         GaugeMetricFamily(
             "goaltender_bot_outbox_parked",

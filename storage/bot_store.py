@@ -665,10 +665,10 @@ class BotStore:
         row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])
 
-    async def oldest_pending_since(self) -> datetime | None:
-        """When the oldest write still waiting for Slack was queued (None: nothing waits)."""
-        row = await self.db.one("SELECT MIN(created_at) FROM outbox WHERE state = 'pending'")
-        return datetime.fromisoformat(row[0]) if row[0] else None
+    async def pending_writes(self) -> tuple[int, datetime | None]:
+        """How many writes wait for Slack, and when the oldest of them was queued (one read)."""
+        row = await self.db.one("SELECT COUNT(*), MIN(created_at) FROM outbox WHERE state = 'pending'")
+        return int(row[0]), datetime.fromisoformat(row[1]) if row[1] else None
 
     async def queued_goal_count(self) -> int:
         """Goals waiting for a runner."""
