@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("goaltender.monitoring")
 
-READ_TIMEOUT_S = 10.0  # a scrape waits this long for the event loop; Prometheus's default timeout is 10 s
+# A scrape waits this long for the event loop: well inside Prometheus's default scrape timeout (10 s),
+# so that a stuck loop still gets an answer that says so.
+READ_TIMEOUT_S = 5.0
 ACTIVE_STATES = [state for state in get_args(GoalState) if state not in TERMINAL_STATES]
 
 StateReader = Callable[[], Coroutine[Any, Any, list[Metric]]]
@@ -51,19 +53,28 @@ class LoopStateCollector:
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
-        future = asyncio.run_coroutine_threadsafe(self.read(), self.loop)
-        try:
-            families, read = future.result(READ_TIMEOUT_S), True
-        except Exception as exc:  # the loop is stuck or closing, or a read failed: say so, answer anyway
-            future.cancel()
-            log.warning("metrics: could not read the state (%s)", str(exc) or repr(exc))
-            families, read = [], False
-        yield from families
+        families = self._read_state()
+        yield from families or []
         yield GaugeMetricFamily(
             "goaltender_state_read_ok",
             "1 when this scrape read the daemon's state; 0 when its event loop did not answer in time",
-            value=1 if read else 0,
+            value=0 if families is None else 1,
         )
+
+    def _read_state(self) -> list[Metric] | None:
+        """The state's families, or None (said in the log) when the loop did not give them."""
+        reading = self.read()
+        try:
+            future = asyncio.run_coroutine_threadsafe(reading, self.loop)
+        except RuntimeError:  # the loop has closed: the daemon is on its way out
+            reading.close()
+            return None
+        try:
+            return future.result(READ_TIMEOUT_S)
+        except Exception as exc:  # the loop is stuck, or a read failed: the scrape still answers
+            future.cancel()
+            log.warning("metrics: could not read the state (%s)", str(exc) or repr(exc))
+            return None
 
 
 class MetricsEndpoint:

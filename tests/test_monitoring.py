@@ -12,7 +12,9 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -21,6 +23,7 @@ from daemons import Daemon
 from fake_slack import ALICE
 from prometheus_client.parser import text_string_to_metric_families
 
+from goaltender.runner import monitoring
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 
@@ -42,12 +45,16 @@ async def scrape(url: str) -> tuple[Samples, str]:
     async with aiohttp.ClientSession() as session, session.get(url, timeout=aiohttp.ClientTimeout(30)) as got:
         assert got.status == 200 and got.content_type == "text/plain"
         body = await got.text()
-    samples = {
+    return parsed(body), body
+
+
+def parsed(body: str) -> Samples:
+    """What prometheus_client's parser reads in a scrape's body."""
+    return {
         (sample.name, frozenset(sample.labels.items())): sample.value
         for family in text_string_to_metric_families(body)
         for sample in family.samples
     }
-    return samples, body
 
 
 def value(samples: Samples, metric: str, /, **labels: str) -> float | None:
@@ -244,6 +251,28 @@ async def test_the_endpoint_answers_beside_a_stalled_scrape(start_runner, connec
         assert status.goals == []
     finally:
         stalled.close()
+
+
+async def test_a_stuck_loop_is_said_not_waited_for(start_runner, monkeypatch):
+    """While the runner's loop is stuck, a scrape answers after READ_TIMEOUT_S with
+    goaltender_state_read_ok 0 (and what needs no loop: the disk); once the loop is back, 1."""
+    monkeypatch.setattr(monitoring, "READ_TIMEOUT_S", 0.5)
+    runner = await start_runner(metrics_port=0)
+    assert runner.metrics is not None
+    url, answered, body = runner.metrics.url, threading.Event(), []
+
+    def scrape_from_a_thread() -> None:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            body.append(answer.read().decode())
+        answered.set()
+
+    threading.Thread(target=scrape_from_a_thread, daemon=True).start()
+    assert answered.wait(60)  # blocks this loop, the runner's, on purpose: the stuck loop
+    samples = parsed(body[0])
+    assert value(samples, "goaltender_state_read_ok") == 0
+    assert value(samples, "goaltender_runner_goals", state="running") is None
+    assert (value(samples, "goaltender_runner_disk_free_bytes") or 0) > 0
+    assert value((await scrape(url))[0], "goaltender_state_read_ok") == 1
 
 
 async def test_a_taken_metrics_port_stops_the_runner_saying_so(tmp_path, short_dir):
