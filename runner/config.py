@@ -200,6 +200,13 @@ class RunnerSettings(GoaltenderSettings):
     grants: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_GRANTS))
     """Secret environment variables every goal's agent and experiments keep (still redacted on the
     way out). Comma-separated or a JSON list; empty grants nothing."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics on this port (runner/monitoring.py; 0: any free port, logged);
+    unset: no endpoint."""
+    metrics_address: str = "127.0.0.1"
+    """Where the metrics endpoint listens: this box alone by default; 0.0.0.0 for every interface."""
+    log_format: Literal["text", "json"] = "text"
+    """The runner's log on stderr: lines of text, or one JSON object a line (runner/logs.py)."""
     mlflow: bool = False
     """Mirror goals, the ledger and series to MLflow (the `mlflow` extra; runner/mlflow_mirror.py),
     by default into sqlite:///<home>/mlflow.db."""
