@@ -28,7 +28,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from conftest import eventually, events_until_report, submit
+from conftest import events_until_report, eventually, submit
 
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, _ssh_connect, open_client
 from goaltender.runner import protocol as p
@@ -69,7 +69,14 @@ def _make_accounts() -> None:
     _remove_accounts()
     _sh("groupadd", OPS)
     for name, groups in ((RUNNER, []), (BOT, [OPS]), (OUTSIDER, [])):
-        _sh("useradd", "--create-home", "--shell", "/bin/sh", *(["-G", ",".join(groups)] if groups else []), name)
+        _sh(
+            "useradd",
+            "--create-home",
+            "--shell",
+            "/bin/sh",
+            *(["-G", ",".join(groups)] if groups else []),
+            name,
+        )
         _sh("usermod", "-p", "*", name)  # no password, yet not locked: sshd lets a key in
     os.chmod(f"/home/{RUNNER}", 0o700)  # as adduser makes homes on Debian 12
 
@@ -95,7 +102,9 @@ def _python_for_accounts(shared: Path) -> Path:
         ["runuser", "-u", BOT, "--", str(command), "--help"], capture_output=True, text=True, cwd="/"
     )
     if probe.returncode != 0:
-        pytest.fail(f"the test's accounts cannot run goaltender from {ours} (is this checkout readable?): {probe.stderr[-500:]}")
+        pytest.fail(
+            f"the test's accounts cannot run goaltender from {ours} (is this checkout readable?): {probe.stderr[-500:]}"
+        )
     return command
 
 
@@ -331,4 +340,3 @@ async def test_a_changed_host_key_is_refused(box: Box):
     # Pinned anew, the bot is let in again.
     client = await open_client(box.target(BOT, key, known_hosts=box.host_key("host_ed25519_new")), "bot")
     await client.close()
-
