@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import grp
+import logging
 import os
 import pwd
 import stat
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goaltender.runner.config import ConfigError
+
+log = logging.getLogger("goaltender.runner")
 
 ACL_XATTR = "system.posix_acl_access"
 ACL_VERSION = 2
@@ -67,7 +70,7 @@ class Operators:
         """Is `uid` an operator: named, or in a named group (as the account database says now)?"""
         if uid is None:
             return False
-        return uid in self.uids or bool(self.gids & groups_of(uid))
+        return uid in self.uids or (bool(self.gids) and bool(self.gids & groups_of(uid)))
 
     def others(self) -> tuple[frozenset[int], frozenset[int]]:
         """The uids (other than the runner's own) and gids that need the kernel's leave."""
@@ -255,6 +258,7 @@ def _grant(uids: frozenset[int], gids: frozenset[int], socket_path: Path, home: 
             continue
         if os.stat(directory).st_uid == me:
             _adding(directory, uids, gids, X)
+            log.info("let %s pass through %s (search only: an ACL entry)", ", ".join(shut_out), directory)
             continue
         who = shut_out[0]
         raise ConfigError(

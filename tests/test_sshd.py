@@ -323,6 +323,7 @@ async def test_an_account_that_is_no_operator_is_told_what_to_add(box: Box):
     with pytest.raises(RunnerUnavailable) as refused:
         await open_client(box.target(OUTSIDER, key), "goaltender-bot")
     said = str(refused.value)
+    print(said)  # as the bot logs it (pytest -s)
     assert f"user {OUTSIDER}" in said and "may not open the runner socket" in said
     assert f"add {OUTSIDER}" in said and "GOALTENDER_OPERATORS" in said
     assert "bug" not in said
@@ -336,6 +337,7 @@ async def test_a_changed_host_key_is_refused(box: Box):
     await box.sshd_answers()
     with pytest.raises(HostKeyRejected, match="does not match the pinned key") as refused:
         await open_client(pinned, "goaltender-bot")
+    print(refused.value)  # as the bot logs it (pytest -s)
     assert "verify its new key out of band" in str(refused.value)
     # Pinned anew, the bot is let in again.
     client = await open_client(box.target(BOT, key, known_hosts=box.host_key("host_ed25519_new")), "bot")
