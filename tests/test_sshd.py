@@ -16,12 +16,14 @@ import contextlib
 import json
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sysconfig
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +39,7 @@ from goaltender.storage.records import FinalReport
 
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the accounts cannot run this venv's when it lives under /root
-PREFIX = "gtssh"  # the accounts and group this test makes (and removes)
-RUNNER, BOT, OUTSIDER, OPS = f"{PREFIX}-runner", f"{PREFIX}-bot", f"{PREFIX}-outsider", f"{PREFIX}-ops"
+LOCK_WAIT_S = 60  # useradd and friends refuse while another holds /etc/passwd's lock: tried again
 
 AGENT = """#!/bin/sh
 goaltender milestone "Plan" "reached through sshd"
@@ -65,29 +66,47 @@ def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
 
-def _make_accounts() -> None:
-    _remove_accounts()
-    _sh("groupadd", OPS)
-    for name, groups in ((RUNNER, []), (BOT, [OPS]), (OUTSIDER, [])):
-        _sh(
-            "useradd",
-            "--create-home",
-            "--shell",
-            "/bin/sh",
-            *(["-G", ",".join(groups)] if groups else []),
-            name,
-        )
-        _sh("usermod", "-p", "*", name)  # no password, yet not locked: sshd lets a key in
-    os.chmod(f"/home/{RUNNER}", 0o700)  # as adduser makes homes on Debian 12
+def _accounts_tool(*argv: str, check: bool = True) -> None:
+    """useradd, usermod, userdel, groupadd, groupdel: waiting while another test holds the lock."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        ran = subprocess.run(argv, capture_output=True, text=True)
+        if ran.returncode == 0 or "lock" not in ran.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # a retry's pace, not a wait for something: the lock has no signal to wait on
+    if check and ran.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {ran.stderr.strip()}")
 
 
-def _remove_accounts() -> None:
-    for name in (RUNNER, BOT, OUTSIDER):
-        subprocess.run(["userdel", "--force", "--remove", name], capture_output=True)
-    subprocess.run(["groupdel", OPS], capture_output=True)
+@dataclass(frozen=True)
+class Accounts:
+    """The box's accounts and the operators' group, named afresh for each test (tests run side by
+    side): the runner's, the bot's (an operator by the group), and one that is no operator."""
+
+    runner: str
+    bot: str
+    outsider: str
+    ops: str
+
+    @classmethod
+    def make(cls) -> Accounts:
+        tag = f"gt{secrets.token_hex(3)}"
+        made = cls(f"{tag}-runner", f"{tag}-bot", f"{tag}-outsider", f"{tag}-ops")
+        _accounts_tool("groupadd", made.ops)
+        for name, groups in ((made.runner, []), (made.bot, [made.ops]), (made.outsider, [])):
+            joined = ["-G", ",".join(groups)] if groups else []
+            _accounts_tool("useradd", "--create-home", "--shell", "/bin/sh", *joined, name)
+            _accounts_tool("usermod", "-p", "*", name)  # no password, yet not locked: sshd lets a key in
+        os.chmod(f"/home/{made.runner}", 0o700)  # as adduser makes homes on Debian 12
+        return made
+
+    def remove(self) -> None:
+        for name in (self.runner, self.bot, self.outsider):
+            _accounts_tool("userdel", "--force", "--remove", name, check=False)
+        _accounts_tool("groupdel", self.ops, check=False)
 
 
-def _python_for_accounts(shared: Path) -> Path:
+def _python_for_accounts(shared: Path, account: str) -> Path:
     """A `goaltender` the accounts can run: the system Python with this venv's packages on its path
     (this venv's interpreter may be under /root, which only root may enter)."""
     env = shared / "py"
@@ -99,7 +118,7 @@ def _python_for_accounts(shared: Path) -> Path:
     command.write_text(f'#!/bin/sh\nexec {env}/bin/python -W ignore -m goaltender.cli "$@"\n')
     command.chmod(0o755)
     probe = subprocess.run(
-        ["runuser", "-u", BOT, "--", str(command), "--help"], capture_output=True, text=True, cwd="/"
+        ["runuser", "-u", account, "--", str(command), "--help"], capture_output=True, text=True, cwd="/"
     )
     if probe.returncode != 0:
         pytest.fail(
@@ -118,6 +137,7 @@ def _free_port() -> int:
 class Box:
     """The box: its accounts, its runner, and its sshd."""
 
+    accounts: Accounts
     shared: Path  # readable by the accounts: the goaltender command, the agent
     private: Path  # root's: sshd's config and host keys, the bot's keys
     goaltender: Path
@@ -150,7 +170,7 @@ class Box:
                     "AuthorizedKeysFile .ssh/authorized_keys",
                     "StrictModes yes",  # the homes and .ssh are their owners' alone, as sshd wants
                     "PermitRootLogin no",
-                    f"AllowUsers {RUNNER} {BOT} {OUTSIDER}",
+                    f"AllowUsers {self.accounts.runner} {self.accounts.bot} {self.accounts.outsider}",
                     "",
                 ]
             )
@@ -220,18 +240,20 @@ async def box() -> AsyncIterator[Box]:
     private = Path(tempfile.mkdtemp(prefix="gt-sshd-root-", dir="/tmp"))
     shared.chmod(0o755)
     the_box: Box | None = None
+    accounts: Accounts | None = None
     try:
-        _make_accounts()
-        goaltender = _python_for_accounts(shared)
+        accounts = Accounts.make()
+        runner = accounts.runner
+        goaltender = _python_for_accounts(shared, accounts.bot)
         agent = shared / "agent.sh"
         agent.write_text(AGENT)
         agent.chmod(0o755)
-        home = Path(f"/home/{RUNNER}/.goaltender")
-        the_box = Box(shared, private, goaltender, _free_port(), home / "runner.sock")
+        home = Path(f"/home/{runner}/.goaltender")
+        the_box = Box(accounts, shared, private, goaltender, _free_port(), home / "runner.sock")
         env = {
-            "HOME": f"/home/{RUNNER}",
+            "HOME": f"/home/{runner}",
             "PATH": f"{goaltender.parent}:/usr/bin:/bin",
-            "GOALTENDER_OPERATORS": f"{RUNNER},@{OPS}",  # its own account, and the bot's by its group
+            "GOALTENDER_OPERATORS": f"{runner},@{accounts.ops}",  # its own account, and the bot's by its group
             "GOALTENDER_AGENTS": json.dumps({"script": [str(agent)]}),
             "GOALTENDER_DEFAULT_AGENT": "script",
             "GOALTENDER_SANDBOX": "none",  # what this test is about is the way in, not the sandbox
@@ -240,7 +262,7 @@ async def box() -> AsyncIterator[Box]:
         }
         with (private / "runner.log").open("wb") as log:
             the_box.runner = await asyncio.create_subprocess_exec(
-                str(goaltender), "runner", env=env, stdout=log, stderr=log, user=RUNNER, group=RUNNER,
+                str(goaltender), "runner", env=env, stdout=log, stderr=log, user=runner, group=runner,
                 extra_groups=[], cwd="/",
             )  # fmt: skip
 
@@ -263,14 +285,15 @@ async def box() -> AsyncIterator[Box]:
                 if the_box.runner.returncode is None:
                     the_box.runner.kill()
                     await the_box.runner.wait()
-        _remove_accounts()
+        if accounts is not None:
+            accounts.remove()
         shutil.rmtree(shared, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
 
 
 async def test_a_goal_through_sshd_and_a_forced_command(box: Box):
-    key = box.authorize(BOT, "bot_ed25519")
-    client = await open_client(box.target(BOT, key), "goaltender-bot")
+    key = box.authorize(box.accounts.bot, "bot_ed25519")
+    client = await open_client(box.target(box.accounts.bot, key), "goaltender-bot")
     try:
         goal_id = await submit(client, "count stars over ssh, max 1 experiments", owner="slack:U1")
         events = await events_until_report(client, goal_id, timeout=120)
@@ -281,8 +304,8 @@ async def test_a_goal_through_sshd_and_a_forced_command(box: Box):
     milestones = [e.data for e in events if e.data.kind == "milestone"]
     assert any("reached through sshd" in str(m) for m in milestones)
     # The runner knows the bot's account (by the socket's peer uid) and whom it vouched for.
-    bot_uid = pwd.getpwnam(BOT).pw_uid
-    operator = await open_client(box.target(BOT, key), "auditor")
+    bot_uid = pwd.getpwnam(box.accounts.bot).pw_uid
+    operator = await open_client(box.target(box.accounts.bot, key), "auditor")
     try:
         entries = (await operator.call(p.Audit, p.AuditReply, goal_id=goal_id)).entries
     finally:
@@ -291,8 +314,8 @@ async def test_a_goal_through_sshd_and_a_forced_command(box: Box):
 
 
 async def test_the_key_runs_the_bridge_and_nothing_else(box: Box):
-    key = box.authorize(BOT, "bot_ed25519")
-    target = box.target(BOT, key)
+    key = box.authorize(box.accounts.bot, "bot_ed25519")
+    target = box.target(box.accounts.bot, key)
     conn = await _ssh_connect(target)
     try:
         # Whatever command the key asks for, sshd runs the bridge: a hello gets the runner's welcome.
@@ -305,13 +328,13 @@ async def test_the_key_runs_the_bridge_and_nothing_else(box: Box):
     finally:
         conn.close()
     with pytest.raises(RunnerUnavailable, match=r'use mode = "attach"'):
-        await open_client(box.target(BOT, key, mode="streamlocal"), "goaltender-bot")
+        await open_client(box.target(box.accounts.bot, key, mode="streamlocal"), "goaltender-bot")
 
 
 async def test_the_runners_own_account_with_a_forced_command(box: Box):
     """The simplest deployment: the bot's key in the runner account's own authorized_keys."""
-    key = box.authorize(RUNNER, "runner_ed25519")
-    client = await open_client(box.target(RUNNER, key), "goaltender-bot")
+    key = box.authorize(box.accounts.runner, "runner_ed25519")
+    client = await open_client(box.target(box.accounts.runner, key), "goaltender-bot")
     try:
         assert client.runner_name
     finally:
@@ -319,19 +342,20 @@ async def test_the_runners_own_account_with_a_forced_command(box: Box):
 
 
 async def test_an_account_that_is_no_operator_is_told_what_to_add(box: Box):
-    key = box.authorize(OUTSIDER, "outsider_ed25519")
+    key = box.authorize(box.accounts.outsider, "outsider_ed25519")
     with pytest.raises(RunnerUnavailable) as refused:
-        await open_client(box.target(OUTSIDER, key), "goaltender-bot")
+        await open_client(box.target(box.accounts.outsider, key), "goaltender-bot")
     said = str(refused.value)
     print(said)  # as the bot logs it (pytest -s)
-    assert f"user {OUTSIDER}" in said and "may not open the runner socket" in said
-    assert f"add {OUTSIDER}" in said and "GOALTENDER_OPERATORS" in said
+    outsider = box.accounts.outsider
+    assert f"user {outsider}" in said and "may not open the runner socket" in said
+    assert f"add {outsider}" in said and "GOALTENDER_OPERATORS" in said
     assert "bug" not in said
 
 
 async def test_a_changed_host_key_is_refused(box: Box):
-    key = box.authorize(BOT, "bot_ed25519")
-    pinned = box.target(BOT, key)  # pins the key sshd has now
+    key = box.authorize(box.accounts.bot, "bot_ed25519")
+    pinned = box.target(box.accounts.bot, key)  # pins the key sshd has now
     box.stop_sshd()
     box.start_sshd(host_key="host_ed25519_new")  # the box "reinstalled": a new host key
     await box.sshd_answers()
@@ -340,5 +364,7 @@ async def test_a_changed_host_key_is_refused(box: Box):
     print(refused.value)  # as the bot logs it (pytest -s)
     assert "verify its new key out of band" in str(refused.value)
     # Pinned anew, the bot is let in again.
-    client = await open_client(box.target(BOT, key, known_hosts=box.host_key("host_ed25519_new")), "bot")
+    client = await open_client(
+        box.target(box.accounts.bot, key, known_hosts=box.host_key("host_ed25519_new")), "bot"
+    )
     await client.close()
