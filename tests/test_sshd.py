@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -109,6 +110,11 @@ class Accounts:
 def _python_for_accounts(shared: Path, account: str) -> Path:
     """A `goaltender` the accounts can run: the system Python with this venv's packages on its path
     (this venv's interpreter may be under /root, which only root may enter)."""
+    version = subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+    ).stdout.strip()
+    if version != str(sys.version_info[:2]):  # this venv's compiled packages are for its own Python
+        pytest.fail(f"{SYSTEM_PYTHON} is Python {version}, this venv's is {sys.version_info[:2]}")
     env = shared / "py"
     _sh(SYSTEM_PYTHON, "-m", "venv", "--without-pip", str(env))
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
