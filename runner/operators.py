@@ -209,12 +209,11 @@ def may_search(path: Path, uid: int | None, gid: int | None) -> bool:
         groups = groups_of(uid)
     else:
         groups = frozenset({gid}) if gid is not None else frozenset()
-    if info.st_gid in groups or any((GROUP, g) in acl for g in groups):
-        granted = [acl[(GROUP, g)] for g in groups if (GROUP, g) in acl]
-        if info.st_gid in groups:
-            granted.append(acl.get((GROUP_OBJ, UNDEFINED_ID), (info.st_mode >> 3) & 7))
-        if _union(granted) & mask & X:
-            return True
+    granted = [acl[(GROUP, g)] for g in groups if (GROUP, g) in acl]
+    if info.st_gid in groups:
+        granted.append(acl.get((GROUP_OBJ, UNDEFINED_ID), (info.st_mode >> 3) & 7))
+    if granted:  # a matching group decides, as the kernel does: "other" is not asked then
+        return bool(_union(granted) & mask & X)
     return bool(info.st_mode & stat.S_IXOTH)
 
 
@@ -249,37 +248,40 @@ def _forget(directory: Path) -> None:
 
 def _grant(uids: frozenset[int], gids: frozenset[int], socket_path: Path, home: Path) -> None:
     me = os.getuid()
-    for directory in [socket_path.parent, *socket_path.parent.parents]:
+    home = home.resolve()  # the directories the kernel walks, not a symlink's name for them
+    parent = socket_path.parent.resolve()
+    for directory in [parent, *parent.parents]:
         if _is_under(directory, home):  # the runner's own, made private: exactly these entries
             _exactly(directory, uids, gids, X)
             continue
-        shut_out = _shut_out(directory, uids, gids)
-        if not shut_out:
+        users = frozenset(uid for uid in uids if not may_search(directory, uid, None))
+        groups = frozenset(gid for gid in gids if not may_search(directory, None, gid))
+        if not users and not groups:
             continue
-        if os.stat(directory).st_uid == me:
-            _adding(directory, uids, gids, X)
-            log.info("let %s pass through %s (search only: an ACL entry)", ", ".join(shut_out), directory)
+        who = [f"user {_account(uid)}" for uid in sorted(users)] + [
+            f"group @{group_name(g)}" for g in sorted(groups)
+        ]
+        owner = os.stat(directory).st_uid
+        if owner == me:
+            _adding(directory, users, groups, X)
+            log.info("let %s pass through %s (search only: an ACL entry)", ", ".join(who), directory)
             continue
-        who = shut_out[0]
+        entry = f"u:{_account(min(users))}" if users else f"g:{group_name(min(groups))}"
         raise ConfigError(
-            f"GOALTENDER_OPERATORS: {who} cannot pass through {directory} to the runner socket "
-            f"{socket_path}, and it is not the runner user's to open (owner {user_name(os.stat(directory).st_uid)}): "
-            f"as its owner, `setfacl -m {_acl_name(who)}:x {directory}` (or chmod o+x), or set "
+            f"GOALTENDER_OPERATORS: {who[0]} cannot pass through {directory} to the runner socket "
+            f"{socket_path}, and it is not the runner user's to open (owner {_account(owner)}): "
+            f"as its owner, `setfacl -m {entry}:x {directory}` (or chmod o+x), or set "
             "GOALTENDER_SOCKET to a path they can reach"
         )
-    _exactly(socket_path, uids, gids, R | W)
+    _exactly(parent / socket_path.name, uids, gids, R | W)
 
 
-def _shut_out(directory: Path, uids: frozenset[int], gids: frozenset[int]) -> list[str]:
-    """Who of the operators cannot search `directory`, as `user NAME` / `group @NAME`."""
-    users = [f"user {user_name(uid)}" for uid in sorted(uids) if not may_search(directory, uid, None)]
-    groups = [f"group @{group_name(gid)}" for gid in sorted(gids) if not may_search(directory, None, gid)]
-    return users + groups
-
-
-def _acl_name(who: str) -> str:
-    kind, name = who.split(" ", 1)
-    return f"u:{name}" if kind == "user" else f"g:{name.lstrip('@')}"
+def _account(uid: int) -> str:
+    """The account's name, or its uid when it has none (setfacl takes either)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _is_under(path: Path, root: Path) -> bool:

@@ -130,3 +130,8 @@ def test_may_search_reads_modes_and_acls(tmp_path: Path):
     assert not may_search(directory, 65534, None)
     directory.chmod(0o701)
     assert may_search(directory, 65533, None) and may_search(directory, None, 4242)
+    # A matching group decides, as in the kernel: nobody's group (nogroup) has ---, so "other"'s x
+    # is not nobody's.
+    os.chown(directory, 0, 65534)
+    assert not may_search(directory, 65534, None) and not may_search(directory, None, 65534)
+    assert may_search(directory, 65533, None)
