@@ -64,8 +64,8 @@ Operators (and the Slack bot) drive goals: submit, status, summary, steer, budge
                                           log, audit
 Agents report from inside a goal:         milestone, metrics, experiment, nemo-rl, ask,
                                           inbox, diary, report
-Operators are the users the runner allows (GOALTENDER_OPERATORS; default: its own user);
-the runner knows them by the socket's peer uid. Agent verbs read GOALTENDER_GOAL_ID and
+Operators are the users and @groups the runner allows (GOALTENDER_OPERATORS; default: its own
+user; docs/deploy.md); the runner knows them by the socket's peer uid. Agent verbs read GOALTENDER_GOAL_ID and
 GOALTENDER_SOCKET (the goal's own socket, which serves the agent verbs only) from the
 environment the runner gives them."""
 

@@ -35,6 +35,7 @@ from typing import Any
 from goaltender.runner import protocol as p
 from goaltender.runner.audit import AuditTrail, is_control
 from goaltender.runner.client import SocketStream, unix_address
+from goaltender.runner.operators import Operators
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
 from goaltender.storage.db import DatabaseLost
@@ -71,10 +72,10 @@ class SocketServer:
         store: RunnerStore,
         handlers: Mapping[type[p.Request], Handler],
         redactor: Redactor | None = None,
-        operators: frozenset[int] = frozenset({os.getuid()}),
+        operators: Operators | None = None,
     ):
         self.path = path
-        self.operators = operators
+        self.operators = operators or Operators.parse([])  # default: the runner's own user
         self.audit = AuditTrail(store)
         self.redactor = redactor or Redactor()  # token shapes only, unless the runner gives its secrets
         self.runner_name = runner_name
