@@ -34,6 +34,7 @@ import pytest
 from conftest import events_until_report, eventually, submit
 
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, _ssh_connect, open_client
+from goaltender.runner import operators
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.records import FinalReport
@@ -105,6 +106,27 @@ class Accounts:
         for name in (self.runner, self.bot, self.outsider):
             _accounts_tool("userdel", "--force", "--remove", name, check=False)
         _accounts_tool("groupdel", self.ops, check=False)
+
+
+def _let_accounts_through(places: list[Path], uids: list[int]) -> list[tuple[Path, operators.Entries]]:
+    """Let the accounts read `places` (Python lists a package's folder) and pass through the
+    directories above them, where these keep them out (a CI checkout under a 0700 directory);
+    the ACLs as they were, to put back."""
+    wanted: dict[Path, int] = {}
+    for place in (place.resolve() for place in places):
+        wanted |= {parent: operators.X for parent in place.parents if parent not in wanted}
+        wanted[place] = operators.R | operators.X
+    changed: list[tuple[Path, operators.Entries]] = []
+    for directory, perm in sorted(wanted.items()):
+        before = operators.read_acl(directory)
+        mode = os.stat(directory).st_mode
+        if perm == operators.X and all(operators.may_search(directory, uid, None) for uid in uids):
+            continue
+        if perm != operators.X and mode & 0o005 == 0o005:  # anyone may read and enter it already
+            continue
+        operators.write_acl(directory, before | {(operators.USER, uid): perm for uid in uids})
+        changed.append((directory, before))
+    return changed
 
 
 def _python_for_accounts(shared: Path, account: str) -> Path:
@@ -247,9 +269,14 @@ async def box() -> AsyncIterator[Box]:
     shared.chmod(0o755)
     the_box: Box | None = None
     accounts: Accounts | None = None
+    opened: list[tuple[Path, operators.Entries]] = []
     try:
         accounts = Accounts.make()
         runner = accounts.runner
+        uids = [pwd.getpwnam(name).pw_uid for name in (runner, accounts.bot, accounts.outsider)]
+        opened = _let_accounts_through(
+            [Path(sysconfig.get_path("purelib")), Path(__file__).parent.parent], uids
+        )
         goaltender = _python_for_accounts(shared, accounts.bot)
         agent = shared / "agent.sh"
         agent.write_text(AGENT)
@@ -291,6 +318,8 @@ async def box() -> AsyncIterator[Box]:
                 if the_box.runner.returncode is None:
                     the_box.runner.kill()
                     await the_box.runner.wait()
+        for directory, acl in opened:
+            operators.write_acl(directory, acl)
         if accounts is not None:
             accounts.remove()
         shutil.rmtree(shared, ignore_errors=True)
