@@ -216,6 +216,15 @@ class Audit(Request):
     limit: int = Field(default=200, gt=0, le=10_000)
 
 
+class Prune(Request):
+    """Prune the history of goals that ended `days` ago or more (default: the runner's retention,
+    GOALTENDER_RETENTION_DAYS; storage/pruning.py); `dry_run` says what would go. Operators only."""
+
+    type: Literal["prune"] = "prune"
+    days: int | None = Field(default=None, ge=1, le=1_000_000)
+    dry_run: bool = False
+
+
 STATUS_PAGE_MAX = 200  # goals per Status reply page: well under MAX_LINE, whatever their ledgers
 
 
@@ -478,6 +487,7 @@ AnyRequest = Annotated[
     | Resume
     | Decide
     | Audit
+    | Prune
     | SkillLog
     | RevertSkill
     | SkillEdit
@@ -608,6 +618,11 @@ class AuditReply(Reply):
     entries: list[AuditEntry]
 
 
+class PruneReply(Reply):
+    type: Literal["pruned"] = "pruned"
+    lines: list[str]  # what was (or would be) removed, for a person
+
+
 class LogReply(Reply):
     type: Literal["log"] = "log"
     text: str
@@ -732,6 +747,7 @@ AnyReply = Annotated[
     | InboxReply
     | DiaryReply
     | AuditReply
+    | PruneReply
     | LogReply
     | DiskUsageReply
     | SeriesReply
