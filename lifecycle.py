@@ -151,7 +151,7 @@ def prune_locally(kind: str, days: int | None, dry_run: bool) -> list[str]:
     runner on it (a running runner is asked instead: another process writing its file stops it)."""
     path = databases()[kind]
     if not path.is_file():
-        return [f"{path}: not here"]
+        return [f"{path}: none here, nothing to prune"]
     if kind == "bot":
         return asyncio.run(_prune_bot(path, days or BotSettings().retention_days, dry_run))
     with runner_stopped(path.parent, doing="prune"):

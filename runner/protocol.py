@@ -148,7 +148,10 @@ class Hello(Request):
     #: Ask for the runner's identity in the welcome (Welcome.runner_id); a runner that predates it
     #: refuses the field, and the client says hello again without it.
     identity: bool = False
-    added_fields = frozenset({"identity"})
+    #: The oldest protocol version the client speaks, when older than `version` (runner/versions.py):
+    #: the runner answers at the newest version both speak.
+    oldest: Int64 | None = None
+    added_fields = frozenset({"identity", "oldest"})
 
 
 class SubmitGoal(Request):
@@ -523,7 +526,7 @@ class Reply(Message):
 
 class Welcome(Reply):
     type: Literal["welcome"] = "welcome"
-    version: int = PROTOCOL_VERSION
+    version: int = PROTOCOL_VERSION  # the version this connection speaks (runner/versions.py)
     runner: str
     #: The runner's identity (made with its database; a runner with another database has another),
     #: sent to a hello that asks for it: the bot keys a runner's goals by it.

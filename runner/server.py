@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from goaltender.runner import protocol as p
+from goaltender.runner import versions
 from goaltender.runner.audit import AuditTrail, is_control
 from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.secrets import Redactor
@@ -76,6 +77,7 @@ class SocketServer:
         self.path = path
         self.operators = operators
         self.audit = AuditTrail(store)
+        self._mismatches: set[tuple[str, int]] = set()  # (client, version) hellos refused and logged
         self.redactor = redactor or Redactor()  # token shapes only, unless the runner gives its secrets
         self.runner_name = runner_name
         self.store = store
@@ -236,13 +238,17 @@ class SocketServer:
             await conn.send(p.Error(id=hello.id, code="forbidden", message=refusal))
             await self.audit.refused(conn.principal, None, refusal, action="hello")
             return False
-        if hello.version != p.PROTOCOL_VERSION:
-            message = f"runner speaks protocol {p.PROTOCOL_VERSION}, client sent {hello.version}"
+        version = versions.agreed(hello.version, hello.oldest or hello.version)
+        if version is None:
+            message = versions.mismatch(p.PROTOCOL_VERSION, hello.client, hello.version)
+            if (hello.client, hello.version) not in self._mismatches:  # a client retrying is said once
+                self._mismatches.add((hello.client, hello.version))
+                log.warning("refused a hello from %s: %s", hello.client, message)
             await conn.send(p.Error(id=hello.id, code="version_mismatch", message=message))
             return True
         conn.client = hello.client
         runner_id = self.store.runner_id if hello.identity else None
-        await conn.send(p.Welcome(id=hello.id, runner=self.runner_name, runner_id=runner_id))
+        await conn.send(p.Welcome(id=hello.id, version=version, runner=self.runner_name, runner_id=runner_id))
         return True
 
     async def _answer(self, conn: _Connection, request: p.Request) -> None:
