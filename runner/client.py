@@ -171,7 +171,7 @@ class RunnerClient:
             except p.ProtocolError as exc:
                 fields = _hello_again(fields, exc, client)
         if not versions.OLDEST_PROTOCOL_VERSION <= welcome.version <= p.PROTOCOL_VERSION:
-            raise _mismatch(welcome.version, client, fields["version"])
+            raise _mismatch(welcome.version, client, p.PROTOCOL_VERSION)
         self.protocol_version = welcome.version
         self.runner_name = welcome.runner
         self.runner_id = welcome.runner_id
@@ -502,7 +502,8 @@ def _hello_again(fields: dict[str, Any], refused: p.ProtocolError, client: str) 
         error.code == "version_mismatch"
         and (theirs := versions.older_runner_version(error.message)) is not None
     ):
-        if theirs != fields["version"] and versions.agreed(theirs, theirs) is not None:
+        ours = (p.PROTOCOL_VERSION, versions.OLDEST_PROTOCOL_VERSION)
+        if theirs != fields["version"] and versions.agreed(theirs, theirs, *ours) is not None:
             return {name: value for name, value in fields.items() if name != "oldest"} | {"version": theirs}
         raise _mismatch(theirs, client, p.PROTOCOL_VERSION) from None
     raise refused

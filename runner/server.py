@@ -238,7 +238,8 @@ class SocketServer:
             await conn.send(p.Error(id=hello.id, code="forbidden", message=refusal))
             await self.audit.refused(conn.principal, None, refusal, action="hello")
             return False
-        version = versions.agreed(hello.version, hello.oldest or hello.version)
+        oldest = hello.oldest or hello.version  # a client that names none speaks `version` alone
+        version = versions.agreed(hello.version, oldest, p.PROTOCOL_VERSION, versions.OLDEST_PROTOCOL_VERSION)
         if version is None:
             message = versions.mismatch(p.PROTOCOL_VERSION, hello.client, hello.version)
             if (hello.client, hello.version) not in self._mismatches:  # a client retrying is said once

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import re
 
-from goaltender.runner.wire import PROTOCOL_VERSION
-
 OLDEST_PROTOCOL_VERSION = 1  # the oldest version this release still speaks
 HOW_TO_UPGRADE = {
     "runner": "pip install -U goaltender on the runner's box, then restart the runner",
@@ -27,10 +25,9 @@ HOW_TO_UPGRADE = {
 _OLD_REFUSAL = re.compile(r"runner speaks protocol (\d+), client sent (\d+)")
 
 
-def agreed(
-    newest: int, oldest: int, ours_newest: int = PROTOCOL_VERSION, ours_oldest: int = OLDEST_PROTOCOL_VERSION
-) -> int | None:
-    """The newest version both sides speak, None when they share none."""
+def agreed(newest: int, oldest: int, ours_newest: int, ours_oldest: int) -> int | None:
+    """The newest version two sides speaking `oldest`..`newest` and `ours_oldest`..`ours_newest`
+    both speak, None when they share none."""
     version = min(newest, ours_newest)
     return version if version >= max(oldest, ours_oldest) else None
 
