@@ -78,6 +78,7 @@ bench: $(STAMP) check-wheel
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_bot.py
 	$(BIN)/python benchmarks/bench_redact.py
+	$(BIN)/python benchmarks/bench_metrics.py
 	$(BIN)/python benchmarks/bench_parsing.py
 	$(BIN)/python benchmarks/bench_wire.py
 	$(BIN)/python benchmarks/bench_history.py

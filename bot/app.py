@@ -25,9 +25,9 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import re
 import sqlite3
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -56,6 +56,7 @@ from goaltender.bot.intake import GoalRefused, Intake, command_text
 from goaltender.bot.links import RunnerPool
 from goaltender.bot.membership import Membership
 from goaltender.bot.messages import Messages
+from goaltender.bot.monitoring import bot_endpoint
 from goaltender.bot.outbox import Outbox, Payload
 from goaltender.bot.pruning import prune_bot
 from goaltender.bot.roles import Roles
@@ -63,6 +64,9 @@ from goaltender.bot.slack_errors import failure_of
 from goaltender.bot.thread import ThreadWriter
 from goaltender.bot.tokens import TokenRefused, check_app_token, check_bot_token
 from goaltender.bot.views import Views
+from goaltender.runner.logs import BOT_TEXT, configure_logging, say
+from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable
+from goaltender.runner.secrets import Redactor, redact_output
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.db import UnusableDatabase
 from goaltender.storage.records import Event
@@ -152,6 +156,8 @@ class GoaltenderBot:
         self.http: web.AppRunner | None = None
         self.http_port: int | None = None
         """HTTP mode: the port the bot listens on (useful when configured as 0)."""
+        self.metrics: MetricsEndpoint | None = None
+        """The Prometheus endpoint, while it serves (GOALTENDER_BOT_METRICS_PORT)."""
         self._register()
 
     @classmethod
@@ -176,7 +182,11 @@ class GoaltenderBot:
 
     async def start(self) -> None:
         """Check the tokens (TokenRefused when Slack refuses one), then start the outbox, the
-        runner links, the health watcher, the digest schedules and the Socket Mode connection."""
+        runner links, the health watcher, the digest schedules and the Socket Mode connection. The
+        metrics endpoint comes first: it shows the links and the outbox while Slack is unreachable."""
+        self.metrics = bot_endpoint(self)
+        if self.metrics is not None:
+            self.metrics.start()
         await self.check_tokens()
         self._watch(self.outbox.run(), "the outbox")
         self._watch(self.pool.run(), "the runner links")
@@ -238,6 +248,8 @@ class GoaltenderBot:
         if self._closed:
             return
         self._closed = True
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)  # (it waits for the server's poll, up to 0.5 s)
         if self.handler is not None:
             with contextlib.suppress(Exception):
                 await self.handler.close_async()
@@ -414,11 +426,17 @@ def missing_tokens_message(missing: list[str]) -> str:
 def main() -> None:
     """`goaltender bot`: run the Slack bot (Socket Mode, or HTTP with GOALTENDER_SLACK_MODE=http)
     until interrupted."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = BotSettings()
+    # The bot's log, and what libraries log or warn in it, is redacted as the runner's is (Slack's
+    # tokens are secret-looking variables, and their shapes are known).
+    redact_output(Redactor.from_environment())
+    configure_logging(settings.log_format, BOT_TEXT)
     if missing := settings.missing_tokens():
-        print(missing_tokens_message(missing), file=sys.stderr, end="")
+        say(missing_tokens_message(missing).rstrip("\n"), settings.log_format)
         raise SystemExit(2)
+    # The token is in the settings now. Bolt would read SLACK_BOT_TOKEN again on its own and warn
+    # at every start that it ignores it for the client the bot gives it; no child needs it either.
+    os.environ.pop("SLACK_BOT_TOKEN", None)
 
     async def run() -> None:
         bot = await GoaltenderBot.open(settings)
@@ -428,8 +446,8 @@ def main() -> None:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(run())
     except TokenRefused as refused:
-        print(f"goaltender bot: {refused}", file=sys.stderr)
+        say(f"goaltender bot: {refused}", settings.log_format)
         raise SystemExit(2) from None
-    except UnusableDatabase as exc:  # newer, or damaged: said, not a traceback
-        print(f"goaltender bot: cannot start: {exc}", file=sys.stderr)
+    except (UnusableDatabase, MetricsUnavailable) as exc:  # said, not a traceback
+        say(f"goaltender bot: cannot start: {exc}", settings.log_format)
         raise SystemExit(1) from None

@@ -94,6 +94,13 @@ class BotSettings(GoaltenderSettings):
     """How often the bot prunes (the first time a minute after it starts)."""
     health_log_interval_s: float = Field(default=300.0, gt=0)
     """The bot logs its health this often, and whenever it changes."""
+    bot_metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics on this port (bot/monitoring.py; 0: any free port, logged); unset:
+    no endpoint. Its own variable, so a bot and a runner on one box can share an environment."""
+    bot_metrics_address: str = "127.0.0.1"
+    """Where the metrics endpoint listens: this machine alone by default; 0.0.0.0 for every interface."""
+    log_format: Literal["text", "json"] = "text"
+    """The bot's log on stderr: lines of text, or one JSON object a line (runner/logs.py)."""
     slack_bot_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("SLACK_BOT_TOKEN", "slack_bot_token")
     )

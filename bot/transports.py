@@ -23,10 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
+import warnings
 from pathlib import Path
 from typing import Literal
 
-import asyncssh
+from cryptography.utils import CryptographyDeprecationWarning
+
+# asyncssh names cryptography's DSA classes in its annotations, and each name warns once at import
+# that DSA is deprecated: five warnings at every start about what nobody here uses or can change.
+# Only those are silenced, only while asyncssh is imported; a DSA key used later still warns.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", category=CryptographyDeprecationWarning, module=r"asyncssh\.")
+    import asyncssh
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from goaltender.runner import protocol as p

@@ -136,7 +136,7 @@ class RunnerSettings(GoaltenderSettings):
     executors: Annotated[list[Literal["local", "ray", "slurm"]], NoDecode] = Field(default_factory=list)
     """Remote executors goals may use besides `executor` (comma-separated or a JSON list); local,
     in the goal's sandbox, is always allowed. A remote one runs a goal's commands outside its sandbox, as the runner's user on the cluster's
-    nodes: allow it only where the cluster is the isolation you want (README, Executors)."""
+    nodes: allow it only where the cluster is the isolation you want (docs/security.md)."""
     ray_address: str = "http://127.0.0.1:8265"
     """The Ray cluster's dashboard (its Job Submission API) for `--executor ray`."""
     ray_token: str = ""
@@ -205,6 +205,13 @@ class RunnerSettings(GoaltenderSettings):
     grants: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_GRANTS))
     """Secret environment variables every goal's agent and experiments keep (still redacted on the
     way out). Comma-separated or a JSON list; empty grants nothing."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve Prometheus metrics on this port (runner/monitoring.py; 0: any free port, logged);
+    unset: no endpoint."""
+    metrics_address: str = "127.0.0.1"
+    """Where the metrics endpoint listens: this box alone by default; 0.0.0.0 for every interface."""
+    log_format: Literal["text", "json"] = "text"
+    """The runner's log on stderr: lines of text, or one JSON object a line (runner/logs.py)."""
     mlflow: bool = False
     """Mirror goals, the ledger and series to MLflow (the `mlflow` extra; runner/mlflow_mirror.py),
     by default into sqlite:///<home>/mlflow.db."""

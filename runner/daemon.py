@@ -44,7 +44,9 @@ from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import ConfigError, RunnerSettings
 from goaltender.runner.disk_usage import goal_usage
 from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
+from goaltender.runner.logs import RUNNER_TEXT, configure_logging, say
 from goaltender.runner.mlflow_mirror import MlflowMirror
+from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable, runner_endpoint
 from goaltender.runner.report import best_experiment, goal_stop_status, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
 from goaltender.runner.secrets import Redactor, redact_output
@@ -144,6 +146,8 @@ class Runner:
         self._watching: asyncio.Task | None = None
         self._pruning: asyncio.Task | None = None  # the periodic prune (storage/pruning.py)
         self._prune_lock = asyncio.Lock()  # one prune at a time, periodic or asked for
+        self.metrics: MetricsEndpoint | None = None
+        """The Prometheus endpoint, while it serves (GOALTENDER_METRICS_PORT)."""
 
     # ---- life cycle ----
 
@@ -204,6 +208,7 @@ class Runner:
             self.mirror.start()
         self._pruning = asyncio.ensure_future(self._prune_forever())
         await self.server.start_serving()
+        self._serve_metrics()
         log.info(
             "runner %s (database %s) listening on %s (compute unit: %s; %d slots, GPUs %s; sandbox: %s; "
             "limits: %s; "
@@ -225,6 +230,21 @@ class Runner:
         except RuntimeError as exc:  # another runner answers on the socket: it is not ours to remove
             raise AlreadyServing(str(exc)) from exc
         self._listening = True
+
+    def _serve_metrics(self) -> None:
+        endpoint = runner_endpoint(self)
+        if endpoint is None:
+            return
+        try:
+            endpoint.start()
+        except MetricsUnavailable as exc:
+            raise StartupFailed(str(exc)) from None
+        self.metrics = endpoint
+
+    async def _stop_metrics(self) -> None:
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.stop)  # (it waits for the server's poll, up to 0.5 s)
+            self.metrics = None
 
     async def _seed_skills(self) -> None:
         try:
@@ -251,6 +271,7 @@ class Runner:
         """Undo a start that failed half-way: agents recovery started, the socket, the database
         (whose thread, left open, would keep the process from exiting)."""
         self._stop_watching()
+        await self._stop_metrics()
         self.server.close()
         await self.campaigns.close()
         await self.server.audit.close()
@@ -270,6 +291,7 @@ class Runner:
         was lost, what the runner held is saved and the next start waits for the operator
         (`stopped_because` says so)."""
         self._stop_watching()
+        await self._stop_metrics()
         self.server.close()
         await self.campaigns.close()  # from here on a write that finds the disk full fails
         await self.server.audit.close()
@@ -920,9 +942,7 @@ def main(settings: RunnerSettings | None = None) -> None:
     settings = settings or RunnerSettings()
     # The runner's log, and what libraries log or warn in its process, is redacted as what it sends is.
     redact_output(Redactor.from_settings(settings))
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr
-    )
+    configure_logging(settings.log_format, RUNNER_TEXT)
     try:
         if settings.default_agent not in settings.agents:  # else each goal that names none is refused
             raise StartupFailed(
@@ -931,10 +951,10 @@ def main(settings: RunnerSettings | None = None) -> None:
             )
         asyncio.run(run_forever(settings))
     except StartupFailed as failed:
-        print(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", file=sys.stderr)
+        say(f"goaltender runner: cannot start: {' '.join(str(failed).split())}", settings.log_format)
         _exit(EXIT_STARTUP_FAILED)
     except DatabaseGone as gone:
-        print(f"goaltender runner: stopped: {' '.join(str(gone).split())}", file=sys.stderr)
+        say(f"goaltender runner: stopped: {' '.join(str(gone).split())}", settings.log_format)
         _exit(EXIT_STARTUP_FAILED)
 
 

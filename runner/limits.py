@@ -73,7 +73,7 @@ _JOIN = (
     f'{JOIN_FAILED}; }}; shift; done; shift; exec "$@"'
 )
 ENABLE_HINT = (
-    "run the runner as a systemd service with Delegate=yes (see the README's per-goal limits), "
+    "run the runner as a systemd service with Delegate=yes (docs/deploy.md, Services), "
     "or as root on a box whose cgroup filesystem is writable"
 )
 

@@ -79,6 +79,10 @@ class Slots:
     def in_use(self) -> int:
         return sum(self._running.values())
 
+    @property
+    def gpus_in_use(self) -> int:
+        return len(self.gpus) - len(self._free_gpus)
+
     def check(self, gpus: int) -> None:
         """Raise Unfit when no amount of waiting gets `gpus` GPUs on this box."""
         if gpus < 0:

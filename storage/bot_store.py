@@ -665,6 +665,16 @@ class BotStore:
         row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'pending'")
         return int(row[0])
 
+    async def pending_writes(self) -> tuple[int, datetime | None]:
+        """How many writes wait for Slack, and when the oldest of them was queued (one read)."""
+        row = await self.db.one("SELECT COUNT(*), MIN(created_at) FROM outbox WHERE state = 'pending'")
+        return int(row[0]), datetime.fromisoformat(row[1]) if row[1] else None
+
+    async def queued_goal_count(self) -> int:
+        """Goals waiting for a runner."""
+        row = await self.db.one("SELECT COUNT(*) FROM queued_goals WHERE state = 'queued'")
+        return int(row[0])
+
     async def failed_count(self) -> int:
         row = await self.db.one("SELECT COUNT(*) FROM outbox WHERE state = 'failed'")
         return int(row[0])

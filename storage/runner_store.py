@@ -397,6 +397,11 @@ class RunnerStore:
             )
         return [_goal(row) for row in rows]
 
+    async def active_goal_states(self) -> dict[str, int]:
+        """How many goals are in each state that is not an end (what monitoring shows)."""
+        rows = await self.db.fetchall(f"SELECT state, COUNT(*) FROM goals WHERE {_ACTIVE} GROUP BY state")
+        return {row[0]: int(row[1]) for row in rows}
+
     @_waits_for_space
     async def set_goal_state(
         self, goal_id: int, state: GoalState, reason: str = "", *, only_from: Iterable[str] | None = None

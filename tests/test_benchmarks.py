@@ -1,5 +1,5 @@
 """Every benchmark `make bench` runs still runs: each as its own process, at a small size, against
-a fresh cache, and prints its figures. The figures themselves are the benchmarks' business (README);
+a fresh cache, and prints its figures. The figures themselves are the benchmarks' business (docs/benchmarks.md);
 this only keeps them from rotting unseen (from the day agents were sandboxed, bench_bot's milestone
 agent waited for a flag in a /tmp its sandbox does not show, and `make bench` stopped there)."""
 

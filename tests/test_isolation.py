@@ -479,7 +479,7 @@ async def test_a_goal_that_fills_its_disk_cap_stops_alone(start_runner, connect,
     status = await client.call(p.Status, p.StatusReply)
     answered = time.monotonic() - asked
     assert {g.goal.id for g in status.goals} >= {a, b}
-    print(  # measured, not asserted: `pytest -s -k disk_cap` (README, per-goal limits)
+    print(  # measured, not asserted: `pytest -s -k disk_cap` (docs/runner.md, each goal's disk cap)
         f"\ndisk fill: goal A's run stopped at {row.wall_seconds:.2f} s, A ended; goal B's runs took "
         f"{', '.join(f'{r.wall_seconds:.2f}' for r in rows_b)} s; a status answered in {answered * 1000:.0f} ms"
     )

@@ -5,7 +5,7 @@ environment (its goal's socket), then with a bare environment dialling the opera
 default socket and goal B's socket directly. Each attempt is refused with a clear error and exit
 code 4, is in the audit trail, and nothing of B changes. Then: a foreign uid is refused at hello,
 operators are recorded as who they vouch for, the sandbox hides the runner's state and keeps the
-workspace and caches writable, and GOALTENDER_SANDBOX=none is as unsafe as the README says.
+workspace and caches writable, and GOALTENDER_SANDBOX=none is as unsafe as docs/security.md says.
 """
 
 from __future__ import annotations
@@ -521,7 +521,7 @@ async def test_a_runner_without_bubblewrap_fails_goals_clearly(start_runner, con
 async def test_without_the_sandbox_an_agent_can_reach_the_operator_socket(
     start_runner, connect, tmp_path, caplog
 ):
-    """GOALTENDER_SANDBOX=none is what the README and the log warn about: the goal's socket still
+    """GOALTENDER_SANDBOX=none is what docs/security.md and the log warn about: the goal's socket still
     refuses control verbs, but nothing stops an agent from dialling the operator socket instead."""
     script = """\
 goaltender ask 'delete /data?' > ask.out &
