@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import warnings
 from pathlib import Path
 
+from goaltender.bot.config import BotSettings
 from goaltender.runner.config import RunnerSettings
 from goaltender.storage.backup import (
     RestoreRefused,
@@ -28,12 +28,6 @@ from goaltender.storage.db import private_directory
 from goaltender.storage.high_water import FILE as HIGH_WATER_FILE
 from goaltender.storage.high_water import HighWater
 from goaltender.storage.pruning import size_text
-
-with warnings.catch_warnings():
-    # The bot's settings import asyncssh, whose DSA support warns under a newer cryptography, ten
-    # lines on stderr: nothing to do with these verbs, which want only where bot.db is.
-    warnings.filterwarnings("ignore", message="DSA is deprecated")
-    from goaltender.bot.config import BotSettings
 
 BACKUP_DIR = "backups"  # under the home, unless --to names another
 
