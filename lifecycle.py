@@ -28,6 +28,7 @@ from goaltender.storage.db import private_directory
 from goaltender.storage.high_water import FILE as HIGH_WATER_FILE
 from goaltender.storage.high_water import HighWater
 from goaltender.storage.pruning import size_text
+from goaltender.storage.runner_schema import MIGRATIONS as RUNNER_MIGRATIONS
 
 BACKUP_DIR = "backups"  # under the home, unless --to names another
 
@@ -93,6 +94,11 @@ def _copies_in(source: Path, only: str | None) -> dict[str, Path]:
 def _restore_runner(copy: Path, path: Path, when: str) -> list[str]:
     home = path.parent
     facts = runner_facts(copy)
+    if int(facts["schema"]) > len(RUNNER_MIGRATIONS):
+        raise RestoreRefused(
+            f"{copy} is from a newer goaltender (schema version {facts['schema']}; this one knows up to "
+            f"{len(RUNNER_MIGRATIONS)}): restore it with that version"
+        )
     with runner_stopped(home):
         before = _identity_of(path)
         aside = put_back(copy, path, when)

@@ -107,6 +107,7 @@ def runner_facts(path: Path) -> dict[str, int | str]:
             "goals": conn.execute("SELECT COUNT(*) FROM goals").fetchone()[0],
             "last_goal": conn.execute("SELECT COALESCE(MAX(id), 0) FROM goals").fetchone()[0],
             "last_seq": conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0],
+            "schema": conn.execute("PRAGMA user_version").fetchone()[0],
         }
 
 

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -134,6 +135,10 @@ async def vacuum_if_worth_it(db: Database) -> bool:
     free = int((await db.one("PRAGMA freelist_count"))[0])
     pages = int((await db.one("PRAGMA page_count"))[0])
     if not pages or free / pages < VACUUM_WHEN_FREE:
+        return False
+    room = shutil.disk_usage(db.path.parent).free
+    if room < 2 * file_size(db.path):  # VACUUM writes a whole new copy before the old one goes
+        log.warning("%s not VACUUMed: %d bytes free on its disk, under twice its size", db.path, room)
         return False
     await db.vacuum()
     return True

@@ -134,6 +134,15 @@ async def test_restore_refuses_what_is_no_backup(fake, make_bot, start_runner, t
     assert count(runner.settings.db_path, "SELECT COUNT(*) FROM identity") == 1  # untouched
     missing = await goaltender(runner, bot, "restore", str(tmp_path / "nowhere"))
     assert missing.stderr.strip() == f"goaltender restore: {tmp_path / 'nowhere'} does not exist"
+    newer = tmp_path / "newer.db"  # a backup made by a later release
+    source, target = sqlite3.connect(runner.settings.db_path), sqlite3.connect(newer)
+    source.backup(target)
+    target.execute("PRAGMA user_version = 999")
+    source.close()
+    target.close()
+    said = await goaltender(runner, bot, "restore", str(newer))
+    assert said.returncode == 1 and "is from a newer goaltender (schema version 999" in said.stderr
+    assert not list(runner.settings.home.glob("*.before-restore-*"))  # nothing was set aside
 
 
 async def test_bot_db_is_restored_only_with_the_bot_stopped(fake, make_bot, start_runner, tmp_path):

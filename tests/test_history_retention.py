@@ -273,3 +273,20 @@ async def test_the_runner_prunes_by_itself(tmp_path, start_runner):
     await eventually(lambda: event_kinds(home / "runner.db", old) == {"report": 1}, timeout=30)
     assert event_kinds(home / "runner.db", recent)["milestone"] == EVENTS
     assert len(logs_of(home / "workspaces", recent)) == 9
+
+
+async def test_the_bot_prunes_by_itself(fake, make_bot, start_runner):
+    runner = await start_runner()
+    bot = await make_bot(runner.settings.socket_path, start=False, prune_every_s=0.2)
+    long_ago = (utcnow() - timedelta(days=100)).isoformat()
+    await bot.store.enqueue("C1", "post", {"text": "delivered long ago"}, str(EventKey("box", 1, 0)))
+    await bot.store.enqueue("C1", "post", {"text": "delivered today"}, str(EventKey("box", 2, 0)))
+    await bot.store.db.execute("UPDATE outbox SET state = 'sent'")
+    await bot.store.db.execute("UPDATE outbox SET created_at = ? WHERE dedupe_key = 'box:1:0'", (long_ago,))
+    await bot.start()
+
+    async def only_todays_left() -> bool:
+        rows = await bot.store.db.fetchall("SELECT dedupe_key FROM outbox")
+        return {row[0] for row in rows} == {"box:2:0"}
+
+    await eventually(only_todays_left, timeout=30)
