@@ -43,6 +43,7 @@ from goaltender.storage.records import Event, UnreadableEvent
 from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
 log = logging.getLogger("goaltender.runner")
+MISMATCHES_LOGGED = 100  # distinct (client, version) hellos refused and logged; client names are anyone's
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
 ANSWER_AFTER_EOF_S = 30.0  # how long requests in flight when a client stops sending are still answered
 RAW_SLICE = 256 * 1024  # bytes of a raw log chunk written at a time (_Connection._send_raw)
@@ -242,8 +243,9 @@ class SocketServer:
         version = versions.agreed(hello.version, oldest, p.PROTOCOL_VERSION, versions.OLDEST_PROTOCOL_VERSION)
         if version is None:
             message = versions.mismatch(p.PROTOCOL_VERSION, hello.client, hello.version)
-            if (hello.client, hello.version) not in self._mismatches:  # a client retrying is said once
-                self._mismatches.add((hello.client, hello.version))
+            said = (hello.client, hello.version)
+            if said not in self._mismatches and len(self._mismatches) < MISMATCHES_LOGGED:
+                self._mismatches.add(said)  # a client retrying every few seconds is said once
                 log.warning("refused a hello from %s: %s", hello.client, message)
             await conn.send(p.Error(id=hello.id, code="version_mismatch", message=message))
             return True
