@@ -57,14 +57,15 @@ every step (milestones, experiment rows, approval prompts, plots, a final report
   goaltender bot                  run the Slack bot (tokens from an app made from manifest.yml)
   goaltender fetch OWNER/NAME     a model or data set from the hub (or a mirror) into the cache
   goaltender doctor               check this box is ready for campaigns, one line each
+  goaltender service install      run the runner and the bot as systemd services
 
 Operators (and the Slack bot) drive goals: submit, status, summary, steer, budget,
                                           pause, resume, stop, approve, reject, events,
                                           log, audit
 Agents report from inside a goal:         milestone, metrics, experiment, nemo-rl, ask,
                                           inbox, diary, report
-Operators are the users the runner allows (GOALTENDER_OPERATORS; default: its own user);
-the runner knows them by the socket's peer uid. Agent verbs read GOALTENDER_GOAL_ID and
+Operators are the users and @groups the runner allows (GOALTENDER_OPERATORS; default: its own
+user; docs/deploy.md); the runner knows them by the socket's peer uid. Agent verbs read GOALTENDER_GOAL_ID and
 GOALTENDER_SOCKET (the goal's own socket, which serves the agent verbs only) from the
 environment the runner gives them."""
 
@@ -351,6 +352,35 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     cmd.add_argument("--json", action="store_true", help="print the findings as a JSON list")
     cmd.add_argument(
         "--ssh-port", type=_port, default=22, help="the port the bot reaches sshd on (default 22)"
+    )
+
+    cmd = command(
+        "service",
+        cmd_service,
+        "write the runner's and the bot's systemd units (docs/deploy.md, Services)",
+        """\
+        goaltender service install   write goaltender-runner.service and goaltender-bot.service
+                                     (/etc/systemd/system; --user: ~/.config/systemd/user), the
+                                     environment files that are missing (/etc/goaltender/
+                                     goaltender.env and bot.env, from the examples), the home;
+                                     then systemctl daemon-reload, and say what to run next
+        goaltender service show runner|bot   print a unit as install would write it""",
+    )
+    cmd.add_argument("action", choices=["install", "show"])
+    cmd.add_argument("service", nargs="?", choices=["runner", "bot"], help="show: which unit")
+    cmd.add_argument(
+        "--user", action="store_true", help="a user service (systemctl --user), not a system one"
+    )
+    cmd.add_argument(
+        "--as",
+        dest="account",
+        metavar="USER",
+        help="the user a system service runs as (default: $SUDO_USER, else you)",
+    )
+    cmd.add_argument("--home", type=_path, help="GOALTENDER_HOME (default: ~USER/.goaltender)")
+    cmd.add_argument("--unit-dir", type=_path, help="where the units go (default: systemd's folder)")
+    cmd.add_argument(
+        "--env-dir", type=_path, help="where the environment files go (default: /etc/goaltender)"
     )
 
     # -- data --
@@ -946,6 +976,32 @@ def cmd_bot(args: argparse.Namespace) -> int:
     from goaltender.bot.app import main as bot_main
 
     bot_main()
+    return EXIT_OK
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from goaltender.services import Layout, ServiceError, install
+
+    if (args.action == "show") != (args.service is not None):
+        raise UsageError("service: `show` takes runner or bot; `install` writes both and takes neither")
+    try:
+        layout = Layout.choose(
+            user_mode=args.user,
+            account=args.account,
+            home=args.home,
+            unit_dir=args.unit_dir,
+            env_dir=args.env_dir,
+        )
+    except ServiceError as exc:  # what was asked cannot be: bad input
+        raise UsageError(f"service: {exc}") from None
+    if args.action == "show":
+        sys.stdout.write(layout.unit(args.service))
+        return EXIT_OK
+    try:
+        print("\n".join(install(layout)))
+    except ServiceError as exc:  # this machine would not have it (permissions, systemctl)
+        print(f"goaltender service: {exc}", file=sys.stderr)
+        return EXIT_NO
     return EXIT_OK
 
 

@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 import re
+import signal
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,6 +45,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
+from goaltender import readiness
 from goaltender.bot import admin, digest, views
 from goaltender.bot.admin import Admin
 from goaltender.bot.approvals import Approvals
@@ -284,9 +286,16 @@ class GoaltenderBot:
     async def run_forever(self) -> None:
         try:
             await self.start()  # (inside: a refused token still closes bot.db, or its thread holds the exit)
+            readiness.ready(self._serving_status())
             await asyncio.Event().wait()
         finally:
             await self.close()
+
+    def _serving_status(self) -> str:
+        """What `systemctl status` shows once the bot serves."""
+        who = self.health.identity.describe() if self.health.identity else "?"
+        how = f"HTTP on port {self.http_port}" if self.http_port is not None else "Socket Mode"
+        return f"connected to Slack as {who} ({how}); runners: {', '.join(link.name for link in self.pool)}"
 
     async def _on_runner_event(self, runner: str, event: Event) -> None:
         # The pool is made before the thread writer that needs it: this passes its events on.
@@ -423,9 +432,38 @@ def missing_tokens_message(missing: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def _serve_until_signalled(settings: BotSettings) -> None:
+    """Run the bot until SIGTERM (systemd, kill) or SIGINT, then close it in order: what the
+    outbox has not sent stays in bot.db for the next start, and the runners' events not yet
+    written there are not acknowledged, so the runners send them again."""
+    serving = asyncio.ensure_future(_open_and_run(settings))
+    received: list[str] = []
+
+    def shut_down(sig: signal.Signals) -> None:
+        if not received:
+            received.append(sig.name)
+            readiness.stopping(f"shutting down ({sig.name})")
+            log.info("bot shutting down (%s); what Slack has not taken yet waits in bot.db", sig.name)
+        serving.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shut_down, sig)
+    try:
+        await serving
+    except asyncio.CancelledError:
+        if not received:
+            raise
+
+
+async def _open_and_run(settings: BotSettings) -> None:
+    bot = await GoaltenderBot.open(settings)
+    await bot.run_forever()
+
+
 def main() -> None:
     """`goaltender bot`: run the Slack bot (Socket Mode, or HTTP with GOALTENDER_SLACK_MODE=http)
-    until interrupted."""
+    until SIGTERM or SIGINT, then exit 0."""
     settings = BotSettings()
     # The bot's log, and what libraries log or warn in it, is redacted as the runner's is (Slack's
     # tokens are secret-looking variables, and their shapes are known).
@@ -438,13 +476,9 @@ def main() -> None:
     # at every start that it ignores it for the client the bot gives it; no child needs it either.
     os.environ.pop("SLACK_BOT_TOKEN", None)
 
-    async def run() -> None:
-        bot = await GoaltenderBot.open(settings)
-        await bot.run_forever()
-
     try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(run())
+        with contextlib.suppress(KeyboardInterrupt):  # a ^C before the handlers are in place
+            asyncio.run(_serve_until_signalled(settings))
     except TokenRefused as refused:
         say(f"goaltender bot: {refused}", settings.log_format)
         raise SystemExit(2) from None

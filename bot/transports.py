@@ -184,8 +184,9 @@ async def _explain_ssh_failure(
     if isinstance(exc, asyncssh.ChannelOpenError):
         return RunnerUnavailable(
             f"runner {target.name}: the SSH server on {target.host} would not open "
-            f"{target.remote_socket}: {exc.reason}. Is the runner running there? If that sshd "
-            'forbids stream forwarding, use mode = "attach".'
+            f"{target.remote_socket}: {exc.reason}. Is the runner running there, with "
+            f"{target.username} among its operators (GOALTENDER_OPERATORS)? If that sshd forbids "
+            'stream forwarding, or the key is restricted to a forced command, use mode = "attach".'
         )
     if isinstance(exc, TimeoutError):
         return RunnerUnavailable(

@@ -1,8 +1,10 @@
 """`goaltender runner attach`: bridge this process's stdin/stdout to the runner's Unix socket.
 
-For boxes whose sshd forbids stream forwarding, the bot runs this command over SSH instead
-(`ssh box goaltender runner attach --socket PATH`, or `command="goaltender runner attach",restrict`
-on the bot's authorized_keys line) and speaks the runner protocol over the command's stdio.
+The bot's "attach" mode runs this command over SSH (`ssh box goaltender runner attach --socket
+PATH`) and speaks the runner protocol over the command's stdio. It is also what a least-privilege
+key runs: `command="/path/to/goaltender runner attach --socket PATH",restrict` before the bot's key
+in authorized_keys makes sshd run this and nothing else, whatever the bot asks for, with no
+forwarding, no pty, no agent (docs/deploy.md, "Accounts and SSH").
 
 Bytes are copied as they come, each piece written through as soon as it is read: stdin to the
 socket, the socket to stdout. Not line by line: a raw log reply's bytes follow its line, and a
@@ -25,6 +27,7 @@ from typing import Protocol
 
 from goaltender.runner import protocol as p
 from goaltender.runner.client import LineWriter, socket_from_env
+from goaltender.runner.quick_client import unreachable
 
 EXIT_OK = 0  # the client (stdin) ended first
 EXIT_CLOSED = 1  # the runner closed the connection first
@@ -47,11 +50,8 @@ async def attach(
     `read(n)` / `write()` + `drain()` will do (asyncio streams, asyncssh process streams)."""
     try:
         sock_reader, sock_writer = await asyncio.open_unix_connection(str(socket_path), limit=p.MAX_LINE)
-    except OSError as exc:
-        print(
-            f"goaltender runner attach: no runner is listening on {socket_path} ({exc.strerror or exc})",
-            file=sys.stderr,
-        )
+    except OSError as exc:  # said on stderr, which the bot shows in its error (bot/transports.py)
+        print(f"goaltender runner attach: {unreachable(socket_path, exc)}", file=sys.stderr)
         return EXIT_UNREACHABLE
     if reader is None or writer is None:
         stdin, stdout = await _stdio()

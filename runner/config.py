@@ -164,8 +164,9 @@ class RunnerSettings(GoaltenderSettings):
     gpu_sample_s: float = Field(default=5.0, gt=0)
     """How often a run's GPUs are sampled (memory, utilisation) for its ledger row."""
     operators: Annotated[list[int | str], NoDecode] = Field(default_factory=list)
-    """Who may control goals over the runner socket, by the peer's uid: uids or user names,
-    comma-separated or a JSON list. Default: the user the runner runs as."""
+    """Who may control goals over the runner socket, by the peer's uid: user names, uids, and
+    groups as @name or @gid (their members), comma-separated or a JSON list. Default: the user the
+    runner runs as. The runner lets them reach the socket with ACL entries (runner/operators.py)."""
     sandbox: Literal["bwrap", "none"] = "bwrap"
     """Where agents and experiments run: bwrap (bubblewrap; they cannot reach the runner's state or
     the operator socket), or none — unsandboxed, which lets them control every goal."""

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from goaltender import readiness
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import (
     GoalTextError,
@@ -47,6 +48,7 @@ from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.logs import RUNNER_TEXT, configure_logging, say
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable, runner_endpoint
+from goaltender.runner.operators import Operators, open_socket_to
 from goaltender.runner.report import best_experiment, goal_stop_status, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
 from goaltender.runner.secrets import Redactor, redact_output
@@ -54,7 +56,7 @@ from goaltender.runner.server import Handler, Refused, SocketServer
 from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
-from goaltender.runner.trust import Principal, operator_uids, user_name
+from goaltender.runner.trust import Principal
 from goaltender.storage.db import UnusableDatabase, let_go_of_any
 from goaltender.storage.db_files import Lost
 from goaltender.storage.pruning import prune_runner
@@ -129,7 +131,7 @@ class Runner:
             store,
             self.handlers,
             Redactor.from_settings(settings),
-            operators=operator_uids(settings.operators),
+            operators=Operators.parse(settings.operators),
         )
         self.campaigns = Campaigns(settings, store, self.server)
         self.mirror = MlflowMirror.from_settings(settings, store, self.server.redactor)  # None: off
@@ -156,7 +158,7 @@ class Runner:
         """Open runner.db, bind the socket, recover the goals, serve. Raises StartupFailed (with
         everything it opened closed again) when the home, the database or the disk will not do."""
         try:
-            operator_uids(settings.operators)  # a name with no account here: said before anything opens
+            Operators.parse(settings.operators)  # a name with no account here: said before anything opens
         except ConfigError as exc:
             raise StartupFailed(str(exc)) from None
         try:
@@ -221,7 +223,7 @@ class Runner:
             ",".join(map(str, self.campaigns.slots.gpus)) or "none",
             settings.sandbox,
             self.campaigns.limits.text(),
-            ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(self.server.operators)),
+            self.server.operators.describe(),
         )
 
     async def _listen(self) -> None:
@@ -230,6 +232,10 @@ class Runner:
         except RuntimeError as exc:  # another runner answers on the socket: it is not ours to remove
             raise AlreadyServing(str(exc)) from exc
         self._listening = True
+        try:  # the operators other than this user get the kernel's leave to connect
+            open_socket_to(self.server.operators, self.settings.socket_path, self.settings.home)
+        except ConfigError as exc:
+            raise StartupFailed(str(exc)) from None
 
     def _serve_metrics(self) -> None:
         endpoint = runner_endpoint(self)
@@ -843,15 +849,24 @@ async def run_forever(settings: RunnerSettings) -> None:
     """Serve until SIGTERM or SIGINT; raises DatabaseGone when runner.db was lost meanwhile."""
     runner = await Runner.start(settings)
     serving = asyncio.ensure_future(runner.serve_forever())
+    received: list[str] = []
+
+    def shut_down(sig: signal.Signals) -> None:
+        if not received:
+            received.append(sig.name)
+            readiness.stopping(f"shutting down ({sig.name}): ending goals' runs, recording them")
+        serving.cancel()
+
     # SIGTERM (systemd, kill) shuts down in order: agents and runs are ended and recorded, and a
     # restart resumes the goals. SIGKILL is survived too, by the recovery at start.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, serving.cancel)
+        asyncio.get_running_loop().add_signal_handler(sig, shut_down, sig)
+    readiness.ready(f"listening on {settings.socket_path}")
     try:
         await serving
     except asyncio.CancelledError:
         if runner.lost is None:
-            log.info("runner %s shutting down", settings.name)
+            log.info("runner %s shutting down (%s)", settings.name, ", ".join(received) or "cancelled")
     finally:
         await runner.close()
     if runner.stopped_because is not None:

@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -42,6 +43,8 @@ from goaltender.runner.config import RunnerSettings
 from goaltender.runner.goal_network import INSTALL_HINT as NETWORK_HINT
 from goaltender.runner.gpus import Gpu, Gpus, NoDriver, read_all_gpus
 from goaltender.runner.limits import ENABLE_HINT, GoalCgroups, plan
+from goaltender.runner.operators import user_name
+from goaltender.runner.quick_client import operator_problem
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
 from goaltender.runner.secrets import Redactor, url_shown
 from goaltender.training.nemo_rl import worker_venvs
@@ -164,6 +167,8 @@ def _cpu_only(why: str) -> Verdict:
 
 
 def check_disk(box: Box) -> Verdict:
+    if (elsewhere := _another_users_home(box)) is not None:
+        return elsewhere
     home = box.settings.home
     usage = shutil.disk_usage(box.big_disk)
     detail = f"{_size(usage.free)} free of {_size(usage.total)} on {home}'s disk"
@@ -182,6 +187,8 @@ def check_disk(box: Box) -> Verdict:
 
 
 def check_caches(box: Box) -> Verdict:
+    if (elsewhere := _another_users_home(box)) is not None:
+        return elsewhere
     goals, hub = box.settings.cache_dir / "goals", box.settings.hub_cache_in(box.env)
     if unwritable := [str(path) for path in (goals, hub) if not _writable(path)]:
         return fail(
@@ -388,7 +395,11 @@ def check_model_endpoint(box: Box) -> Verdict:
 def check_runner(box: Box) -> Verdict:
     path = box.settings.socket_path
     start = "start it: goaltender runner (under systemd or tmux), with this GOALTENDER_HOME"
-    if not path.exists():
+    try:
+        there = path.exists()
+    except PermissionError:  # a directory above it keeps this account out: not an operator
+        return fail(*operator_problem(path))
+    if not there:
         if (lost := _lost_database(box)) is not None:  # it stopped for that, and starts wait for you
             return fail(f"not running: it stopped because {lost}", f"do as it says, then {start}")
         return warn(f"not running (no socket at {path})", start)
@@ -406,14 +417,40 @@ def check_runner(box: Box) -> Verdict:
             f"restart the runner; {start}",
         )
     except RunnerUnavailable as exc:
+        if isinstance(exc.__cause__, PermissionError):
+            return fail(*operator_problem(path))
         return fail(str(exc), start)
-    except (OSError, p.ProtocolError) as exc:  # something listens there, but not a runner that says hello
+    except p.ProtocolError as exc:
+        if exc.error.code == "forbidden":  # the socket let it in, the runner's list does not
+            return fail(exc.error.message, operator_problem(path)[1])
+        return fail(f"{path} does not answer as a runner ({exc})", f"restart the runner; {start}")
+    except OSError as exc:  # something listens there, but not a runner that says hello
         return fail(
             f"{path} does not answer as a runner ({type(exc).__name__}: {exc})",
             f"restart the runner; {start}",
         )
     # Its database's identity: another one (a fresh runner.db) is another runner's goals to the bot.
     return ok(f"{name} answers on {path}" + (f" (database {runner_id})" if runner_id else ""))
+
+
+def _another_users_home(box: Box) -> Verdict | None:
+    """Doctor run by an account other than the runner's (an operator, say) cannot judge the home:
+    a warning saying whose it is, instead of a misleading "not writable"."""
+    home = box.settings.home
+    try:
+        owner = home.stat().st_uid
+    except FileNotFoundError:
+        return None
+    except PermissionError:
+        owner = None
+    if owner == os.getuid():
+        return None
+    whose = f"user {user_name(owner)}'s" if owner is not None else "another user's"
+    return warn(
+        f"not checked: {home} is {whose}, and doctor runs as {_user()}",
+        "run goaltender doctor as the runner's user to check the home; from this account the "
+        "`runner` line says whether it reaches the runner",
+    )
 
 
 def _lost_database(box: Box) -> str | None:
@@ -533,6 +570,12 @@ def doctor(socket_path: Path | None = None, *, as_json: bool = False, ssh_port: 
 def _guarded(check: Check, box: Box) -> Verdict:
     try:
         return check(box)
+    except PermissionError as exc:  # doctor run by an account other than the runner's
+        return fail(
+            f"user {_user()} may not look at {exc.filename or 'the runner home'} ({exc.strerror})",
+            "run goaltender doctor as the runner's user to check this; from another account only "
+            "the `runner` line tells (whether this account is an operator)",
+        )
     except Exception as exc:  # a check that cannot be made is a failed check, not a traceback
         return fail(f"the check itself failed: {type(exc).__name__}: {exc}", "report this as a bug")
 
@@ -709,8 +752,22 @@ def _bot_entry(box: Box) -> str:
         "client_key": "<the bot's private key file>",
         "known_hosts": known_hosts,
         "remote_socket": str(box.settings.socket_path),
+        "mode": "attach",
     }
-    return f"bot side: GOALTENDER_RUNNERS='[{json.dumps(entry)}]'"
+    forced = shlex.join(
+        [_goaltender_command(), "runner", "attach", "--socket", str(box.settings.socket_path)]
+    )
+    return (
+        f"bot side: GOALTENDER_RUNNERS='[{json.dumps(entry)}]'\n"
+        f"box side, in ~{_user()}/.ssh/authorized_keys (the key can do nothing else; docs/deploy.md): "
+        f'command="{forced}",restrict <the bot\'s public key line>'
+    )
+
+
+def _goaltender_command() -> str:
+    """This install's `goaltender` as a forced command may run it (sshd's PATH is short)."""
+    beside = Path(sys.executable).parent / "goaltender"
+    return str(beside) if beside.exists() else shutil.which("goaltender") or "goaltender"
 
 
 def _host_name() -> str:

@@ -158,7 +158,9 @@ class _Network:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         for proc in (self.holder, self.slirp):
-            if proc is not None:
+            # One that failed to start was reaped, its output read, already: reading it again would
+            # raise, hiding why the network could not be made.
+            if proc is not None and proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 proc.communicate()  # reaped, its pipes closed

@@ -79,12 +79,35 @@ def unreachable(path: SocketPath, exc: OSError) -> RunnerUnavailable:
             f"no runner is listening on {path} ({exc.strerror}); start one with `goaltender runner`"
         )
     if isinstance(exc, PermissionError):
-        return RunnerUnavailable(
-            f"not allowed to open the runner socket {path} ({exc.strerror}): only the runner's "
-            "operators may (GOALTENDER_OPERATORS on the runner; the socket and its directory are "
-            "its user's alone)"
-        )
+        return RunnerUnavailable(not_an_operator(path))
     return RunnerUnavailable(f"cannot reach the runner on {path}: {exc}")
+
+
+def not_an_operator(path: SocketPath) -> str:
+    """One line for an account the kernel keeps from the runner socket: who it is, and the fix."""
+    problem, fix = operator_problem(path)
+    return f"{problem}. {fix[0].upper()}{fix[1:]}"
+
+
+def operator_problem(path: SocketPath) -> tuple[str, str]:
+    """(what is wrong, the fix) for this process's account, which may not open the socket `path`."""
+    import grp  # only on this path: a quick verb's start-up stays small
+    import pwd
+
+    uid = os.getuid()
+    try:
+        account = pwd.getpwuid(uid)
+        name = account.pw_name
+        groups = sorted(grp.getgrgid(gid).gr_name for gid in os.getgrouplist(name, account.pw_gid))
+    except KeyError:
+        name, groups = str(uid), []
+    in_groups = f" (or one of its groups: {', '.join('@' + g for g in groups)})" if groups else ""
+    return (
+        f"user {name} (uid {uid}) may not open the runner socket {path} (Permission denied): "
+        "it is not one of the runner's operators",
+        f"on the runner, add {name}{in_groups} to GOALTENDER_OPERATORS and restart it, "
+        "or run this as the runner's user",
+    )
 
 
 def encode(request: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner import versions
 from goaltender.runner.audit import AuditTrail, is_control
 from goaltender.runner.client import SocketStream, unix_address
+from goaltender.runner.operators import Operators
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
 from goaltender.storage.db import DatabaseLost
@@ -73,10 +74,10 @@ class SocketServer:
         store: RunnerStore,
         handlers: Mapping[type[p.Request], Handler],
         redactor: Redactor | None = None,
-        operators: frozenset[int] = frozenset({os.getuid()}),
+        operators: Operators | None = None,
     ):
         self.path = path
-        self.operators = operators
+        self.operators = operators or Operators.parse([])  # default: the runner's own user
         self.audit = AuditTrail(store)
         self._mismatches: set[tuple[str, int]] = set()  # (client, version) hellos refused and logged
         self.redactor = redactor or Redactor()  # token shapes only, unless the runner gives its secrets

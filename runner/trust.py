@@ -1,8 +1,8 @@
 """Who is on a connection, and what they may ask: no name a client claims is trusted on its own.
 
-- An **operator** is a connection on the operator socket from a configured uid (the socket's peer
-  credentials, SO_PEERCRED; `GOALTENDER_OPERATORS`, default: the runner's own user). Any other uid
-  is refused at hello. An operator may make every request; the names it gives (`by`, `author`,
+- An **operator** is a connection on the operator socket from a configured account, or a member of
+  a configured group (the socket's peer credentials, SO_PEERCRED; `GOALTENDER_OPERATORS`, default:
+  the runner's own user; runner/operators.py). Any other uid is refused at hello. An operator may make every request; the names it gives (`by`, `author`,
   `owner`: the bot's "slack:U123") are recorded as "<name> via <client> (uid N)", so the record
   says who vouched for them.
 - The **agent of goal N** is any connection on goal N's own socket (settings.agent_socket): the
@@ -15,15 +15,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import pwd
 import socket
 import struct
 from dataclasses import dataclass
 from typing import TypeVar
 
 from goaltender.runner import protocol as p
-from goaltender.runner.config import ConfigError
+from goaltender.runner.operators import Operators, user_name
 from goaltender.storage.runner_store import RunnerStore
 
 R = TypeVar("R", bound=p.Request)
@@ -54,15 +52,6 @@ class Principal:
         return self.client if self.goal_id is None else f"{self.client} (agent of goal {self.goal_id})"
 
 
-def user_name(uid: int | None) -> str:
-    if uid is None:
-        return "unknown user"
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "no such user"
-
-
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     """The uid of the process at the other end of a Unix socket, as the kernel saw it connect."""
     sock = writer.get_extra_info("socket")
@@ -73,31 +62,13 @@ def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     return uid
 
 
-def operator_uids(entries: list[int | str]) -> frozenset[int]:
-    """GOALTENDER_OPERATORS as uids (names looked up now, so a typo stops the runner at start)."""
-    uids = set()
-    for entry in entries:
-        text = str(entry).strip()
-        if text.isdigit():
-            uids.add(int(text))
-            continue
-        try:
-            uids.add(pwd.getpwnam(text).pw_uid)
-        except KeyError:
-            raise ConfigError(
-                f"GOALTENDER_OPERATORS: there is no user named {text!r} on this machine"
-            ) from None
-    return frozenset(uids) if uids else frozenset({os.getuid()})
-
-
-def hello_refusal(principal: Principal, operators: frozenset[int]) -> str | None:
+def hello_refusal(principal: Principal, operators: Operators) -> str | None:
     """Why this connection may not use the operator socket (None: it may)."""
-    if principal.is_agent or principal.uid in operators:
+    if principal.is_agent or operators.admits(principal.uid):
         return None
-    allowed = ", ".join(f"uid {uid} ({user_name(uid)})" for uid in sorted(operators))
     return (
         f"uid {principal.uid} ({user_name(principal.uid)}) is not an operator of this runner; "
-        f"operators: {allowed} (the runner's GOALTENDER_OPERATORS)"
+        f"operators: {operators.describe()} (the runner's GOALTENDER_OPERATORS)"
     )
 
 

@@ -373,7 +373,10 @@ async def test_a_foreign_uid_is_refused(start_runner, connect, tmp_path):
     socket = runner.settings.socket_path
     # The socket is 0600 in a 0700 directory: another user cannot even reach it.
     denied = await _as_nobody(socket, "status")
-    assert denied.returncode == 4 and "not allowed to open the runner socket" in denied.stderr
+    assert (
+        denied.returncode == 4 and "user nobody (uid 65534) may not open the runner socket" in denied.stderr
+    )
+    assert "add nobody (or one of its groups: @nogroup) to GOALTENDER_OPERATORS" in denied.stderr
     # Opened up (say, for a group), the runner still knows who connects, and refuses at hello.
     socket.parent.chmod(0o755)
     socket.chmod(0o666)
@@ -390,8 +393,8 @@ async def test_operators_are_configured_by_name_or_uid(start_runner, connect, sh
     runner = await start_runner(operators=["nobody"])  # the runner's own user is not among them
     with pytest.raises(p.ProtocolError, match=r"uid \d+ \(\w+\) is not an operator"):
         await connect(runner)
-    runner.settings.socket_path.parent.chmod(0o755)
-    runner.settings.socket_path.chmod(0o666)
+    # The socket stays 0600 in a 0700 directory: an ACL entry lets nobody, and nobody else, in.
+    assert oct(runner.settings.socket_path.stat().st_mode & 0o7) == "0o0"
     allowed = await _as_nobody(runner.settings.socket_path, "submit", "nobody's goal, max 1 experiments")
     assert allowed.returncode == 0 and "goal #1" in allowed.stdout
     assert (await runner.store.get_goal(1)).owner == "uid 65534 (nobody)"  # no --owner: who it is
