@@ -138,7 +138,7 @@ async def test_old_ended_goals_lose_events_and_logs_but_not_the_best_run_log(tmp
     assert pruned.size_after == file_size(db)
     # Pruning again finds nothing more.
     again = await prune_runner(store, 90)
-    assert (again.events, again.logs) == (0, [])
+    assert (again.goals, again.events, again.logs) == (0, 0, [])  # the pruned goal is not looked at again
     await store.close()
 
 
