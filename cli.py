@@ -181,6 +181,22 @@ def _port(text: str) -> int:
 
 _port.__name__ = "port"
 
+MAX_DAYS = 100_000  # as runner/protocol.py Prune (273 years: a date before year 1 cannot be)
+
+
+def _days(text: str) -> int:
+    """An argparse type: a number of days (1 to MAX_DAYS)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of days: {text[:40]!r}") from None
+    if not 0 < value <= MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: use 1 to {MAX_DAYS} days")
+    return value
+
+
+_days.__name__ = "days"
+
 
 def _finite(text: str) -> float:
     """An argparse type: a finite number (not nan or inf: the runner records numbers as JSON)."""
@@ -479,7 +495,7 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         the bot also do this by themselves once a day. A running runner is asked to do it.""",
     )
     cmd.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
-    cmd.add_argument("--days", type=_whole_number(1), help="this many days instead of the setting")
+    cmd.add_argument("--days", type=_days, help="this many days instead of the setting")
 
     cmd = command("events", cmd_events, "print the event log (optionally follow it)")
     cmd.add_argument("--since", type=COUNT, default=0)

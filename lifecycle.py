@@ -87,8 +87,15 @@ def _copies_in(source: Path, only: str | None) -> dict[str, Path]:
     if only is not None:
         copies = {kind: file for kind, file in copies.items() if kind == only}
     if not copies:
-        raise RestoreRefused(f"no {only or 'runner'}.db or bot.db to restore in {source}")
+        what = f"{only}.db" if only else "runner.db or bot.db"
+        raise RestoreRefused(f"no {what} to restore in {source}{_newest_backup_in(source)}")
     return copies
+
+
+def _newest_backup_in(source: Path) -> str:
+    """A hint when `source` holds the dated directories `backup` writes, not the databases."""
+    dated = sorted(path for path in source.glob("*/*.db") if path.parent.is_dir()) if source.is_dir() else []
+    return f" (name one of the backups in it, such as {dated[-1].parent})" if dated else ""
 
 
 def _restore_runner(copy: Path, path: Path, when: str) -> list[str]:

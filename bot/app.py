@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import signal
-import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -279,8 +278,8 @@ class GoaltenderBot:
             try:
                 for line in (await prune_bot(self.store, days)).lines(str(self.settings.db_path)):
                     log.info("retention: %s", line)
-            except (OSError, sqlite3.Error) as exc:
-                log.error("retention: pruning bot.db failed (%s); the next prune tries again", exc)
+            except Exception:  # the next prune tries again
+                log.exception("retention: pruning bot.db failed; the next prune tries again")
             await asyncio.sleep(self.settings.prune_every_s)
 
     async def run_forever(self) -> None:

@@ -147,7 +147,7 @@ class RunnerSettings(GoaltenderSettings):
     keep_checkpoints: int = Field(default=3, ge=0)
     """Checkpoints a goal keeps when an experiment ends: the best this many, and the latest; 0
     keeps them all."""
-    retention_days: int = Field(default=90, ge=0)
+    retention_days: int = Field(default=90, ge=0, le=100_000)
     """Goals that ended this many days ago lose their events and their runs' logs (the best run's
     log, the ledger, diary, audit and final report are kept; storage/pruning.py); 0 keeps all."""
     prune_every_s: float = Field(default=86_400.0, gt=0)

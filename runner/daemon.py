@@ -329,10 +329,10 @@ class Runner:
                     log.info("retention: %s", line)
             except DiskFull:
                 log.warning("retention: the disk is full; the next prune tries again")
-            except (OSError, sqlite3.Error) as exc:
+            except Exception:  # never ends the runner, nor this task: the next prune tries again
                 if self.lost is not None:
                     return
-                log.error("retention: pruning failed (%s); the next prune tries again", exc)
+                log.exception("retention: pruning failed; the next prune tries again")
             await asyncio.sleep(self.settings.prune_every_s)
 
     async def _prune(self, days: int, *, dry_run: bool) -> list[str]:

@@ -224,7 +224,7 @@ class Prune(Request):
     GOALTENDER_RETENTION_DAYS; storage/pruning.py); `dry_run` says what would go. Operators only."""
 
     type: Literal["prune"] = "prune"
-    days: int | None = Field(default=None, ge=1, le=1_000_000)
+    days: int | None = Field(default=None, ge=1, le=100_000)
     dry_run: bool = False
 
 
