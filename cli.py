@@ -181,6 +181,22 @@ def _port(text: str) -> int:
 
 _port.__name__ = "port"
 
+MAX_DAYS = 100_000  # as runner/protocol.py Prune (273 years: a date before year 1 cannot be)
+
+
+def _days(text: str) -> int:
+    """An argparse type: a number of days (1 to MAX_DAYS)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of days: {text[:40]!r}") from None
+    if not 0 < value <= MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: use 1 to {MAX_DAYS} days")
+    return value
+
+
+_days.__name__ = "days"
+
 
 def _finite(text: str) -> float:
     """An argparse type: a finite number (not nan or inf: the runner records numbers as JSON)."""
@@ -442,6 +458,44 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
     cmd = command("audit", cmd_audit, "print the audit trail: control actions and refused attempts, and who")
     cmd.add_argument("goal_id", nargs="?", type=ID, help="only this goal's entries")
     cmd.add_argument("--limit", type=COUNT, default=200, help="the newest N entries (default 200)")
+
+    cmd = command(
+        "backup",
+        cmd_backup,
+        "copy runner.db and bot.db, consistently, while the runner and the bot run",
+        """\
+        Copies each database on this box (runner.db in GOALTENDER_HOME, bot.db at GOALTENDER_DB or
+        in the home) into a new directory named by the time, with SQLite's online backup API: the
+        copy is the database as one commit left it, even while the runner and the bot write.""",
+    )
+    cmd.add_argument(
+        "--to", type=_path, help="where the dated directory goes (default: $GOALTENDER_HOME/backups)"
+    )
+
+    cmd = command(
+        "restore",
+        cmd_restore,
+        "put a backup of runner.db or bot.db back (the runner or the bot stopped)",
+        """\
+        BACKUP is a directory `goaltender backup` wrote (each database in it is restored) or one
+        .db file. The runner (or the bot) must be stopped; what was at the database's path is
+        set aside as <name>.before-restore-<time>, never deleted.""",
+    )
+    cmd.add_argument("backup", type=_path, help="a backup directory, or a runner.db or bot.db copy")
+    cmd.add_argument("--only", choices=["runner", "bot"], help="restore this database alone")
+
+    cmd = command(
+        "prune",
+        cmd_prune,
+        "remove what goals that ended long ago left: events, run logs, delivered posts",
+        """\
+        Goals that ended more than GOALTENDER_RETENTION_DAYS (default 90) days ago lose their
+        events and their runs' logs (the best run's log, the ledger, diary, audit trail and final
+        report are kept), and bot.db its delivered posts (each goal's card is kept). The runner and
+        the bot also do this by themselves once a day. A running runner is asked to do it.""",
+    )
+    cmd.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+    cmd.add_argument("--days", type=_days, help="this many days instead of the setting")
 
     cmd = command("events", cmd_events, "print the event log (optionally follow it)")
     cmd.add_argument("--since", type=COUNT, default=0)
@@ -1094,6 +1148,52 @@ def cmd_audit(args):
             print("(no entries)")
 
     return _run(args, body)
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    from goaltender import lifecycle
+
+    try:
+        lines = lifecycle.backup(args.to)
+    except (lifecycle.NothingThere, FileExistsError, OSError) as exc:
+        print(f"goaltender backup: {exc}", file=sys.stderr)
+        return EXIT_NO
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from goaltender import lifecycle
+
+    try:
+        lines = lifecycle.restore(args.backup, args.only)
+    except (lifecycle.RestoreRefused, OSError) as exc:
+        print(f"goaltender restore: {exc}", file=sys.stderr)
+        return EXIT_NO
+    print("\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """runner.db through the runner when it runs (another process writing its file would stop it),
+    else here; bot.db here (SQLite lets the bot and this write it in turn)."""
+    from goaltender import lifecycle
+
+    try:
+        request = encode({"type": "prune", "days": args.days, "dry_run": args.dry_run})
+        replies = exchange(_socket(args), _client(args), [request], expect="pruned")
+        lines = list(replies[0]["lines"])
+    except RunnerUnavailable:
+        lines = []
+    try:
+        if not lines:
+            lines = lifecycle.prune_locally("runner", args.days, args.dry_run)
+        lines += lifecycle.prune_locally("bot", args.days, args.dry_run)
+    except lifecycle.RestoreRefused as exc:
+        print(f"goaltender prune: {exc}", file=sys.stderr)
+        return EXIT_NO
+    print("\n".join(lines))
+    return EXIT_OK
 
 
 def cmd_du(args):

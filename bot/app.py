@@ -59,6 +59,7 @@ from goaltender.bot.membership import Membership
 from goaltender.bot.messages import Messages
 from goaltender.bot.monitoring import bot_endpoint
 from goaltender.bot.outbox import Outbox, Payload
+from goaltender.bot.pruning import prune_bot
 from goaltender.bot.roles import Roles
 from goaltender.bot.slack_errors import failure_of
 from goaltender.bot.thread import ThreadWriter
@@ -76,6 +77,7 @@ log = logging.getLogger("goaltender.bot")
 Reply = Callable[[str], Awaitable[None]]  # an answer only the person who asked sees
 Show = Callable[[Payload], Awaitable[None]]  # a view (blocks) only they see
 
+FIRST_PRUNE_S = 60.0  # the first prune of bot.db comes this long after the start
 SLACK_UNREACHABLE_RETRY_S = (1.0, 30.0)  # first and longest wait between tries to reach Slack at start
 
 
@@ -190,6 +192,7 @@ class GoaltenderBot:
         self._watch(self.outbox.run(), "the outbox")
         self._watch(self.pool.run(), "the runner links")
         self._watch(self.health.watch(), "the health watcher")
+        self._watch(self._prune_forever(), "the retention of bot.db")
         self.digests.schedules.start(await self.store.digests())
         if self.settings.slack_mode == "http":
             server = self.app.server(port=self.settings.http_port, host=self.settings.http_host)
@@ -262,6 +265,22 @@ class GoaltenderBot:
         await self.store.close()
         if self.client.session is not None:
             await self.client.session.close()
+
+    async def _prune_forever(self) -> None:
+        """Drop what bot.db no longer needs now and then (bot/pruning.py): the first time a minute
+        after the start, then every `prune_every_s`. A failed prune is logged; the next tries again."""
+        days = self.settings.retention_days
+        if not days:
+            log.info("retention is off (GOALTENDER_RETENTION_DAYS=0): bot.db keeps every delivered post")
+            return
+        await asyncio.sleep(min(FIRST_PRUNE_S, self.settings.prune_every_s))
+        while True:
+            try:
+                for line in (await prune_bot(self.store, days)).lines(str(self.settings.db_path)):
+                    log.info("retention: %s", line)
+            except Exception:  # the next prune tries again
+                log.exception("retention: pruning bot.db failed; the next prune tries again")
+            await asyncio.sleep(self.settings.prune_every_s)
 
     async def run_forever(self) -> None:
         try:

@@ -87,6 +87,11 @@ class BotSettings(GoaltenderSettings):
     """The first wait before a failed write is tried again; it doubles with every try (plus jitter)..."""
     outbox_backoff_cap_s: float = Field(default=60.0, gt=0)
     """... up to this."""
+    retention_days: int = Field(default=90, ge=0, le=100_000)
+    """Delivered posts of goals that ended this many days ago are dropped from bot.db (each goal's
+    card is kept, so a reply in its thread still finds it; bot/pruning.py); 0 keeps all."""
+    prune_every_s: float = Field(default=86_400.0, gt=0)
+    """How often the bot prunes (the first time a minute after it starts)."""
     health_log_interval_s: float = Field(default=300.0, gt=0)
     """The bot logs its health this often, and whenever it changes."""
     bot_metrics_port: int | None = Field(default=None, ge=0, le=65535)

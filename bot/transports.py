@@ -118,6 +118,8 @@ class RunnerTarget(BaseModel):
 
 def error_reason(exc: BaseException) -> str:
     """A short human reason for a link error (asyncssh's own reason, the OS's strerror, ...)."""
+    if isinstance(exc, p.ProtocolError) and exc.code == "version_mismatch":
+        return exc.message  # the line naming what to upgrade (runner/versions.py), as it is
     if isinstance(exc, asyncssh.Error):
         return exc.reason or type(exc).__name__
     if isinstance(exc, OSError) and exc.strerror:

@@ -1,8 +1,8 @@
 """The audit trail: every control action with its authenticated actor, time and outcome, and every
 refused attempt (an agent's forbidden request, a foreign uid's hello), in runner.db.
 
-Control actions are submit, approve, reject, steer, budget, stop, pause, resume and skill revert;
-reads and the agent verbs are not recorded unless refused for who asked.
+Control actions are submit, approve, reject, steer, budget, stop, pause, resume, skill revert and
+prune; reads and the agent verbs are not recorded unless refused for who asked.
 
 Entries are written one at a time, in the order they were made. A reply waits for its entry only
 while the disk has room: on a full disk the entry waits in memory (up to UNWRITTEN_MOST of them,
@@ -36,6 +36,7 @@ CONTROL_ACTIONS: dict[type[p.Request], str] = {
     p.Pause: "pause",
     p.Resume: "resume",
     p.RevertSkill: "skill revert",
+    p.Prune: "prune",
 }
 DETAIL_CHARS = 500
 
@@ -66,6 +67,8 @@ def _done_detail(request: p.Request, reply: p.Reply) -> str:
     if isinstance(reply, p.GoalReply):
         return reply.status.goal.text
     detail = reply.message if isinstance(reply, p.Done) else ""
+    if isinstance(reply, p.PruneReply):
+        detail = "; ".join(reply.lines)
     if isinstance(request, p.ChangeBudget):
         detail = f"{request.change!r}: {detail}"
     elif isinstance(request, p.Steer):

@@ -28,7 +28,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 
 from goaltender.runner import protocol as p
-from goaltender.runner import wire
+from goaltender.runner import versions, wire
 from goaltender.runner.quick_client import RunnerUnavailable as RunnerUnavailable
 from goaltender.runner.quick_client import socket_from_env as socket_from_env
 from goaltender.runner.quick_client import unix_address as unix_address
@@ -140,6 +140,7 @@ class RunnerClient:
         self._reader_task = asyncio.ensure_future(self._read_loop())
         self.runner_name: str | None = None
         self.runner_id: str | None = None  # the runner's identity (None from a runner that predates it)
+        self.protocol_version: int | None = None  # the version this connection speaks, once welcomed
 
     @classmethod
     async def connect_unix(cls, path: str | Path, client: str = "cli") -> RunnerClient:
@@ -155,14 +156,23 @@ class RunnerClient:
             raise
 
     async def hello(self, client: str) -> RunnerClient:
-        try:
-            welcome = await self.call(
-                p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client, identity=True
-            )
-        except p.ProtocolError as exc:  # an older runner: `identity` is a field it does not know
-            if exc.error.code != "bad_request" or "identity" not in exc.error.message:
-                raise
-            welcome = await self.call(p.Hello, p.Welcome, version=p.PROTOCOL_VERSION, client=client)
+        """Say hello: at the newest protocol version both speak (runner/versions.py), asking for
+        the runner's identity. A runner that predates a field of the hello (`identity`, `oldest`)
+        refuses it, and is asked again without; one sharing no version raises ProtocolError
+        (`version_mismatch`) with the line naming what to upgrade."""
+        oldest = versions.OLDEST_PROTOCOL_VERSION
+        fields: dict[str, Any] = {"version": p.PROTOCOL_VERSION, "client": client, "identity": True}
+        if oldest < p.PROTOCOL_VERSION:
+            fields["oldest"] = oldest
+        while True:
+            try:
+                welcome = await self.call(p.Hello, p.Welcome, **fields)
+                break
+            except p.ProtocolError as exc:
+                fields = _hello_again(fields, exc, client)
+        if not versions.OLDEST_PROTOCOL_VERSION <= welcome.version <= p.PROTOCOL_VERSION:
+            raise _mismatch(welcome.version, client, p.PROTOCOL_VERSION)
+        self.protocol_version = welcome.version
         self.runner_name = welcome.runner
         self.runner_id = welcome.runner_id
         return self
@@ -474,3 +484,31 @@ def _unreadable_event(event: dict, reason: str) -> p.EventMessage | None:
             data=UnreadableEvent(stored_kind=str(kind), reason=reason),
         )
     )
+
+
+def _hello_again(fields: dict[str, Any], refused: p.ProtocolError, client: str) -> dict[str, Any]:
+    """The hello to send after `refused`, or raise: a field an older runner does not know is left
+    off (`oldest`: then the version asked is the oldest this client speaks), and a runner from
+    before versions were negotiated is asked at the version it speaks, if this client speaks it."""
+    error = refused.error
+    if error.code == "bad_request":
+        for field in ("oldest", "identity"):
+            if field in fields and field in error.message:
+                again = {name: value for name, value in fields.items() if name != field}
+                if field == "oldest":
+                    again["version"] = fields["oldest"]
+                return again
+    if (
+        error.code == "version_mismatch"
+        and (theirs := versions.older_runner_version(error.message)) is not None
+    ):
+        ours = (p.PROTOCOL_VERSION, versions.OLDEST_PROTOCOL_VERSION)
+        if theirs != fields["version"] and versions.agreed(theirs, theirs, *ours) is not None:
+            return {name: value for name, value in fields.items() if name != "oldest"} | {"version": theirs}
+        raise _mismatch(theirs, client, p.PROTOCOL_VERSION) from None
+    raise refused
+
+
+def _mismatch(runner_version: int, client: str, client_version: int) -> p.ProtocolError:
+    message = versions.mismatch(runner_version, client, client_version)
+    return p.ProtocolError(p.Error(code="version_mismatch", message=message))

@@ -147,6 +147,11 @@ class RunnerSettings(GoaltenderSettings):
     keep_checkpoints: int = Field(default=3, ge=0)
     """Checkpoints a goal keeps when an experiment ends: the best this many, and the latest; 0
     keeps them all."""
+    retention_days: int = Field(default=90, ge=0, le=100_000)
+    """Goals that ended this many days ago lose their events and their runs' logs (the best run's
+    log, the ledger, diary, audit and final report are kept; storage/pruning.py); 0 keeps all."""
+    prune_every_s: float = Field(default=86_400.0, gt=0)
+    """How often the runner prunes (the first time a minute after it starts)."""
     noise_ask_after: int = Field(default=2, ge=0)
     """After this many kept results in a row whose gains are within noise, the humans are asked how
     to go on (repeat seeds, a larger eval split, longer runs, another direction); 0 never asks."""

@@ -59,6 +59,7 @@ from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal
 from goaltender.storage.db import UnusableDatabase, let_go_of_any
 from goaltender.storage.db_files import Lost
+from goaltender.storage.pruning import prune_runner
 from goaltender.storage.records import (
     TOKEN_METRICS,
     Budget,
@@ -107,6 +108,7 @@ class Runner:
             p.GetArtifact: self._on_get_artifact,
             p.DiskUsage: self._on_disk_usage,
             p.Audit: self._on_audit,
+            p.Prune: self._on_prune,
             p.SkillLog: self._on_skill_log,
             p.RevertSkill: self._on_revert_skill,
             # from the agents
@@ -144,6 +146,8 @@ class Runner:
         self.stopped_because: str | None = None  # the line saying so, once the runner has closed
         store.db.on_lost = self._database_lost
         self._watching: asyncio.Task | None = None
+        self._pruning: asyncio.Task | None = None  # the periodic prune (storage/pruning.py)
+        self._prune_lock = asyncio.Lock()  # one prune at a time, periodic or asked for
         self.metrics: MetricsEndpoint | None = None
         """The Prometheus endpoint, while it serves (GOALTENDER_METRICS_PORT)."""
 
@@ -204,6 +208,7 @@ class Runner:
         self.campaigns.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
         if self.mirror:
             self.mirror.start()
+        self._pruning = asyncio.ensure_future(self._prune_forever())
         await self.server.start_serving()
         self._serve_metrics()
         log.info(
@@ -304,8 +309,51 @@ class Runner:
         self._unlock_home()
 
     def _stop_watching(self) -> None:
-        if self._watching is not None:
-            self._watching.cancel()
+        for task in (self._watching, self._pruning):
+            if task is not None:
+                task.cancel()
+
+    # ---- retention ----
+
+    async def _prune_forever(self) -> None:
+        """Prune what goals that ended long ago left, now and then (the first time a minute after
+        the start, so that a start is not slowed by it). A failed prune is logged; the next one
+        tries again."""
+        if not self.settings.retention_days:
+            log.info("retention is off (GOALTENDER_RETENTION_DAYS=0): nothing is pruned")
+            return
+        await asyncio.sleep(min(FIRST_PRUNE_S, self.settings.prune_every_s))
+        while True:
+            try:
+                for line in await self._prune(self.settings.retention_days, dry_run=False):
+                    log.info("retention: %s", line)
+            except DiskFull:
+                log.warning("retention: the disk is full; the next prune tries again")
+            except Exception:  # never ends the runner, nor this task: the next prune tries again
+                if self.lost is not None:
+                    return
+                log.exception("retention: pruning failed; the next prune tries again")
+            await asyncio.sleep(self.settings.prune_every_s)
+
+    async def _prune(self, days: int, *, dry_run: bool) -> list[str]:
+        async with self._prune_lock:
+            with self.store.refuse_when_full():
+                pruned = await prune_runner(self.store, days, dry_run=dry_run)
+        return pruned.lines(str(self.settings.db_path))
+
+    async def _on_prune(self, req: p.Prune, who: Principal) -> p.Reply:
+        days = req.days or self.settings.retention_days
+        if not days:
+            return p.PruneReply(
+                lines=[
+                    "retention is off (GOALTENDER_RETENTION_DAYS=0): nothing pruned; name --days to prune once"
+                ]
+            )
+        try:
+            lines = await self._prune(days, dry_run=req.dry_run)
+        except DiskFull as full:
+            raise Refused("disk_full", f"{full}: nothing pruned; try again when there is room") from None
+        return p.PruneReply(lines=lines)
 
     async def _give_up_database(self, lost: Lost) -> str:
         """Save what the lost database held (storage/db_files.py), and leave the line saying what
@@ -834,6 +882,7 @@ class DatabaseGone(Exception):
 
 
 HOME_LOCK = "runner.lock"
+FIRST_PRUNE_S = 60.0  # the first periodic prune comes this long after the start
 FILE_CHECK_S = 2.0  # how often an idle runner looks at runner.db's files
 
 

@@ -148,7 +148,10 @@ class Hello(Request):
     #: Ask for the runner's identity in the welcome (Welcome.runner_id); a runner that predates it
     #: refuses the field, and the client says hello again without it.
     identity: bool = False
-    added_fields = frozenset({"identity"})
+    #: The oldest protocol version the client speaks, when older than `version` (runner/versions.py):
+    #: the runner answers at the newest version both speak.
+    oldest: Int64 | None = None
+    added_fields = frozenset({"identity", "oldest"})
 
 
 class SubmitGoal(Request):
@@ -214,6 +217,15 @@ class Audit(Request):
     type: Literal["audit"] = "audit"
     goal_id: RowId | None = None
     limit: int = Field(default=200, gt=0, le=10_000)
+
+
+class Prune(Request):
+    """Prune the history of goals that ended `days` ago or more (default: the runner's retention,
+    GOALTENDER_RETENTION_DAYS; storage/pruning.py); `dry_run` says what would go. Operators only."""
+
+    type: Literal["prune"] = "prune"
+    days: int | None = Field(default=None, ge=1, le=100_000)
+    dry_run: bool = False
 
 
 STATUS_PAGE_MAX = 200  # goals per Status reply page: well under MAX_LINE, whatever their ledgers
@@ -478,6 +490,7 @@ AnyRequest = Annotated[
     | Resume
     | Decide
     | Audit
+    | Prune
     | SkillLog
     | RevertSkill
     | SkillEdit
@@ -513,7 +526,7 @@ class Reply(Message):
 
 class Welcome(Reply):
     type: Literal["welcome"] = "welcome"
-    version: int = PROTOCOL_VERSION
+    version: int = PROTOCOL_VERSION  # the version this connection speaks (runner/versions.py)
     runner: str
     #: The runner's identity (made with its database; a runner with another database has another),
     #: sent to a hello that asks for it: the bot keys a runner's goals by it.
@@ -606,6 +619,11 @@ class DiaryReply(Reply):
 class AuditReply(Reply):
     type: Literal["audit"] = "audit"
     entries: list[AuditEntry]
+
+
+class PruneReply(Reply):
+    type: Literal["pruned"] = "pruned"
+    lines: list[str]  # what was (or would be) removed, for a person
 
 
 class LogReply(Reply):
@@ -732,6 +750,7 @@ AnyReply = Annotated[
     | InboxReply
     | DiaryReply
     | AuditReply
+    | PruneReply
     | LogReply
     | DiskUsageReply
     | SeriesReply

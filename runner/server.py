@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from goaltender.runner import protocol as p
+from goaltender.runner import versions
 from goaltender.runner.audit import AuditTrail, is_control
 from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.operators import Operators
@@ -43,6 +44,7 @@ from goaltender.storage.records import Event, UnreadableEvent
 from goaltender.storage.runner_store import RunnerStore, stored_events_json
 
 log = logging.getLogger("goaltender.runner")
+MISMATCHES_LOGGED = 100  # distinct (client, version) hellos refused and logged; client names are anyone's
 STREAM_BATCH = 2000  # events read from the log per query when streaming to a subscriber
 ANSWER_AFTER_EOF_S = 30.0  # how long requests in flight when a client stops sending are still answered
 RAW_SLICE = 256 * 1024  # bytes of a raw log chunk written at a time (_Connection._send_raw)
@@ -77,6 +79,7 @@ class SocketServer:
         self.path = path
         self.operators = operators or Operators.parse([])  # default: the runner's own user
         self.audit = AuditTrail(store)
+        self._mismatches: set[tuple[str, int]] = set()  # (client, version) hellos refused and logged
         self.redactor = redactor or Redactor()  # token shapes only, unless the runner gives its secrets
         self.runner_name = runner_name
         self.store = store
@@ -237,13 +240,19 @@ class SocketServer:
             await conn.send(p.Error(id=hello.id, code="forbidden", message=refusal))
             await self.audit.refused(conn.principal, None, refusal, action="hello")
             return False
-        if hello.version != p.PROTOCOL_VERSION:
-            message = f"runner speaks protocol {p.PROTOCOL_VERSION}, client sent {hello.version}"
+        oldest = hello.oldest or hello.version  # a client that names none speaks `version` alone
+        version = versions.agreed(hello.version, oldest, p.PROTOCOL_VERSION, versions.OLDEST_PROTOCOL_VERSION)
+        if version is None:
+            message = versions.mismatch(p.PROTOCOL_VERSION, hello.client, hello.version)
+            said = (hello.client, hello.version)
+            if said not in self._mismatches and len(self._mismatches) < MISMATCHES_LOGGED:
+                self._mismatches.add(said)  # a client retrying every few seconds is said once
+                log.warning("refused a hello from %s: %s", hello.client, message)
             await conn.send(p.Error(id=hello.id, code="version_mismatch", message=message))
             return True
         conn.client = hello.client
         runner_id = self.store.runner_id if hello.identity else None
-        await conn.send(p.Welcome(id=hello.id, runner=self.runner_name, runner_id=runner_id))
+        await conn.send(p.Welcome(id=hello.id, version=version, runner=self.runner_name, runner_id=runner_id))
         return True
 
     async def _answer(self, conn: _Connection, request: p.Request) -> None:

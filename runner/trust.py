@@ -107,6 +107,7 @@ PEOPLE_ONLY: dict[type[p.Request], str] = {
     p.Pause: "pause goals: people do, in the goal's thread or with `goaltender pause` as an operator",
     p.Resume: "resume goals: people do, in the goal's thread or with `goaltender resume` as an operator",
     p.Audit: "read the audit trail: operators do, with `goaltender audit`",
+    p.Prune: "prune the runner's history: operators do, with `goaltender prune`",
     p.SkillLog: "read the skill folder's history: operators do, with `goaltender skills log`",
     p.RevertSkill: "revert skill edits: operators do, with `goaltender skills revert COMMIT`",
 }

@@ -224,6 +224,20 @@ class Database:
             # Committed, but into the lost file if it went meanwhile: then not acknowledged.
             self._still_ours(FileWatch.after_commit)
 
+    async def vacuum(self) -> None:
+        """Rewrite the file without its free pages (VACUUM), then checkpoint the -wal into it and
+        truncate it, so that the space goes back to the disk. Under the write lock, checked like a
+        write: it is this connection's own change to the file."""
+        async with self._write_lock:
+            self._still_ours(FileWatch.before_write)
+            try:
+                await self.conn.execute("VACUUM")
+                await self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                if self._watch is not None:
+                    self._found(self._watch.after_commit())
+            self._still_ours(FileWatch.after_commit)
+
     async def _begin(self) -> None:
         said = False
         while True:

@@ -243,6 +243,11 @@ class RunnerStore:
         self._announce(pending)
         return event
 
+    def number_above_marks(self) -> None:
+        """After events were deleted (storage/pruning.py): the next is still numbered above every
+        seq this home has handed out, not one above the newest left."""
+        self._seq_floor = max(self._seq_floor, self.issued.marks.seq)
+
     async def events_since(self, seq: int, limit: int = 500, goal_id: int | None = None) -> list[Event]:
         if goal_id is None:
             rows = await self.db.fetchall(

@@ -58,6 +58,7 @@ REQUESTS = [
     p.SkillEdit(id=33, goal_id=1, skill="autoresearch", content="---\nname: autoresearch\n---\n", why="x"),
     p.SkillLog(id=34, limit=5),
     p.RevertSkill(id=35, commit="abc1234", by="ana"),
+    p.Prune(id=36, days=30, dry_run=True),
 ]
 
 
