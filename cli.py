@@ -825,6 +825,7 @@ def _duration(text: str | None) -> float | None:
         return None
     from goaltender.runner.budget import GoalTextError, check_duration, parse_duration
 
+    _require_sound_interpreter()
     seconds = parse_duration(text)
     if seconds is None:
         try:
@@ -861,10 +862,19 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _require_sound_interpreter() -> None:
+    """Refuse, in one line, to read budget words on a Python that misreads them (selftest.py)."""
+    from goaltender.selftest import interpreter_problem
+
+    if problem := interpreter_problem():
+        raise UsageError(problem)
+
+
 def _goal_words(text: str) -> None:
     """The runner would refuse these goal words (budget 0h, max 0 experiments): say so now."""
     from goaltender.runner.budget import GoalTextError, parse_goal_text
 
+    _require_sound_interpreter()
     try:
         parse_goal_text(text)
     except GoalTextError as exc:
@@ -877,6 +887,7 @@ def _budget_words(change: str) -> None:
     from goaltender.runner.budget import GoalTextError, apply_budget_change
     from goaltender.storage.records import Budget, utcnow
 
+    _require_sound_interpreter()
     try:
         apply_budget_change(Budget(), change, utcnow())
     except GoalTextError as exc:
@@ -927,6 +938,7 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
 def cmd_bot(args: argparse.Namespace) -> int:
     if args.check:
+        _require_sound_interpreter()  # the bot would refuse to start on it
         import asyncio
 
         from goaltender.bot.config import BotSettings
