@@ -937,8 +937,12 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
 
 def cmd_bot(args: argparse.Namespace) -> int:
+    from goaltender.selftest import interpreter_problem
+
+    if problem := interpreter_problem():  # said before the bot's imports, which may warn at length
+        print(f"goaltender bot: cannot start: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.check:
-        _require_sound_interpreter()  # the bot would refuse to start on it
         import asyncio
 
         from goaltender.bot.config import BotSettings
