@@ -374,8 +374,11 @@ def test_every_pattern_is_linear_by_construction():
 
 def package_sources() -> list[Path]:
     root = Path(goaltender.__file__).parent
-    skipped = {"tests", "benchmarks", ".venv", ".venv-sys", ".venv-wheel", ".venv-gym", "build", ".codex-cli"}
-    return [path for path in root.rglob("*.py") if not skipped & set(path.relative_to(root).parts)]
+
+    def ours(parts: tuple[str, ...]) -> bool:  # not the tests, nor a venv or cache kept in the checkout
+        return not any(part.startswith(".") or part in ("tests", "benchmarks", "build") for part in parts)
+
+    return [path for path in root.rglob("*.py") if ours(path.relative_to(root).parts)]
 
 
 def string_literals(source: str) -> list[str]:
