@@ -994,6 +994,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from goaltender.demo import run_demo
 
+    _require_sound_interpreter()  # its runner runs in this process: the default goal's `budget 3m` too
     if args.goal is not None:
         _checked(p.SubmitGoal, text=args.goal)
         _goal_words(args.goal)

@@ -85,6 +85,7 @@ def test_the_bot_refuses_to_start_on_a_misreading_python(tmp_path):
         ["submit", "reach 90%, budget 2h"],
         ["budget", "1", "+2h"],
         ["demo", "--yes", "reach 90%, budget 3m"],
+        ["demo", "--yes"],
     ],
 )
 def test_cli_commands_that_read_budgets_refuse_on_a_misreading_python(tmp_path, argv):
