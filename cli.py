@@ -879,6 +879,7 @@ def _duration(text: str | None) -> float | None:
         return None
     from goaltender.runner.budget import GoalTextError, check_duration, parse_duration
 
+    _require_sound_interpreter()
     seconds = parse_duration(text)
     if seconds is None:
         try:
@@ -915,10 +916,19 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _require_sound_interpreter() -> None:
+    """Refuse, in one line, to read budget words on a Python that misreads them (selftest.py)."""
+    from goaltender.selftest import interpreter_problem
+
+    if problem := interpreter_problem():
+        raise UsageError(problem)
+
+
 def _goal_words(text: str) -> None:
     """The runner would refuse these goal words (budget 0h, max 0 experiments): say so now."""
     from goaltender.runner.budget import GoalTextError, parse_goal_text
 
+    _require_sound_interpreter()
     try:
         parse_goal_text(text)
     except GoalTextError as exc:
@@ -931,6 +941,7 @@ def _budget_words(change: str) -> None:
     from goaltender.runner.budget import GoalTextError, apply_budget_change
     from goaltender.storage.records import Budget, utcnow
 
+    _require_sound_interpreter()
     try:
         apply_budget_change(Budget(), change, utcnow())
     except GoalTextError as exc:
@@ -980,6 +991,11 @@ def cmd_runner(args: argparse.Namespace) -> int:
 
 
 def cmd_bot(args: argparse.Namespace) -> int:
+    from goaltender.selftest import interpreter_problem
+
+    if problem := interpreter_problem():  # said before the bot's imports, which may warn at length
+        print(f"goaltender bot: cannot start: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.check:
         import asyncio
 
@@ -1032,6 +1048,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from goaltender.demo import run_demo
 
+    _require_sound_interpreter()  # its runner runs in this process: the default goal's `budget 3m` too
     if args.goal is not None:
         _checked(p.SubmitGoal, text=args.goal)
         _goal_words(args.goal)

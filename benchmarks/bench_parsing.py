@@ -1,7 +1,7 @@
 """Goal-text parsing is linear: a 40,000-character goal costs about ten times a 4,000-character one.
 
 The runner parses every goal's text and every steer on its event loop, so a parser that backtracks
-would stall it for everyone (before the patterns were made possessive, the timeout phrase took
+would stall it for everyone (before the patterns were made linear, the timeout phrase took
 0.5 s on 4,000 characters of `1h 1h …` and 1.8 s on 4,000 digits). Each shape below is parsed at
 4,000 characters (the bot's limit for a goal) and at 40,000; the ratio of the median times is ~10
 for a linear parser and ~100 for a quadratic one. The shapes are the adversarial ones (long digit

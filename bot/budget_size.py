@@ -27,7 +27,9 @@ from goaltender.display.facts import format_duration
 from goaltender.runner.budget import check_duration, parse_duration
 from goaltender.storage.records import Budget
 
-_SHARE = re.compile(r"\+?+\s*+(\d++(?:\.\d++)?+)\s*+%")  # fullmatch; possessive: linear on any text
+# fullmatch; linear on any text without possessive quantifiers (see runner/budget.py): each repeat
+# is followed by what it cannot match (`\s*` by a digit or `%`, `\d+` by `.`, a space or `%`).
+_SHARE = re.compile(r"\+?\s*(\d+(?:\.\d+)?)\s*%")
 OFF = ("off", "none", "never", "no")
 
 

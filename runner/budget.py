@@ -35,15 +35,20 @@ class GoalTextError(ValueError):
 
 
 # Every pattern here runs in linear time, whatever the text (goals are up to 4,000 characters and
-# parsed on the runner's event loop): each unbounded repeat is possessive (`++`, `*+`: never given
-# back, so never retried), and a number starts only where a digit run starts (`(?<![\d.])`), so no
-# two attempts scan the same run. tests/test_parsing_fuzz.py checks both rules on every pattern.
-_NUM = r"(?<![\d.])\d++(?:\.\d++)?+"
+# parsed on the runner's event loop), and means the same on every Python 3.11: no possessive
+# quantifier or atomic group (3.11.0-3.11.4, Debian 12's 3.11.2 among them, mis-match those:
+# CPython gh-106052, gh-100061). Instead each unbounded repeat is of one character class and is
+# followed only by characters outside it (`\d+` then `.`, a space or a unit), so giving a character
+# back can never lead to a match: the repeat behaves as a possessive one would. A repeat of a
+# group (a run of duration parts) only ends a pattern, where nothing after it can make it give
+# back; and a number starts only where a digit run starts (`(?<![\d.])`), so no two attempts scan
+# the same run. tests/test_parsing_fuzz.py checks these rules on every pattern, and the time.
+_NUM = r"(?<![\d.])\d+(?:\.\d+|(?!\.\d))"  # read whole: a fraction is taken when there is one
 _UNITS = r"(?:days?|d|hours?|hrs?|h|minutes?|mins?|m|seconds?|secs?|s)(?![a-z])"
-_PART = rf"({_NUM})\s*+({_UNITS})"
-_RUN = rf"(?:{_NUM}\s*+{_UNITS}\s*+)++"  # "1h 30m ": consecutive duration parts, taken whole
+_PART = rf"({_NUM})\s*({_UNITS})"
+_RUN = rf"(?:{_NUM}\s*{_UNITS}\s*)+"  # "1h 30m ": consecutive duration parts, taken whole
 _DURATION_PART = re.compile(_PART, re.I)
-_DURATION = re.compile(rf"\s*+{_RUN}", re.I)
+_DURATION = re.compile(rf"\s*{_RUN}", re.I)
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _LONGEST_COUNT = 18  # digits; int() of more is refused by CPython past 4,300, and no count is that big
 
@@ -135,35 +140,33 @@ def _refuse(phrase: str, rule: str) -> NoReturn:
 
 
 _PATTERNS = {
-    "wall": re.compile(rf"\b(?:time\s++)?budget\s*+(?:of\s++)?({_RUN})", re.I),
-    "within": re.compile(rf"\bwithin\s++({_RUN})", re.I),
-    "compute": re.compile(rf"\b(?:gpu|cpu|compute)[- ]hours?\s*+(?:of\s++)?({_NUM})", re.I),
-    "compute_after": re.compile(rf"\b({_NUM})\s*+(?:gpu|cpu|compute)[- ]hours?\b", re.I),
-    "max_exp": re.compile(
-        r"\b(?:max(?:imum)?|up\s++to|at\s++most)\s++(\d++)\s++(?:experiments?|runs?)\b", re.I
-    ),
-    "timeout": re.compile(rf"\btimeout\s++({_RUN})", re.I),
+    "wall": re.compile(rf"\b(?:time\s+)?budget\s*(?:of\s+)?({_RUN})", re.I),
+    "within": re.compile(rf"\bwithin\s+({_RUN})", re.I),
+    "compute": re.compile(rf"\b(?:gpu|cpu|compute)[- ]hours?\s*(?:of\s+)?({_NUM})", re.I),
+    "compute_after": re.compile(rf"\b({_NUM})\s*(?:gpu|cpu|compute)[- ]hours?\b", re.I),
+    "max_exp": re.compile(r"\b(?:max(?:imum)?|up\s+to|at\s+most)\s+(\d+)\s+(?:experiments?|runs?)\b", re.I),
+    "timeout": re.compile(rf"\btimeout\s+({_RUN})", re.I),
     "tokens": re.compile(
-        rf"\b(?:(?:max(?:imum)?|up\s++to|at\s++most)\s++({_NUM})\s*+([km]?)\s*+tokens?"
-        rf"|tokens?\s++budget\s++(?:of\s++)?({_NUM})\s*+([km]?))\b",
+        rf"\b(?:(?:max(?:imum)?|up\s+to|at\s+most)\s+({_NUM})\s*(?:([km])\s*)?tokens?"
+        rf"|tokens?\s+budget\s+(?:of\s+)?({_NUM})\s*(?!\s)([km]?))\b",  # (?!\s): spaces taken whole
         re.I,
     ),
     # "10m each": found as duration runs, each run once, then what follows it is looked at.
     "run": re.compile(rf"(?<![\w.]){_RUN}", re.I),
-    "each": re.compile(r"\s*+(?:each|per\s++(?:experiments?|runs?))\b", re.I),
-    "target_pct": re.compile(rf"(?:\bto|\breach|\btarget|>=|≥)\s*+({_NUM})\s*+%", re.I),
-    "target": re.compile(r"\btarget\s++(?:of\s++)?(\d*+\.\d++|\d++)\b(?!\s*+%)", re.I),
-    "runner": re.compile(r"\bon\s++([A-Za-z0-9][\w.-]*+)\s*+$|\bon\s++runner\s++([\w.-]++)", re.I),
-    "with": re.compile(r"\bwith\s++([\w-]++)", re.I),
-    "executor": re.compile(r"\bvia\s++(local|ray|slurm)\b", re.I),
-    "gpus": re.compile(r"\b(\d{1,3})\s*+gpus?\s++(?:each|per\s++(?:experiments?|runs?))\b", re.I),
+    "each": re.compile(r"\s*(?:each|per\s+(?:experiments?|runs?))\b", re.I),
+    "target_pct": re.compile(rf"(?:\bto|\breach|\btarget|>=|≥)\s*({_NUM})\s*%", re.I),
+    "target": re.compile(r"\btarget\s+(?:of\s+)?(\d*\.\d+|\d+)\b(?!\s*%)", re.I),
+    "runner": re.compile(r"\bon\s+([A-Za-z0-9][\w.-]*)\s*$|\bon\s+runner\s+([\w.-]+)", re.I),
+    "with": re.compile(r"\bwith\s+([\w-]+)", re.I),
+    "executor": re.compile(r"\bvia\s+(local|ray|slurm)\b", re.I),
+    "gpus": re.compile(r"\b(\d{1,3})\s*gpus?\s+(?:each|per\s+(?:experiments?|runs?))\b", re.I),
     # A minus where a limit's number goes ("budget -2h", "max -3 experiments", "-10m each"): read
     # as no limit at all, it would quietly be none.
     "negative": re.compile(
-        rf"\b(?:budget|within|timeout)\s*+(?:of\s++)?-\s*+{_NUM}\s*+{_UNITS}"
-        rf"|\b(?:max(?:imum)?|up\s++to|at\s++most)\s++-\s*+\d++\s*+(?:experiments?|runs?|[km]?\s*+tokens?)\b"
-        rf"|\b(?:gpu|cpu|compute)[- ]hours?\s*+(?:of\s++)?-\s*+\d"
-        rf"|(?<![\w.-])-\s*+{_NUM}\s*+(?:(?:gpu|cpu|compute)[- ]hours?\b|{_UNITS}\s*+(?:each|per\s++(?:experiments?|runs?))\b)",
+        rf"\b(?:budget|within|timeout)\s*(?:of\s+)?-\s*{_NUM}\s*{_UNITS}"
+        rf"|\b(?:max(?:imum)?|up\s+to|at\s+most)\s+-\s*\d+\s*(?:experiments?|runs?|(?:[km]\s*)?tokens?)\b"
+        rf"|\b(?:gpu|cpu|compute)[- ]hours?\s*(?:of\s+)?-\s*\d"
+        rf"|(?<![\w.-])-\s*{_NUM}\s*(?:(?:gpu|cpu|compute)[- ]hours?\b|{_UNITS}\s*(?:each|per\s+(?:experiments?|runs?))\b)",
         re.I,
     ),
 }
@@ -214,7 +217,7 @@ def _read_limits(text: str) -> GoalSpec:
         )
     if m := _PATTERNS["tokens"].search(text):
         number, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-        tokens = float(number) * {"": 1, "k": 1e3, "m": 1e6}[unit.lower()]
+        tokens = float(number) * {"": 1, "k": 1e3, "m": 1e6}[(unit or "").lower()]
         if not 1 <= tokens <= MAX_TOKENS:
             _refuse(m.group(0), f"a token budget must be from 1 to {MAX_TOKENS:,} (e.g. `max 2M tokens`)")
         spec.max_tokens = int(tokens)
@@ -276,8 +279,8 @@ def explicit_budget(spec: GoalSpec, now: datetime, default_timeout_s: float | No
     return budget
 
 
-_EXTEND = re.compile(rf"\s*+(?:budget\s*+)?\+\s*+({_RUN})", re.I)
-_MORE_EXP = re.compile(r"\s*+\+\s*+(\d++)\s++(?:experiments?|runs?)\s*+", re.I)
+_EXTEND = re.compile(rf"\s*(?:budget\s*)?\+\s*({_RUN})", re.I)
+_MORE_EXP = re.compile(r"\s*\+\s*(\d+)\s+(?:experiments?|runs?)\s*", re.I)
 
 
 def apply_budget_change(budget: Budget, change: str, now: datetime) -> tuple[Budget, str] | None:

@@ -57,6 +57,7 @@ from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFo
 from goaltender.runner.stages import parse_stages
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal
+from goaltender.selftest import interpreter_problem
 from goaltender.storage.db import UnusableDatabase, let_go_of_any
 from goaltender.storage.db_files import Lost
 from goaltender.storage.pruning import prune_runner
@@ -959,6 +960,8 @@ def main(settings: RunnerSettings | None = None) -> None:
     redact_output(Redactor.from_settings(settings))
     configure_logging(settings.log_format, RUNNER_TEXT)
     try:
+        if problem := interpreter_problem():  # it would misread goals' budgets: refuse them all
+            raise StartupFailed(problem)
         if settings.default_agent not in settings.agents:  # else each goal that names none is refused
             raise StartupFailed(
                 f"GOALTENDER_DEFAULT_AGENT is {settings.default_agent!r}, which is none of this runner's "

@@ -47,6 +47,8 @@ from goaltender.runner.operators import user_name
 from goaltender.runner.quick_client import operator_problem
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
 from goaltender.runner.secrets import Redactor, url_shown
+from goaltender.selftest import FIX as FIX_INTERPRETER
+from goaltender.selftest import engine_bugs, misread_samples
 from goaltender.training.nemo_rl import worker_venvs
 
 Status = Literal["ok", "warn", "fail"]
@@ -138,6 +140,14 @@ Check = Callable[[Box], Verdict]
 def check_python(box: Box) -> Verdict:
     version = ".".join(map(str, sys.version_info[:3]))
     detail = f"Python {version} ({sys.executable}), goaltender {_goaltender_version()}"
+    if misread := misread_samples():  # the runner and the bot refuse to start on it
+        return fail(f"{detail} misreads budgets: {'; '.join(misread[:2])}", FIX_INTERPRETER)
+    if bugs := engine_bugs():
+        return warn(
+            f"{detail}: its re module has CPython {', '.join(bugs)} (possessive quantifiers mis-match); "
+            "goaltender does not use them and reads budgets right here, code a goal's agent writes may",
+            FIX_INTERPRETER,
+        )
     return ok(detail + "; nemo-gym runs in a Python 3.12 venv of its own (nemo-gym below)")
 
 
