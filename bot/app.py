@@ -49,6 +49,7 @@ from goaltender.bot.approvals import Approvals
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.config import BotSettings
 from goaltender.bot.databases import Databases
+from goaltender.bot.files import Files
 from goaltender.bot.gallery import Gallery
 from goaltender.bot.health import HealthMonitor
 from goaltender.bot.intake import GoalRefused, Intake, command_text
@@ -142,6 +143,8 @@ class GoaltenderBot:
             budget=self.budget,
             views=self.views,
             gallery=Gallery(self.pool, plots_dir),
+            people=self.roles.people,
+            files=Files(client, self.pool, max_bytes=int(settings.max_file_mb * 1024 * 1024)),
         )
         self.approvals = Approvals(store, self.pool, self.outbox, self.roles, self.budget)
         self.digests = digest.Digests(store, self.pool, self.outbox, plots_dir)
@@ -358,6 +361,7 @@ class GoaltenderBot:
         @app.event("reaction_added")
         async def reaction_added(event):
             await self.approvals.on_reaction(event)
+            await self.messages.on_reaction(event)  # 🛑 on a goal's card
 
         @app.action("approve")
         @app.action("reject")
