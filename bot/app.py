@@ -191,6 +191,9 @@ class GoaltenderBot:
         self._watch(self.outbox.run(), "the outbox")
         self._watch(self.pool.run(), "the runner links")
         self._watch(self.health.watch(), "the health watcher")
+        # The names of the goals' owners, for mentions in what the runner wrote about them.
+        owners = [thread.owner for thread in await self.store.threads()][:500]
+        self._tasks.append(asyncio.ensure_future(self.roles.people.learn(owners)))
         self.digests.schedules.start(await self.store.digests())
         if self.settings.slack_mode == "http":
             server = self.app.server(port=self.settings.http_port, host=self.settings.http_host)

@@ -133,7 +133,8 @@ class Messages:
                 return  # not a goal thread
             if await self.store.first_sight(f"msg:{channel}:{ts}"):
                 if isinstance(root, QueuedGoal):
-                    await self._on_queued_reply(root, ts, user, text)
+                    if addressed(text.strip().lower().rstrip(".!"), text, mentioned=mentioned):
+                        await self._on_queued_reply(root, ts, user, text)
                 else:
                     await self._on_files(root, ts, user, event.get("files") or [])
                     await self._on_reply(root, ts, user, text, mentioned=mentioned)

@@ -2,6 +2,9 @@
 (kind "slack", the id, the name Slack shows), so that text written for people and agents says
 "Alice" rather than "slack:U0ALICE", while the runner's audit trail keeps the exact id.
 
+Slack itself still shows people as mentions: each name looked up is remembered (render.KNOWN_NAMES),
+and the runner's text that names someone by it ("stopped by Alice") is rendered with `<@U…>`.
+
 Names come from users.info (the profile's display name, else the real name, else the user name),
 looked up once per user and kept for `ttl_s`; a user Slack cannot describe travels without a name
 (the runner then says "a Slack user"), and the bot looks again next time.
@@ -15,6 +18,7 @@ import time
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from goaltender.bot import render
 from goaltender.runner import protocol as p
 
 log = logging.getLogger("goaltender.bot")
@@ -50,7 +54,14 @@ class People:
         name = shown_name(info)
         if name:
             self._names[user] = (name, time.monotonic())
+            render.learn_name(name, user)  # so that Slack shows it as a mention again
         return name
+
+    async def learn(self, users: list[str]) -> None:
+        """Look up these users' names (the owners of goals in bot.db, at start): what the runner
+        wrote about them before a restart is shown in Slack with mentions again."""
+        for user in dict.fromkeys(users):
+            await self.name(user)
 
 
 def shown_name(info: dict) -> str | None:

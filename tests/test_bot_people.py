@@ -66,8 +66,9 @@ async def test_people_are_named_talk_stays_talk_and_steering_is_explicit(
         (ALICE_NAME, "try a lower lr"),
         (ALICE_NAME, "use a cosine schedule"),
     ]
+    # In Slack the bot shows her as a mention again (Slack shows her name), never as an id.
     posted = await fake.wait_for_message(
-        general, thread_ts=card.ts, text=f"Steer from {ALICE_NAME}", timeout=10
+        general, thread_ts=card.ts, text=f"Steer from <@{ALICE}>", timeout=10
     )
     assert "slack:" not in blocks_text(posted)
     # The runner's audit trail keeps the exact id, and who vouched for it.
@@ -101,7 +102,7 @@ async def test_a_stop_sign_on_the_card_stops_the_goal_for_those_who_may(
     assert goal.end_reason == f"stopped by {ALICE_NAME}"
     await fake.wait_for(lambda: "stopped" in blocks_text(fake.message(general, card.ts)), 10)
     report = await fake.wait_for_message(general, thread_ts=card.ts, text="Final report", timeout=30)
-    assert ALICE_NAME in blocks_text(report) and "slack:U" not in blocks_text(report)
+    assert f"stopped by <@{ALICE}>" in report.text and "slack:U" not in blocks_text(report)
     assert all("slack:U" not in blocks_text(m) for m in fake.thread(general, card.ts))
 
 

@@ -58,6 +58,15 @@ REQUESTS = [
     p.SkillEdit(id=33, goal_id=1, skill="autoresearch", content="---\nname: autoresearch\n---\n", why="x"),
     p.SkillLog(id=34, limit=5),
     p.RevertSkill(id=35, commit="abc1234", by="ana"),
+    p.PutInput(
+        id=36,
+        goal_id=1,
+        name="paper.pdf",
+        size=5,
+        data="JVBERi0=",
+        by=p.Person(kind="slack", id="U1", name="Ana"),
+    ),
+    p.Steer(id=37, goal_id=1, text="try lr 3e-4", author=p.Person(kind="slack", id="U1")),
 ]
 
 
