@@ -98,8 +98,9 @@ class Files:
     async def give(self, thread: Thread, file: dict[str, Any], by: p.Person) -> Given:
         """Give one attached file (a message event's file object) to the thread's goal;
         FileRefused says why not."""
-        name = plain_name(str(file.get("name") or file.get("title") or ""))
-        info = await self._info(str(file.get("id") or ""), name)
+        said = str(file.get("name") or file.get("title") or file.get("id") or "")
+        info = await self._info(str(file.get("id") or ""), said)  # (events may carry the id alone)
+        name = plain_name(str(file.get("name") or info.get("name") or ""))
         size = int(info.get("size") or 0)
         if size > self.max_bytes:
             raise FileRefused(

@@ -50,8 +50,11 @@ DOING = {
     "steer": "steer",
     "revert skill": "revert skill edits from",
 }
+# "+2h", "+30 min", "+5 experiments" — not "+1, agreed", which is talk.
 _BUDGET = re.compile(
-    r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
+    r"^\s*(?:budget\b|\+\s*\d+(?:\.\d+)?\s*(?:h(?:ours?)?|m(?:ins?|inutes?)?|d(?:ays?)?|experiments?|gpu)(?![a-z])"
+    r"|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)",
+    re.I,
 )
 _SKILL_REVERT = re.compile(r"^\s*revert\s+skill\s+([0-9a-f]{4,40})\s*[.!]?\s*$", re.I)
 _HANDLED_SUBTYPES = (None, "thread_broadcast", "file_share")  # others are edits, joins, bots...

@@ -51,6 +51,7 @@ async def test_people_are_named_talk_stays_talk_and_steering_is_explicit(
     talk = [
         await fake.user_replies(general, card.ts, "did you see the loss curve?", user=BOB),
         await fake.user_replies(general, card.ts, "yes, I think the lr is too high", user=ALICE),
+        await fake.user_replies(general, card.ts, "+1, agreed", user=BOB),
     ]
     # An @mention of the bot is steering, and so is `steer: …` (its prefix is not sent).
     mentioned = await fake.user_mentions_bot(general, "try a lower lr", user=ALICE, thread_ts=card.ts)
