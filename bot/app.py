@@ -51,6 +51,7 @@ from goaltender.bot.approvals import Approvals
 from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.config import BotSettings
 from goaltender.bot.databases import Databases
+from goaltender.bot.files import Files
 from goaltender.bot.gallery import Gallery
 from goaltender.bot.health import HealthMonitor
 from goaltender.bot.intake import GoalRefused, Intake, command_text
@@ -146,6 +147,8 @@ class GoaltenderBot:
             budget=self.budget,
             views=self.views,
             gallery=Gallery(self.pool, plots_dir),
+            people=self.roles.people,
+            files=Files(client, self.pool, max_bytes=int(settings.max_file_mb * 1024 * 1024)),
         )
         self.approvals = Approvals(store, self.pool, self.outbox, self.roles, self.budget)
         self.digests = digest.Digests(store, self.pool, self.outbox, plots_dir)
@@ -193,6 +196,9 @@ class GoaltenderBot:
         self._watch(self.pool.run(), "the runner links")
         self._watch(self.health.watch(), "the health watcher")
         self._watch(self._prune_forever(), "the retention of bot.db")
+        # The names of the goals' owners, for mentions in what the runner wrote about them.
+        owners = [thread.owner for thread in await self.store.threads()][:500]
+        self._tasks.append(asyncio.ensure_future(self.roles.people.learn(owners)))
         self.digests.schedules.start(await self.store.digests())
         if self.settings.slack_mode == "http":
             server = self.app.server(port=self.settings.http_port, host=self.settings.http_host)
@@ -386,6 +392,7 @@ class GoaltenderBot:
         @app.event("reaction_added")
         async def reaction_added(event):
             await self.approvals.on_reaction(event)
+            await self.messages.on_reaction(event)  # 🛑 on a goal's card
 
         @app.action("approve")
         @app.action("reject")

@@ -19,7 +19,7 @@ from goaltender.bot.budget_guard import BudgetGuard
 from goaltender.bot.keys import ApprovalKey, BudgetKey, CardKey, row_id
 from goaltender.bot.links import DatabaseReplaced, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
-from goaltender.bot.roles import Roles, actor
+from goaltender.bot.roles import Roles
 from goaltender.bot.thread import thread_at
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
@@ -122,7 +122,11 @@ class Approvals:
         says how to try again when the runner is not reachable)."""
         try:
             await self.pool[runner].call(
-                p.Decide, p.DecisionReply, approval_id=approval_id, approve=approve, by=actor(user)
+                p.Decide,
+                p.DecisionReply,
+                approval_id=approval_id,
+                approve=approve,
+                by=await self.roles.people.person(user),
             )
         except p.ProtocolError as exc:
             if exc.error.code == "conflict":

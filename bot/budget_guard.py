@@ -122,7 +122,11 @@ class BudgetGuard:
         if approve:
             try:
                 await self.pool[request.runner].call(
-                    p.ChangeBudget, p.Done, goal_id=request.goal_id, change=request.change, by=actor(user)
+                    p.ChangeBudget,
+                    p.Done,
+                    goal_id=request.goal_id,
+                    change=request.change,
+                    by=await self.roles.people.person(user),
                 )
             except (RunnerUnavailable, UnknownRunner) as exc:
                 await self.store.unapply_budget_request(request_id)

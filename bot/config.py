@@ -76,6 +76,10 @@ class BotSettings(GoaltenderSettings):
     budget_second_person: str | None = None
     """A budget increase above this size needs a second person: `1h` (time or compute-hours added),
     `50%` (of a limit), `0` (every increase), or unset / `off` (none)."""
+    max_file_mb: float = Field(default=25.0, gt=0)
+    """The largest file (MB) the bot takes from a goal's thread into the goal's inputs/ (a paper
+    attached there); larger ones get a note in the thread. The runner has its own cap
+    (GOALTENDER_MAX_INPUT_MB), checked again there."""
     slack_api_url: str | None = None
     """Slack Web API base URL (tests point it at a fake Slack); default Slack's own."""
     outbox_interval_s: float = Field(default=1.0, ge=0)

@@ -35,7 +35,8 @@ HOWTO = (
     "`/goal train the star-count model to 95% accuracy, budget 2h, max 20 experiments`. "
     "Optional: `gpu-hours 8`, `30m each`, `with <agent>`, `on <runner>`. "
     "Then steer it from the goal's thread: `stop`, `pause`, `resume`, `status`, `summary`, "
-    "`budget +2h`, or any message for the agent. Also: `/goal list`, `/goal show <n>`, "
+    "`budget +2h`, `steer: <message for the agent>` (or @mention me), a file to give it, or :octagonal_sign: "
+    "on its card to stop it; other replies are the team's talk. Also: `/goal list`, `/goal show <n>`, "
     "`/goal digest …`, `/goal admin show`, `/goal health`."
 )
 
@@ -181,7 +182,7 @@ class Intake:
             return None
         await reply(
             f"Queued as goal #{goal_id} on {link.name}. Its thread is the status card in this channel: "
-            "reply there to steer it (`stop`, `pause`, `resume`, `status`, `budget +2h`)."
+            "reply there to steer it (`steer: …` or @mention me; `stop`, `pause`, `resume`, `status`, `budget +2h`)."
         )
         return goal_id
 
@@ -192,7 +193,7 @@ class Intake:
                 p.SubmitGoal,
                 p.GoalReply,
                 text=request.text,
-                owner=actor(request.owner),
+                owner=await self.roles.people.person(request.owner),
                 agent=request.spec.agent,
                 key=request.key,
             )

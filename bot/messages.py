@@ -2,13 +2,18 @@
 in a goal channel), or a reply in a goal's thread — `stop`, `pause`, `resume`, `status`,
 `summary` (or "what happened so far?"), `audit`, `show examples` (bot/gallery.py), `budget +2h`,
 `revert skill abc1234` (undo an applied skill edit on the goal's runner: runner/skill_folder.py),
-or anything else, which goes to the agent as steering.
+`steer: <message>` or a reply that @mentions the bot, which goes to the agent as steering, or
+anything else: the team talking in its thread, which the bot leaves alone. Files attached in the
+thread go into the goal's inputs/ (bot/files.py); a 🛑 reaction on the card stops the goal.
 
 Anyone in the channel may ask for `status`, `summary`, `audit` and `show examples` (the bot answers
 them; the agent is not disturbed). Everything else changes the goal: only those who control it (its
 owner, the approvers, the channel's controllers: bot/roles.py) may; anyone else is told so
 privately, nothing changes, and the refusal goes into the audit trail.
 A budget change over the channel's limit waits for a second person (bot/budget_guard.py).
+
+The runner hears of people as Persons with their Slack names (bot/people.py), so what it and the
+agent write says "Alice", not a user id.
 
 A message that @mentions the bot arrives twice (app_mention + message): it is handled once,
 keyed on (channel, ts).
@@ -20,14 +25,17 @@ import re
 from typing import Any
 
 from goaltender.bot import audit, queries, render
+from goaltender.bot.approvals import normalise_reaction
 from goaltender.bot.budget_guard import BudgetGuard
+from goaltender.bot.files import FileRefused, Files
 from goaltender.bot.gallery import Gallery, NoAnswer, asks_for_examples
 from goaltender.bot.intake import GoalRefused, Intake
 from goaltender.bot.keys import CardKey, QueueKey, ReplyKey
 from goaltender.bot.links import DatabaseReplaced, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
-from goaltender.bot.roles import Roles, actor
-from goaltender.bot.thread import root_at
+from goaltender.bot.people import People
+from goaltender.bot.roles import Roles
+from goaltender.bot.thread import root_at, thread_at
 from goaltender.bot.views import Views, asks_for_summary
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
@@ -42,11 +50,27 @@ DOING = {
     "steer": "steer",
     "revert skill": "revert skill edits from",
 }
+# "+2h", "+30 min", "+5 experiments" — not "+1, agreed", which is talk.
 _BUDGET = re.compile(
-    r"^\s*(?:budget\b|\+\s*\d|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)", re.I
+    r"^\s*(?:budget\b|\+\s*\d+(?:\.\d+)?\s*(?:h(?:ours?)?|m(?:ins?|inutes?)?|d(?:ays?)?|experiments?|gpu)(?![a-z])"
+    r"|max\s+\d+\s+experiments?|(?:gpu|cpu|compute)[- ]hours?\b)",
+    re.I,
 )
 _SKILL_REVERT = re.compile(r"^\s*revert\s+skill\s+([0-9a-f]{4,40})\s*[.!]?\s*$", re.I)
 _HANDLED_SUBTYPES = (None, "thread_broadcast", "file_share")  # others are edits, joins, bots...
+# A reply that steers without @mentioning the bot: `steer: …` (or `steer …`); the prefix is not sent.
+_STEER = re.compile(r"^\s*steer\b\s*[:,-]?\s*", re.I)
+STOP_REACTION = "octagonal_sign"
+
+
+def addressed(command: str, text: str, *, mentioned: bool) -> bool:
+    """Whether a reply in a goal's thread is meant for the goal (a verb, `steer:`, an @mention of
+    the bot), not talk between people, which the bot leaves alone."""
+    return (
+        mentioned
+        or command in CONTROL
+        or bool(_STEER.match(text) or _BUDGET.match(text) or _SKILL_REVERT.match(text))
+    )
 
 
 def _doing(command: str, text: str, *, reverts_skill: bool) -> str:
@@ -78,6 +102,8 @@ class Messages:
         budget: BudgetGuard,
         views: Views,
         gallery: Gallery,
+        people: People,
+        files: Files,
     ):
         self.store = store
         self.pool = pool
@@ -88,6 +114,8 @@ class Messages:
         self.budget = budget
         self.views = views
         self.gallery = gallery
+        self.people = people
+        self.files = files
 
     async def on_message(self, event: dict[str, Any], bot_user: str | None, *, mention: bool) -> None:
         if event.get("subtype") not in _HANDLED_SUBTYPES:
@@ -108,9 +136,11 @@ class Messages:
                 return  # not a goal thread
             if await self.store.first_sight(f"msg:{channel}:{ts}"):
                 if isinstance(root, QueuedGoal):
-                    await self._on_queued_reply(root, ts, user, text)
+                    if addressed(text.strip().lower().rstrip(".!"), text, mentioned=mentioned):
+                        await self._on_queued_reply(root, ts, user, text)
                 else:
-                    await self._on_reply(root, ts, user, text)
+                    await self._on_files(root, ts, user, event.get("files") or [])
+                    await self._on_reply(root, ts, user, text, mentioned=mentioned)
             return
         if not (mentioned or channel in self.goal_channels):
             return
@@ -128,7 +158,9 @@ class Messages:
             return
         await self.intake.submit(request, reply)
 
-    async def _on_reply(self, thread: Thread, ts: str, user: str, text: str) -> None:
+    async def _on_reply(
+        self, thread: Thread, ts: str, user: str, text: str, *, mentioned: bool = False
+    ) -> None:
         if not text:
             return
         key = ReplyKey(thread.channel, ts)
@@ -145,6 +177,12 @@ class Messages:
         if asks_for_examples(text):
             await self._examples(thread, user, key)
             return
+        if not addressed(command, text, mentioned=mentioned):
+            return  # people talking in their thread: not for the agent, and no refusal
+        if steer := _STEER.match(text):
+            text = text[steer.end() :].strip()
+            if not text:
+                return
         revert = _SKILL_REVERT.match(text)
         doing = _doing(command, text, reverts_skill=revert is not None)
         if not await self.roles.may_control(thread, user):
@@ -166,24 +204,23 @@ class Messages:
         except UnknownRunner:
             await self._say(thread, f"This goal's runner {thread.runner} is no longer configured.", key)
             return
+        person = await self.people.person(user)
         try:
             if command in CONTROL:
-                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=actor(user))
+                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=person)
                 await self._react(thread, ts, "ok_hand", key)
             elif revert:  # the skills a goal's agent taught this runner: its controllers may undo them
-                done = await link.call(p.RevertSkill, p.Done, commit=revert.group(1).lower(), by=actor(user))
+                done = await link.call(p.RevertSkill, p.Done, commit=revert.group(1).lower(), by=person)
                 await self._say(thread, f"Skill edit {render.escape(done.message)}", key)
             elif (held := await self.budget.review(thread, user, _words(doing, text))) is not None:
                 if held:
                     await self._say(thread, held, key)
             elif doing == "budget":
-                await link.call(
-                    p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=actor(user)
-                )
+                await link.call(p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=person)
                 await self._react(thread, ts, "ok_hand", key)
             else:
                 # Steering: the runner reads budget words in it too ("… budget 10h"), reviewed above.
-                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=actor(user))
+                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=person)
                 await self._react(thread, ts, "eyes", key)
         except p.ProtocolError as exc:
             await self._refused(thread, exc, key)
@@ -193,6 +230,70 @@ class Messages:
                 f"Runner {thread.runner} is not reachable right now ({render.escape(str(exc))}); "
                 "your message was not delivered. Please send it again later.",
                 key,
+            )
+
+    async def _on_files(self, thread: Thread, ts: str, user: str, files: list[dict[str, Any]]) -> None:
+        """Files attached in the thread: into the goal's inputs/ (its agent is told), for those who
+        control the goal; each refused one gets a line in the thread saying why."""
+        if not files:
+            return
+        key = ReplyKey(thread.channel, ts)
+        if not await self.roles.may_control(thread, user):
+            names = ", ".join(str(f.get("name") or "?") for f in files)
+            await audit.record(
+                self.store,
+                user,
+                "input file",
+                "refused",
+                f"{names!r}: {audit.NOT_A_CONTROLLER}",
+                thread=thread,
+            )
+            who = await self.roles.who_controls(thread)
+            await self._tell(
+                thread, user, f"Only {who} can give goal #{thread.goal_id} files; nothing changed.", key
+            )
+            return
+        person = await self.people.person(user)
+        said = []
+        for file in files:
+            try:
+                given = await self.files.give(thread, file, person)
+            except FileRefused as refused:
+                said.append(f":warning: Not given to goal #{thread.goal_id}: {refused}.")
+                continue
+            said.append(
+                f":paperclip: `{render.escape(given.name)}` is in goal #{thread.goal_id}'s workspace as "
+                f"`{render.escape(given.path)}`; the agent was told."
+            )
+        await self._say(thread, "\n".join(said), key)
+
+    async def on_reaction(self, event: dict[str, Any]) -> None:
+        """🛑 on a goal's card stops the goal, for those who may stop it (as the `stop` reply);
+        anyone else is told so privately in the thread, and the refusal is audited."""
+        if normalise_reaction(event.get("reaction") or "") != STOP_REACTION:
+            return
+        item = event.get("item") or {}
+        thread = await thread_at(self.outbox, self.store, item.get("channel") or "", item.get("ts") or "")
+        user = event.get("user") or ""
+        if thread is None or not user:
+            return
+        if not await self.roles.may_control(thread, user):
+            who = await self.roles.who_controls(thread)
+            why = f"a :{STOP_REACTION}: on the card: {audit.NOT_A_CONTROLLER}"
+            await audit.record(self.store, user, "stop", "refused", why, thread=thread)
+            await self._tell(thread, user, f"Only {who} can stop goal #{thread.goal_id}; nothing changed.")
+            return
+        try:
+            await self.pool[thread.runner].call(
+                p.Stop, p.Done, goal_id=thread.goal_id, by=await self.people.person(user)
+            )
+        except p.ProtocolError as exc:
+            await self._refused(thread, exc)
+        except (RunnerUnavailable, UnknownRunner) as exc:
+            await self._say(
+                thread,
+                f"Runner {thread.runner} is not reachable right now ({render.escape(str(exc))}); the goal was "
+                f"not stopped. Take your :{STOP_REACTION}: off the card and add it again later, or reply `stop`.",
             )
 
     async def _on_queued_reply(self, queued: QueuedGoal, ts: str, user: str, text: str) -> None:
@@ -293,7 +394,7 @@ class Messages:
         )
         await self.outbox.enqueue(thread.channel, "post", payload, key)
 
-    async def _refused(self, thread: Thread, exc: p.ProtocolError, key: ReplyKey) -> None:
+    async def _refused(self, thread: Thread, exc: p.ProtocolError, key: ReplyKey | None = None) -> None:
         """The runner said no: a goal that has ended says so plainly, anything else as it came."""
         if exc.error.code == "conflict" and (
             status := await queries.goal_status(self.pool, thread.runner, thread.goal_id)
@@ -310,7 +411,7 @@ class Messages:
                 return
         await self._say(thread, f"That did not work: {render.escape(exc.error.message)}", key)
 
-    async def _tell(self, thread: Thread, user: str, text: str, key: ReplyKey) -> None:
+    async def _tell(self, thread: Thread, user: str, text: str, key: ReplyKey | None = None) -> None:
         """An answer in the thread that only `user` sees."""
         payload = in_thread(CardKey(thread.runner, thread.goal_id), {"user": user, "text": text})
         await self.outbox.enqueue(thread.channel, "ephemeral", payload, key)
@@ -318,7 +419,7 @@ class Messages:
     async def _react(self, thread: Thread, ts: str, emoji: str, key: ReplyKey) -> None:
         await self.outbox.enqueue(thread.channel, "reaction", {"timestamp": ts, "name": emoji}, key)
 
-    async def _say(self, thread: Thread, text: str, key: ReplyKey) -> None:
+    async def _say(self, thread: Thread, text: str, key: ReplyKey | None = None) -> None:
         await self.outbox.enqueue(
             thread.channel,
             "post",

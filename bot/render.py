@@ -71,9 +71,10 @@ def escape(text: str) -> str:
 
 
 # How people appear in what the runner records: `U123` (older records), `slack:U123` (what the bot
-# sends), `slack:U123 via goaltender-bot (uid 0)` (the runner's audit form). CLI operators are
+# sent before it sent Persons), `slack:U123 (Alice) via goaltender-bot (uid 0)` (the runner's audit
+# form; older ones have no name). CLI operators are
 # anything else ("alice via goaltender (uid 1000)"), shown as plain text.
-_ACTOR = re.compile(r"(?:slack:)?([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
+_ACTOR = re.compile(r"(?:slack:)?([UW][A-Z0-9]{2,})(?:(?: \([^()]*\))? via [^\s()]+ \(uid \d+\))?")
 # Where runner-written text names who acted: at its very start ("stopped by slack:U1 via … (uid 0):
 # enough", "paused by U0BOB" in older records, "slack:U1: deadline +2h", "the goal ended: stopped by
 # …"). Only there: what follows (a stop reason, an agent's output) may hold id-like words (UNET3,
@@ -86,14 +87,40 @@ _LEADING_ACTOR = re.compile(
 # A person as Slack sends them in what someone typed (`<@U123>`, `<@U123|ana>`).
 _TYPED_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 # An actor as the bot and the runner write them anywhere in an audit detail ("request #1 by slack:U1").
-_ACTOR_IN_TEXT = re.compile(r"\bslack:([UW][A-Z0-9]{2,})(?: via [^\s()]+ \(uid \d+\))?")
+_ACTOR_IN_TEXT = re.compile(r"\bslack:([UW][A-Z0-9]{2,})(?:(?: \([^()]*\))? via [^\s()]+ \(uid \d+\))?")
+
+
+# The names the runner now records people by ("stopped by Alice"): Slack users the bot has looked
+# up (bot/people.py), name -> id, so that Slack shows them as mentions again. A name two people
+# share maps to None and stays plain text.
+KNOWN_NAMES: dict[str, str | None] = {}
+_LEADING_VERB = re.compile(r"^((?:the goal ended: )?(?:(?:stopped|paused|resumed|approved|rejected) by )?)")
+
+
+def learn_name(name: str, user: str) -> None:
+    """`name` is how the runner names Slack user `user` (from users.info)."""
+    known = KNOWN_NAMES.get(name, user)
+    KNOWN_NAMES[name] = user if known == user else None
 
 
 def slack_user(who: str | None) -> str | None:
-    """The Slack user id a recorded actor names (`U123`, `slack:U123`, `slack:U123 via … (uid N)`);
-    None for anyone else (a CLI operator, the bot itself)."""
+    """The Slack user id a recorded actor names (`U123`, `slack:U123`, `slack:U123 via … (uid N)`,
+    or a name the bot looked up); None for anyone else (a CLI operator, the bot itself)."""
     match = _ACTOR.fullmatch((who or "").strip())
-    return match.group(1) if match else None
+    return match.group(1) if match else KNOWN_NAMES.get((who or "").strip())
+
+
+def _leading_name(escaped: str) -> str:
+    """A known person's name where runner-written text names who acted ("stopped by Alice: …",
+    "Alice: deadline +2h"), as a mention (the text is already escaped)."""
+    head = _LEADING_VERB.match(escaped)
+    start = head.end() if head else 0
+    for name in sorted((n for n, u in KNOWN_NAMES.items() if u), key=len, reverse=True):
+        said = escape(name)
+        rest = escaped[start + len(said) :]
+        if escaped.startswith(said, start) and (not rest or rest[0] in " :;,.)"):
+            return f"{escaped[:start]}<@{KNOWN_NAMES[name]}>{rest}"
+    return escaped
 
 
 def user_ref(who: str | None) -> str:
@@ -113,7 +140,8 @@ def people(text: str, *, typed: bool = False) -> str:
     "request #1 by slack:U1"), where every `slack:U…` and every @-mention a person typed is a
     mention. Never for what agents write: that is escape()d only, so nothing in it pings anyone."""
     if not typed:
-        return _LEADING_ACTOR.sub(lambda m: f"{m[1]}<@{m[2] or m[3]}>", escape(text), count=1)
+        said, found = _LEADING_ACTOR.subn(lambda m: f"{m[1]}<@{m[2] or m[3]}>", escape(text), count=1)
+        return said if found else _leading_name(said)
     parts = _TYPED_MENTION.split(text)
     # split() puts the mentioned ids at odd positions
     return "".join(

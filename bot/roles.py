@@ -9,7 +9,8 @@ are GOALTENDER_APPROVERS, the admins GOALTENDER_ADMINS; nobody else controls goa
 always controls it and decides its approvals. Slack's workspace admins and owners (users.info) and
 GOALTENDER_ADMINS may always run `/goal admin`.
 
-People are told apart by Slack user id; the runner hears of them as `slack:<id>` (`actor`).
+People are told apart by Slack user id; the runner hears of them as Persons with their names
+(bot/people.py), and the bot's own audit trail keeps `slack:<id>` (`actor`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from goaltender.bot import render
 from goaltender.bot.budget_size import Threshold
 from goaltender.bot.config import BotSettings
+from goaltender.bot.people import People
 from goaltender.storage.bot_store import BotStore
 
 log = logging.getLogger("goaltender.bot")
@@ -97,6 +99,8 @@ class Roles:
         self.settings = settings
         self.store = store
         self.client = client
+        self.people = People(client)
+        """Slack users as the runner hears of them (by name): one cache for the whole bot."""
 
     async def members(self, channel: str, role: Role) -> Members:
         setting = await self.store.channel_setting(channel, role)

@@ -37,6 +37,7 @@ CONTROL_ACTIONS: dict[type[p.Request], str] = {
     p.Resume: "resume",
     p.RevertSkill: "skill revert",
     p.Prune: "prune",
+    p.PutInput: "input file",
 }
 DETAIL_CHARS = 500
 
@@ -51,10 +52,10 @@ def action_of(request: p.Request) -> str:
     return CONTROL_ACTIONS.get(type(request), request.type)
 
 
-def claimed_name(request: p.Request) -> str | None:
+def claimed_name(request: p.Request) -> p.Actor | None:
     """Whom the client says the request is from (only an operator's claim is ever recorded)."""
     for field in ("by", "author", "owner"):
-        if isinstance(value := getattr(request, field, None), str) and value:
+        if isinstance(value := getattr(request, field, None), p.Person) or (isinstance(value, str) and value):
             return value
     return None
 

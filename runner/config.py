@@ -115,6 +115,9 @@ class RunnerSettings(GoaltenderSettings):
     approval_timeout_s: float = 3600.0
     experiment_timeout_s: float = 3600.0
     stop_grace_s: float = 5.0
+    max_input_mb: float = Field(default=25.0, gt=0)
+    """The largest file (MB) people may give a goal (a paper attached in its Slack thread: it goes
+    into the goal's workspace, inputs/; runner/inputs.py). Larger ones are refused whole."""
     min_free_mb: float = Field(default=1024.0, ge=0)
     """Free space (MB) the home's disk must keep: below it no new experiment starts, and its goal
     pauses (with a message in its thread) until space returns."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import fcntl
 import functools
 import logging
@@ -34,6 +35,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from goaltender import readiness
+from goaltender.runner import inputs
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import (
     GoalTextError,
@@ -112,6 +114,7 @@ class Runner:
             p.Prune: self._on_prune,
             p.SkillLog: self._on_skill_log,
             p.RevertSkill: self._on_revert_skill,
+            p.PutInput: self._on_put_input,
             # from the agents
             p.ReportMilestone: self._on_milestone,
             p.LogMetrics: self._on_log_metrics,
@@ -422,7 +425,7 @@ class Runner:
             goal = await self._now(
                 self.store.create_goal(
                     text=spec.text,
-                    owner=req.owner or who.actor(),
+                    owner=_owner(req.owner, who),
                     agent=agent,
                     budget=budget,
                     metric=None,
@@ -444,7 +447,7 @@ class Runner:
 
     async def _on_steer(self, req: p.Steer, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        author = who.actor(req.author)
+        author = who.said(req.author)
         try:
             change = apply_budget_change(goal.budget, req.text, utcnow())
         except GoalTextError as exc:  # refused whole: nothing half done, and whoever sent it hears why
@@ -471,12 +474,12 @@ class Runner:
                 "bad_request",
                 f"no budget in {req.change!r}; try '+2h', 'max 10 experiments' or 'gpu-hours 8'",
             )
-        await self._set_budget(goal, change[0], f"{who.actor(req.by)}: {change[1]}")
+        await self._set_budget(goal, change[0], f"{who.said(req.by)}: {change[1]}")
         return p.Done(message=f"budget changed: {change[1]}")
 
     async def _on_stop(self, req: p.Stop, who: Principal) -> p.Reply:
         goal = await self.campaigns.active_goal(req.goal_id)
-        reason = f"stopped by {who.actor(req.by)}" + (f": {req.reason.strip()}" if req.reason.strip() else "")
+        reason = f"stopped by {who.said(req.by)}" + (f": {req.reason.strip()}" if req.reason.strip() else "")
         if await self.campaigns.end_goal(goal.id, "stopped", reason):
             return p.Done(message=f"goal #{goal.id} {reason}; final report written")
         return p.Done(
@@ -492,10 +495,10 @@ class Runner:
         self.campaigns.forget_disk_pause(goal.id)  # it no longer resumes by itself
         self.campaigns.hold_experiments(goal.id)
         if for_disk:
-            reason = f"paused by {who.actor(req.by)} (it was paused for a full disk)"
+            reason = f"paused by {who.said(req.by)} (it was paused for a full disk)"
             said = f"goal #{goal.id} {reason}; it stays paused until resumed"
         else:
-            reason = f"paused by {who.actor(req.by)}"
+            reason = f"paused by {who.said(req.by)}"
             said = f"goal #{goal.id} paused: the current experiment finishes, no new one starts"
         recorded = await self.campaigns.change_state(goal.id, "paused", reason)
         return p.Done(message=said + ("" if recorded else WRITTEN_LATER))
@@ -507,7 +510,7 @@ class Runner:
         self.campaigns.forget_disk_pause(goal.id)  # resumed by hand, disk or not
         pending = await self.store.pending_approvals(goal.id)
         state: GoalState = "waiting_for_approval" if pending else "running"
-        recorded = await self.campaigns.change_state(goal.id, state, f"resumed by {who.actor(req.by)}")
+        recorded = await self.campaigns.change_state(goal.id, state, f"resumed by {who.said(req.by)}")
         self.campaigns.release_experiments(goal.id)
         return p.Done(message=f"goal #{goal.id} resumed" + ("" if recorded else WRITTEN_LATER))
 
@@ -517,7 +520,7 @@ class Runner:
             raise Refused("not_found", f"no approval #{req.approval_id}")
         state = "approved" if req.approve else "rejected"
         approval, decided_now = await self._now(
-            self.store.decide_approval(asked.id, state=state, by=who.actor(req.by), comment=req.comment)
+            self.store.decide_approval(asked.id, state=state, by=who.said(req.by), comment=req.comment)
         )
         if not decided_now:
             by = f" by {approval.decided_by}" if approval.decided_by else ""
@@ -655,10 +658,38 @@ class Runner:
     async def _on_revert_skill(self, req: p.RevertSkill, who: Principal) -> p.Reply:
         async with self._skills_lock:
             try:
-                commit, subject = await asyncio.to_thread(self.skills.revert, req.commit, who.actor(req.by))
+                commit, subject = await asyncio.to_thread(self.skills.revert, req.commit, who.said(req.by))
             except SkillEditError as exc:
                 raise Refused("bad_request", str(exc)) from None
         return p.Done(message=f"reverted {req.commit} ({subject}) as commit {commit}")
+
+    async def _on_put_input(self, req: p.PutInput, who: Principal) -> p.Reply:
+        goal = await self.campaigns.active_goal(req.goal_id)
+        try:
+            data = base64.b64decode(req.data, validate=True)
+        except binascii.Error:
+            raise Refused("bad_request", "data is not base64") from None
+        cap = int(self.settings.max_input_mb * 1024 * 1024)
+        put = functools.partial(
+            inputs.put_chunk,
+            Path(goal.workspace),
+            req.name,
+            offset=req.offset,
+            data=data,
+            size=req.size,
+            cap=cap,
+        )
+        try:
+            path = await asyncio.to_thread(put, last=req.last)
+        except inputs.InputRefused as exc:
+            raise Refused("bad_request", str(exc)) from None
+        if path is None:
+            return p.Done(message=f"{req.offset + len(data):,} of {req.size:,} bytes")
+        author = who.said(req.by)
+        kind = f", {req.mimetype}" if req.mimetype else ""
+        text = f"{author} gave this goal a file: {path} ({req.size:,} bytes{kind}), in your workspace. Read it if it helps."
+        await self._now(self.store.add_inbox(goal.id, author, text))
+        return p.Done(message=str(path))
 
     # ---- agent verbs ----
 
@@ -1009,3 +1040,11 @@ def _char_start(data: bytes, at: int) -> int:
         if data[index] & 0xC0 != 0x80:
             return index
     return min(at + _UTF8_TAIL, len(data))
+
+
+def _owner(claimed: p.Actor | None, who: Principal) -> str:
+    """A goal's owner as its records name them: a Person by name, a plain claim as given, else the
+    operator who submitted it."""
+    if isinstance(claimed, p.Person):
+        return claimed.said()
+    return claimed or who.actor()

@@ -137,8 +137,35 @@ class Request(Message):
 
 
 # ---- requests from the bot (or any operator client) ----
-# `by` / `author` / `owner` name whom an operator acts for (the bot: "slack:U123"); the runner
-# records "<that> via <client> (uid N)" and never takes a name from an agent.
+# `by` / `author` / `owner` name whom an operator acts for: a Person (the bot: a Slack user, with
+# the name Slack shows), or a plain name (older clients, the CLI's `--by`). The runner's audit
+# trail records "<that> via <client> (uid N)" with the exact id; the text it writes for people
+# and agents names the person by their name (Person.name). It never takes a name from an agent.
+
+
+class Person(BaseModel):
+    """Someone an operator client acts for: where they are known (`kind`, e.g. "slack"), their id
+    there, and the name people know them by (None when it could not be looked up)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    kind: str = Field(min_length=1, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$")
+    id: str = Field(min_length=1, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+
+    def record(self) -> str:
+        """The audit trail's form: the exact id, and the name ("slack:U123 (Alice)")."""
+        who = f"{self.kind}:{self.id}"
+        return f"{who} ({self.name})" if self.name else who
+
+    def said(self) -> str:
+        """How text for people and agents names them: their name ("a Slack user" without one)."""
+        if self.name:
+            return self.name
+        return f"a {self.kind.capitalize()} user" if self.kind == "slack" else f"{self.kind} user {self.id}"
+
+
+Actor = str | Person
 
 
 class Hello(Request):
@@ -159,7 +186,7 @@ class SubmitGoal(Request):
 
     type: Literal["submit_goal"] = "submit_goal"
     text: str = Field(min_length=1, max_length=4000)  # blank: refused by parse_goal_text, with an example
-    owner: str | None = None  # default: the authenticated operator
+    owner: Actor | None = None  # default: the authenticated operator
     agent: str | None = None
     budget: Annotated[Budget, AfterValidator(_sensible_budget)] | None = None  # overrides the text
     #: The client's own name for this submission: sent again (its reply was lost with the link),
@@ -172,7 +199,7 @@ class Steer(Request):
     type: Literal["steer"] = "steer"
     goal_id: RowId
     text: Words = Field(min_length=1, max_length=4000)
-    author: str | None = None
+    author: Actor | None = None
 
 
 class ChangeBudget(Request):
@@ -181,33 +208,33 @@ class ChangeBudget(Request):
     type: Literal["change_budget"] = "change_budget"
     goal_id: RowId
     change: Words = Field(min_length=1, max_length=200)
-    by: str | None = None
+    by: Actor | None = None
 
 
 class Stop(Request):
     type: Literal["stop"] = "stop"
     goal_id: RowId
-    by: str | None = None
+    by: Actor | None = None
     reason: str = ""
 
 
 class Pause(Request):
     type: Literal["pause"] = "pause"
     goal_id: RowId
-    by: str | None = None
+    by: Actor | None = None
 
 
 class Resume(Request):
     type: Literal["resume"] = "resume"
     goal_id: RowId
-    by: str | None = None
+    by: Actor | None = None
 
 
 class Decide(Request):
     type: Literal["decide"] = "decide"
     approval_id: RowId
     approve: bool
-    by: str | None = None
+    by: Actor | None = None
     comment: str | None = None
 
 
@@ -477,7 +504,26 @@ class RevertSkill(Request):
 
     type: Literal["revert_skill"] = "revert_skill"
     commit: str = Field(pattern=r"^[0-9a-f]{4,40}$")
-    by: str | None = None
+    by: Actor | None = None
+
+
+INPUT_CHUNK = 512 * 1024  # bytes of a file in one PutInput (base64 makes it ~700 kB of a line)
+
+
+class PutInput(Request):
+    """A chunk of a file for a goal's agent (runner/inputs.py): written into its workspace's
+    `inputs/` under a safe name; the last chunk makes it whole and tells the agent in its inbox.
+    `size`: the whole file's bytes; `data`: this chunk, base64. Operators only; audited."""
+
+    type: Literal["put_input"] = "put_input"
+    goal_id: RowId
+    name: str = Field(min_length=1, max_length=255)
+    size: int = Field(ge=1, le=wire.INT64_MAX)
+    offset: int = Field(default=0, ge=0, le=wire.INT64_MAX)
+    data: str = Field(max_length=(INPUT_CHUNK * 4) // 3 + 4)
+    last: bool = True
+    mimetype: str | None = Field(default=None, max_length=200)
+    by: Actor | None = None
 
 
 AnyRequest = Annotated[
@@ -493,6 +539,7 @@ AnyRequest = Annotated[
     | Prune
     | SkillLog
     | RevertSkill
+    | PutInput
     | SkillEdit
     | Status
     | Summary

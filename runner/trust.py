@@ -2,9 +2,11 @@
 
 - An **operator** is a connection on the operator socket from a configured account, or a member of
   a configured group (the socket's peer credentials, SO_PEERCRED; `GOALTENDER_OPERATORS`, default:
-  the runner's own user; runner/operators.py). Any other uid is refused at hello. An operator may make every request; the names it gives (`by`, `author`,
-  `owner`: the bot's "slack:U123") are recorded as "<name> via <client> (uid N)", so the record
-  says who vouched for them.
+  the runner's own user; runner/operators.py). Any other uid is refused at hello. An operator may
+  make every request; the people it acts for (`by`, `author`, `owner`: the bot's Slack user, a
+  protocol Person) are recorded in the audit trail as "<kind:id (name)> via <client> (uid N)", so
+  the record says who vouched for them; the text the runner writes for people and agents (a steer's
+  author, "stopped by …") names them by name only.
 - The **agent of goal N** is any connection on goal N's own socket (settings.agent_socket): the
   capability the runner hands to that goal's agent and experiments, and to nothing else. It may use
   the agent verbs and read its own goal, and nothing more: deciding approvals, budgets, steering,
@@ -39,13 +41,23 @@ class Principal:
     def is_agent(self) -> bool:
         return self.goal_id is not None
 
-    def actor(self, claimed: str | None = None) -> str:
-        """Who to record as acting; `claimed` is whom an operator says it acts for."""
+    def actor(self, claimed: p.Actor | None = None) -> str:
+        """Who to record as acting (the audit trail's exact form); `claimed` is whom an operator
+        says it acts for."""
         if self.goal_id is not None:
             return f"agent of goal {self.goal_id}"
+        if isinstance(claimed, p.Person):
+            return f"{claimed.record()} via {self.client} (uid {self.uid})"
         if claimed:
             return f"{claimed} via {self.client} (uid {self.uid})"
         return f"uid {self.uid} ({user_name(self.uid)})"
+
+    def said(self, claimed: p.Actor | None = None) -> str:
+        """Who acted, as text people and agents read (a steer's author, "stopped by …"): a Person
+        by their name; an older client's plain claim as the audit trail has it."""
+        if isinstance(claimed, p.Person) and self.goal_id is None:
+            return claimed.said()
+        return self.actor(claimed)
 
     def cursor_name(self) -> str:
         """Where `ack` keeps this client's position: an agent cannot move another client's."""
@@ -110,6 +122,7 @@ PEOPLE_ONLY: dict[type[p.Request], str] = {
     p.Prune: "prune the runner's history: operators do, with `goaltender prune`",
     p.SkillLog: "read the skill folder's history: operators do, with `goaltender skills log`",
     p.RevertSkill: "revert skill edits: operators do, with `goaltender skills revert COMMIT`",
+    p.PutInput: "give goals files: people do, by attaching them in the goal's thread",
 }
 
 

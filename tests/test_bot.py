@@ -84,8 +84,8 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
     answer = await late.wait_for_ephemeral()
     assert "Already decided" in answer.text and "approved by <@U0ALICE>" in answer.text
 
-    # Any other reply steers: it reaches the agent's inbox and gets 👀.
-    steer = await fake.user_replies(general, card.ts, "focus on lr", user=ALICE)
+    # `steer: …` steers: it reaches the agent's inbox and gets 👀.
+    steer = await fake.user_replies(general, card.ts, "steer: focus on lr", user=ALICE)
     await eventually(
         lambda: (out / "inbox.txt").exists() and "focus on lr" in (out / "inbox.txt").read_text()
     )
@@ -104,7 +104,7 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
     await fake.wait_for(lambda: "stopped" in blocks_text(fake.message(general, card.ts)), 10)
 
     # A reply to a finished goal gets a clear answer.
-    late_reply = await fake.user_replies(general, card.ts, "one more idea?", user=ALICE)
+    late_reply = await fake.user_mentions_bot(general, "one more idea?", user=ALICE, thread_ts=card.ts)
     finished = await fake.wait_for_message(
         general, thread_ts=card.ts, text="Start a new one", after=late_reply.ts, timeout=10
     )
@@ -134,8 +134,8 @@ async def test_mention_starts_one_goal(fake, make_bot, start_runner, tmp_path):
     cards = [m for m in fake.messages(fake.general) if m.bot_id and "Goal #" in m.text]
     assert cards == [card, second]
     status = await bot.pool["box"].call(p.Status, p.StatusReply)
-    # The runner hears of each owner as a Slack user (`slack:U…`, perhaps "via" the bot).
-    assert [s.goal.owner.split()[0] for s in status.goals] == [f"slack:{ALICE}", f"slack:{BOB}"]
+    # The runner hears of each owner by the name Slack shows (users.info), not a user id.
+    assert [s.goal.owner for s in status.goals] == ["alice", "bob"]
     assert "tune the lr" in status.goals[0].goal.text and "<@" not in status.goals[0].goal.text
 
 
@@ -185,7 +185,7 @@ async def test_a_runner_named_like_a_key_part_routes_replies_and_failures(
     res = await fake.slash_command("/goal", "tune the lr", fake.general, ALICE)
     assert f"goal #1 on {name}" in (await res.wait_for_ephemeral(timeout=10)).text.lower()
     card = await fake.wait_for_message(fake.general, text="Goal #1")
-    steer = await fake.user_replies(fake.general, card.ts, "try lr 3e-4", user=ALICE)
+    steer = await fake.user_replies(fake.general, card.ts, "steer: try lr 3e-4", user=ALICE)
     await fake.wait_for(lambda: fake.message(fake.general, steer.ts).reacted("eyes", fake.bot_user_id), 10)
     assert [m.text for m in await runner.store.read_inbox(1, unread_only=False)] == ["try lr 3e-4"]
 

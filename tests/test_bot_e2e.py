@@ -353,21 +353,21 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box, caplog):
     await fake.wait_for(lambda: "Approved" in blocks_text(prompt) and not prompt.action_ids(), 15)
     assert "<@U0ALICE>" in blocks_text(prompt)
 
-    # A reply steers: 👀 on it, the runner logs it, and the agent reads it from its inbox and
+    # `steer: …` steers: 👀 on it, the runner logs it, and the agent reads it from its inbox and
     # narrows its search.
-    steer = await fake.user_replies(general, card.ts, "only tune train_size and iters", user=ALICE)
+    steer = await fake.user_replies(general, card.ts, "steer: only tune train_size and iters", user=ALICE)
     await fake.wait_for(lambda: fake.message(general, steer.ts).reacted("eyes", fake.bot_user_id), 30)
     logged = await runner_reached(runner, 1, lambda d: isinstance(d, SteerReceived))
     message = logged.data.message
-    assert (render.slack_user(message.author), message.text) == (ALICE, "only tune train_size and iters")
+    assert (message.author, message.text) == ("alice", "only tune train_size and iters")
     applied = await fake.wait_for_message(
-        general, thread_ts=card.ts, text="Milestone: Steer from slack:U0ALICE", timeout=90
+        general, thread_ts=card.ts, text="Milestone: Steer from alice", timeout=90
     )
-    # The agent's milestone names her as the runner recorded her, as text: agents ping nobody
+    # The agent's milestone names her by her name, as text: agents ping nobody
     # (the steer's own 👀 and "delivered" note told her).
     assert "Applied: searching only train_size, iters" in blocks_text(applied) and "<@" not in applied.text
     [inbox] = await runner.store.db.fetchall("SELECT author, text, read_at FROM inbox WHERE goal_id = 1")
-    assert render.slack_user(inbox["author"]) == ALICE and inbox["read_at"] is not None  # the agent took it
+    assert inbox["author"] == "alice" and inbox["read_at"] is not None  # the agent took it
 
     # The baseline's ledger row (the runner's own evaluation) and the campaign plot.
     row = await fake.wait_for_message(general, thread_ts=card.ts, text="#1 keep", timeout=60)
@@ -580,7 +580,7 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     for envelope in list(mention.envelopes):
         await (await fake.redeliver(envelope)).wait_acked()
 
-    steer = await fake.user_replies(general, card.ts, "freeze resolution", user=ALICE)
+    steer = await fake.user_mentions_bot(general, "freeze resolution", user=ALICE, thread_ts=card.ts)
     await fake.wait_for(lambda: fake.message(general, steer.ts).reacted("eyes", fake.bot_user_id), 30)
     await (await fake.redeliver(steer.envelopes[0])).wait_acked()
 
@@ -592,7 +592,7 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     await eventually(bot.outbox.idle, 60)
 
     goals = await runner.store.list_goals()
-    assert [(g.id, render.slack_user(g.owner)) for g in goals] == [(1, ALICE), (2, BOB)]
+    assert [(g.id, g.owner) for g in goals] == [(1, "alice"), (2, "bob")]  # by name (users.info)
     cards = [m for m in fake.messages(general) if m.bot_id and metadata_key(m)]
     assert [metadata_key(m) for m in cards] == [str(CardKey(RUNNER, 1)), str(CardKey(RUNNER, 2))]
     acks = defaultdict(list)

@@ -37,12 +37,12 @@ async def test_a_goal_queues_while_no_runner_is_up_and_starts_when_one_is(
     assert "tune the lr" in blocks_text(card)
     await fake.wait_for(lambda: "Started as *goal #1*" in blocks_text(queued), 10)
     status = await bot.pool["box"].call(p.Status, p.StatusReply)
-    assert [(s.goal.id, s.goal.owner.split()[0]) for s in status.goals] == [(1, f"slack:{ALICE}")]
+    assert [(s.goal.id, s.goal.owner) for s in status.goals] == [(1, "alice")]
     assert await bot.store.queued_goals() == []
     [done] = await bot.store.queued_goals("submitted")
     assert (done.goal_runner, done.goal_id) == ("box", 1)
-    # Its thread works like any other: a reply steers the goal.
-    await fake.user_replies(fake.general, card.ts, "try lr 3e-4 first", user=ALICE)
+    # Its thread works like any other: `steer: …` steers the goal.
+    await fake.user_replies(fake.general, card.ts, "steer: try lr 3e-4 first", user=ALICE)
     inbox = await eventually(lambda: runner.store.read_inbox(1, unread_only=False))
     assert [m.text for m in inbox] == ["try lr 3e-4 first"]
 
@@ -56,13 +56,18 @@ async def test_a_queued_goal_stopped_in_its_thread_never_starts(
     await fake.slash_command("/goal", "tune the lr, max 2 experiments", general, ALICE)
     queued = await fake.wait_for_message(general, text="Queued goal")
 
-    # Bob may not stop it; what is no `stop` is answered (nobody hears it yet); both only to them.
+    # Bob may not stop it; what is meant for the goal but no `stop` is answered (nobody hears it
+    # yet); both only to them. Talk between people is left alone.
     await fake.user_replies(general, queued.ts, "stop", user=BOB)
     refused = await fake.wait_for(lambda: [e for e in fake.ephemerals(BOB) if e.thread_ts == queued.ts], 10)
     assert "Only <@U0ALICE> (the owner) or an approver can stop queued goal q1" in refused[0].text
-    await fake.user_replies(general, queued.ts, "try lr 3e-4 first", user=ALICE)
+    talk = await fake.user_replies(general, queued.ts, "shall we wait for the runner?", user=BOB)
+    await fake.user_replies(general, queued.ts, "steer: try lr 3e-4 first", user=ALICE)
     told = await fake.wait_for(lambda: [e for e in fake.ephemerals(ALICE) if e.thread_ts == queued.ts], 10)
     assert "queued, waiting for a runner" in told[0].text and "`stop` here cancels it" in told[0].text
+    await eventually(bot.outbox.idle)
+    assert len([e for e in fake.ephemerals(BOB) if e.thread_ts == queued.ts]) == 1  # the refused stop only
+    assert fake.message(general, talk.ts).reactions == {}
 
     # Alice stops it: said in its thread, and on its card.
     await fake.user_replies(general, queued.ts, "stop.", user=ALICE)

@@ -29,7 +29,7 @@ async def test_limits_that_cannot_be_are_refused_in_slack(fake, make_bot, start_
     for words, says in [
         ("budget +0h", "an extension must be at least 1s"),
         ("budget +99999999h", "at most 365 days"),
-        ("please stop early, max 0 experiments", "the message was not delivered"),
+        ("steer: please stop early, max 0 experiments", "the message was not delivered"),
     ]:
         await fake.user_replies(general, card.ts, words, user=ALICE)
         answer = await fake.wait_for_message(general, thread_ts=card.ts, text=says, timeout=10)

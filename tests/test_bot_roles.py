@@ -57,7 +57,7 @@ async def test_a_non_owner_is_refused_and_the_owners_work_goes_on(fake, make_bot
     # each refused with a message only he sees, in the thread.
     replies = [
         await fake.user_replies(general, card.ts, text, user=BOB)
-        for text in ("stop", "pause", "budget +2h", "try a bigger lr")
+        for text in ("stop", "pause", "budget +2h", "steer: try a bigger lr")
     ]
     refusals = await told_in_thread(fake, BOB, card.ts, "Only <@U0ALICE> (the owner) or an approver can", 4)
     # (Slack delivers the four replies at once; the bot answers each as it is handled.)
@@ -74,12 +74,12 @@ async def test_a_non_owner_is_refused_and_the_owners_work_goes_on(fake, make_bot
     await fake.wait_for_message(general, thread_ts=card.ts, text="Status now", timeout=10)
 
     # The owner steers; an approver pauses and resumes it.
-    steer = await fake.user_replies(general, card.ts, "try a bigger lr", user=ALICE)
+    steer = await fake.user_replies(general, card.ts, "steer: try a bigger lr", user=ALICE)
     await fake.wait_for(lambda: fake.message(general, steer.ts).reacted("eyes", fake.bot_user_id), 10)
     assert [m.text for m in await runner.store.read_inbox(1, unread_only=False)] == ["try a bigger lr"]
-    # The runner records who acted: "slack:U0ALICE" (and, as it authenticates the bot, "via …").
+    # The runner (and so the agent) hears of who acted by name, not by Slack id.
     [message] = await runner.store.read_inbox(1, unread_only=False)
-    assert message.author.startswith(f"slack:{ALICE}")
+    assert message.author == "alice"
     await fake.user_replies(general, card.ts, "pause", user=CAROL)
     paused = await fake.wait_for_message(general, thread_ts=card.ts, text="is now *paused*", timeout=10)
     assert "paused by <@U0CAROL>" in blocks_text(paused) and "slack:" not in blocks_text(paused)
@@ -148,7 +148,7 @@ async def test_a_big_budget_increase_waits_for_a_second_person(
 
     # Steering whose words the runner would read as a budget change is held the same way; a
     # rejection drops it, and the agent never hears of it.
-    await fake.user_replies(general, card.ts, "keep going, budget 10h", user=ALICE)
+    await fake.user_replies(general, card.ts, "steer: keep going, budget 10h", user=ALICE)
     second = await fake.wait_for_message(
         general, thread_ts=card.ts, text="budget 10h", where=lambda m: bool(m.action_ids()), timeout=10
     )

@@ -59,6 +59,15 @@ REQUESTS = [
     p.SkillLog(id=34, limit=5),
     p.RevertSkill(id=35, commit="abc1234", by="ana"),
     p.Prune(id=36, days=30, dry_run=True),
+    p.PutInput(
+        id=37,
+        goal_id=1,
+        name="paper.pdf",
+        size=5,
+        data="JVBERi0=",
+        by=p.Person(kind="slack", id="U1", name="Ana"),
+    ),
+    p.Steer(id=38, goal_id=1, text="try lr 3e-4", author=p.Person(kind="slack", id="U1")),
 ]
 
 

@@ -33,6 +33,8 @@ What it enforces, as Slack does (errors are HTTP 200 + {"ok": false, "error": ..
 - views.publish: `view` a JSON object of type "home" (up to 100 blocks, validated as above with
   pointers under /view, 250 kB) for a known user, else invalid_arguments; not_enabled when
   `home_tab_enabled` is off; hash_conflict when `hash` is not the published view's.
+- files: files.info needs files:read (else missing_scope); url_private(_download) serves a file's
+  bytes to the bot token of an app with files:read, and redirects anyone else to sign-in (302).
 - users.info: is_admin / is_owner / is_primary_owner as set by add_user(..., is_admin=, is_owner=)
   (or on fake.users[id]); owners are admins too.
 - scopes: conversations.info needs channels:read / groups:read / im:read / mpim:read for the
@@ -60,6 +62,7 @@ Scripting (async methods; users default to alice U0ALICE, channels accept id, na
     msg = await fake.user_replies(ch, thread_ts, text, user)     # thread reply
     msg = await fake.user_mentions_bot(ch, text, user)           # app_mention AND message, one message
     env = await fake.user_reacts(ch, ts, "+1::skin-tone-3", user)
+    msg = await fake.user_shares_file(ch, thread_ts, "paper.pdf", b"%PDF-1.7 ...", text, user)  # file_share
     res = await fake.slash_command("/goal", text, ch, user)     # waits for the ack; res.responses,
     res = await fake.click_button(ch, ts, "approve", None, user) #   res.ephemerals, res.wait_for_response()
     env = await fake.user_opens_home(user)                      # app_home_opened; fake.home_views[user]

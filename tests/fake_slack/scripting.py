@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from .blocks import _interactive_elements, _rich_text
-from .records import ALICE, Envelope, Interaction, Message, _ResponseUrl
+from .records import ALICE, Envelope, File, Interaction, Message, _ResponseUrl
 
 
 class Scripting:
@@ -64,6 +64,45 @@ class Scripting:
         Bolt's IgnoringSelfEvents does not drop."""
         self._ensure_user(user, is_bot=True)
         return await self._user_message(channel, text, user=user, thread_ts=thread_ts, bot_id=bot_id)
+
+    async def user_shares_file(
+        self,
+        channel: str,
+        thread_ts: str,
+        name: str,
+        content: bytes,
+        text: str = "",
+        user: str = ALICE,
+    ) -> Message:
+        """A user attaches a file to a reply in a thread: a `file_share` message whose `files`
+        hold the file object (url_private_download for the bot to fetch with its token)."""
+        ch = self.channel(channel)
+        self._ensure_user(user)
+        ch.members.add(user)
+        fid = f"F{next(self._ids):09d}FAKE"
+        ts = self._next_ts()
+        f = File(id=fid, name=name, length=len(content), user=user, content=content, completed=True)
+        f.created = int(float(ts))
+        f.shares[ch.id] = [
+            {"ts": ts, "channel_name": ch.name, "team_id": self.team_id, "thread_ts": thread_ts}
+        ]
+        self.files[fid] = f
+        msg = Message(
+            channel=ch.id,
+            ts=ts,
+            text=text,
+            user=user,
+            blocks=_rich_text(text) if text else None,
+            client_msg_id=str(uuid.uuid4()),
+            subtype="file_share",
+        )
+        self._insert(ch, msg, thread_ts)
+        msg.files = [self._file_object(f, with_shares=False)]
+        env = await self._deliver_event(self._message_event(msg, ch), ch)
+        if env is not None:
+            msg.envelopes.append(env)
+        self._notify()
+        return msg
 
     async def user_reacts(self, channel: str, ts: str, name: str, user: str = ALICE) -> Envelope | None:
         """reaction_added (names like "+1::skin-tone-3" pass through as Slack sends them)."""

@@ -613,6 +613,7 @@ class WebApi:
         return {"files": [{"id": f.id, "title": f.title} for f, _ in files]}
 
     async def _files_info(self, p: dict) -> dict:
+        self._require_scope("files:read")
         f = self.files.get(str(p.get("file") or ""))
         if f is None or not f.completed:
             raise SlackError("file_not_found")
@@ -621,6 +622,26 @@ class WebApi:
             "comments": [],
             "response_metadata": {"next_cursor": ""},
         }
+
+
+class FileDownloads:
+    """url_private / url_private_download, as Slack serves them: the bytes to a request carrying the
+    bot token (Authorization: Bearer) of an app with files:read; anyone else is redirected to the
+    sign-in page (HTTP 302), as Slack does, rather than refused."""
+
+    async def _handle_file_download(self, request: web.Request) -> web.StreamResponse:
+        token = self._token_of(request, {})
+        fid = request.match_info["team_file"].rsplit("-", 1)[-1]
+        f = self.files.get(fid)
+        call = Call("files-pri", {"file": fid}, token, time.monotonic())
+        self.api_calls.append(call)
+        if token != self.bot_token or "files:read" not in self.scopes.split(","):
+            call.status = 302
+            raise web.HTTPFound(f"https://{self.team_domain}.slack.com/?redir=%2Ffiles-pri%2F{fid}")
+        if f is None or f.content is None:
+            call.status = 404
+            raise web.HTTPNotFound()
+        return web.Response(body=f.content, content_type=f.mimetype)
 
 
 def _view_error(*messages: str) -> SlackError:

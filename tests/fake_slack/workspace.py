@@ -37,7 +37,7 @@ from .records import (
     _ResponseUrl,
 )
 from .scripting import Scripting
-from .web_api import WebApi
+from .web_api import FileDownloads, WebApi
 
 # Mirrors settings.event_subscriptions.bot_events in manifest.yml.
 DEFAULT_BOT_EVENTS = (
@@ -49,11 +49,11 @@ DEFAULT_BOT_EVENTS = (
 )
 DEFAULT_SCOPES = (
     "app_mentions:read,channels:history,channels:read,groups:history,groups:read,chat:write,commands,"
-    "files:write,reactions:read,reactions:write,users:read"
+    "files:read,files:write,reactions:read,reactions:write,users:read"
 )
 
 
-class FakeSlack(Scripting, Delivery, WebApi, Arguments, Payloads):
+class FakeSlack(Scripting, Delivery, WebApi, FileDownloads, Arguments, Payloads):
     def __init__(
         self,
         *,
@@ -164,6 +164,8 @@ class FakeSlack(Scripting, Delivery, WebApi, Arguments, Payloads):
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_post("/upload/v1/{file_id}", self._handle_upload)
+        app.router.add_get("/files-pri/{team_file}/{name}", self._handle_file_download)
+        app.router.add_get("/files-pri/{team_file}/download/{name}", self._handle_file_download)
         app.router.add_post("/response/{rid}", self._handle_response_url)
         app.router.add_get("/link", self._handle_ws)
         app.router.add_get("/link/", self._handle_ws)
