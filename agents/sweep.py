@@ -33,6 +33,7 @@ from goaltender.agents.blocking import BlockingAgent, Misconfigured, PlainGoal, 
 from goaltender.display.params import format_params
 from goaltender.runner.noise import LOW_SIGNAL_ANSWER
 from goaltender.runner.quick_client import RunnerRefused
+from goaltender.storage.direction import best_of, reached
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
@@ -197,8 +198,7 @@ class Planner:
     def _pick(self, scored: list[tuple[Row, float]]) -> tuple[Row, float] | None:
         if not scored:
             return None
-        pick = max if self.task.direction == "maximize" else min
-        return pick(scored, key=lambda pair: pair[1])
+        return best_of(scored, lambda pair: pair[1], self.task.direction)
 
     def search_best(self, ledger: list[Row]) -> Row | None:
         """The config the next move starts from: the best kept row. After an untrained run, the
@@ -625,9 +625,7 @@ class SweepAgent(BlockingAgent):
         best = self.planner.best_scored(self.ledger)
         if self.goal_target is None or best is None:
             return False
-        if self.task.direction == "maximize":
-            return best[1] >= self.goal_target
-        return best[1] <= self.goal_target
+        return reached(best[1], self.goal_target, self.task.direction)
 
     def _plan_text(self) -> str:
         if not self.task.expect:

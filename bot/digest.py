@@ -36,6 +36,7 @@ from goaltender.display import plots
 from goaltender.display.facts import budget_line, format_duration, format_metric
 from goaltender.runner import protocol as p
 from goaltender.storage.bot_store import BotStore, Digest, OutboxKind, Thread
+from goaltender.storage.direction import best_of, better
 from goaltender.storage.records import Experiment, utcnow
 
 log = logging.getLogger("goaltender.bot.digest")
@@ -368,8 +369,8 @@ def _best_line(status: p.GoalStatus, ledger: list[Experiment], since: datetime) 
         return text
     if not earlier:
         return text + " (new since the last digest)"
-    before = max(earlier) if status.goal.direction == "maximize" else min(earlier)
-    if before == best.metric_value:
+    before = best_of(earlier, float, status.goal.direction)
+    if before is None or before == best.metric_value:
         return text + " (unchanged since the last digest)"
     arrow = "↑" if best.metric_value > before else "↓"
     return text + f" ({arrow} from {format_metric(metric, before)} at the last digest)"
@@ -389,7 +390,7 @@ def _best_so_far(ledger: list[Experiment], direction: str) -> Series:
     for e in sorted(ledger, key=lambda e: e.index):
         if not e.finished or e.metric_value is None:
             continue
-        if best is None or (e.metric_value > best if direction == "maximize" else e.metric_value < best):
+        if best is None or better(e.metric_value, best, direction):
             best = e.metric_value
         points.append((float(e.index), best))
     return points

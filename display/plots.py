@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from goaltender.display.facts import format_metric, is_percent_metric
+from goaltender.storage.direction import better
 from goaltender.storage.records import Experiment
 
 __all__ = [
@@ -111,10 +112,6 @@ def save_figure(fig: Figure, path: str | os.PathLike[str]) -> Path:
 
 
 # ---- the campaign chart ----
-
-
-def _is_better(a: float, b: float, direction: str) -> bool:
-    return a > b if direction == "maximize" else a < b
 
 
 def campaign_figure(
@@ -237,7 +234,7 @@ def campaign_figure(
         xs: list[float] = []
         ys: list[float] = []
         for e, v in scored:
-            if best is None or _is_better(v, best[1], direction):
+            if best is None or better(v, best[1], direction):
                 best = (e, v)
             xs.append(e.index)
             ys.append(best[1])

@@ -62,6 +62,7 @@ from goaltender.runner.supervisor import (
     terminate_group,
     wait_process,
 )
+from goaltender.storage.direction import better
 from goaltender.storage.records import (
     AGENT_LOG,
     TERMINAL_STATES,
@@ -1525,7 +1526,7 @@ def _beats(value: float, best: Experiment | None, direction: str) -> bool:
     """Is `value` better than the best so far, in the goal's direction?"""
     if best is None or best.metric_value is None:
         return True
-    return value > best.metric_value if direction == "maximize" else value < best.metric_value
+    return better(value, best.metric_value, direction)
 
 
 async def _ignore(placement: Placement) -> None:

@@ -12,6 +12,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from goaltender.storage.direction import reached
+
 LOW_SIGNAL_ANSWER = "On the low-signal prompt"  # how the humans' answer reaches the agent's inbox
 Z95 = 1.959964  # the normal quantile of a two-sided 95% interval
 SAMPLE_SIZE_KEYS = ("n", "n_heldout", "n_eval", "n_examples")
@@ -64,7 +66,7 @@ def within_noise(found: Interval | None, previous_best: float | None, direction:
     """Is the gain over `previous_best` inside the new result's interval?"""
     if found is None or previous_best is None:
         return False
-    return previous_best >= found.low if direction == "maximize" else previous_best <= found.high
+    return reached(previous_best, found.low if direction == "maximize" else found.high, direction)
 
 
 FLAT = 0.01  # a loss curve that moved less than this share of its start "has not moved"

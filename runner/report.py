@@ -8,6 +8,7 @@ from pathlib import Path
 
 from goaltender.display.params import format_params
 from goaltender.runner.budget import stop_status
+from goaltender.storage.direction import best_of, reached
 from goaltender.storage.records import Experiment, Goal, HubFetch
 
 # A summary line a run prints to name its best checkpoint, `best_checkpoint_step: 240` (the NeMo RL
@@ -17,11 +18,8 @@ BEST_CHECKPOINT_STEP = "best_checkpoint_step"
 
 def best_experiment(experiments: list[Experiment], direction: str = "maximize") -> Experiment | None:
     """The kept experiment with the best headline (the first of equals)."""
-    scored = [(e.metric_value, e) for e in experiments if e.status == "keep" and e.metric_value is not None]
-    if not scored:
-        return None
-    pick = max if direction == "maximize" else min
-    return pick(scored, key=lambda scored_experiment: scored_experiment[0])[1]
+    kept = [e for e in experiments if e.status == "keep" and e.metric_value is not None]
+    return best_of(kept, lambda e: e.metric_value or 0.0, direction)
 
 
 def best_checkpoint(experiment: Experiment) -> str | None:
@@ -162,9 +160,7 @@ def target_reached(goal: Goal, best: Experiment | None) -> bool:
     """Has the goal's best experiment reached the target its text set (`to 95%`)?"""
     if goal.target is None or best is None or best.metric_value is None:
         return False
-    return (
-        best.metric_value >= goal.target if goal.direction == "maximize" else best.metric_value <= goal.target
-    )
+    return reached(best.metric_value, goal.target, goal.direction)
 
 
 def goal_stop_status(

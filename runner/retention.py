@@ -27,6 +27,7 @@ from typing import Any, TypeGuard
 
 from goaltender.runner.disk_usage import format_bytes, open_dir, opened_dir, tree_bytes
 from goaltender.runner.report import BEST_CHECKPOINT_STEP
+from goaltender.storage.direction import sign
 from goaltender.storage.records import Experiment
 from goaltender.training.checkpoints import STEP_DIR, Checkpoint, info_key
 
@@ -124,10 +125,15 @@ Rank = tuple[bool, float, int, bool, int]
 def _rank(direction: str) -> Callable[[Candidate], Rank]:
     """Best first: scored before unscored; then the earlier experiment (as report.best_experiment
     takes the first of equals), and within one the later step (as NeMo RL does)."""
-    sign = -1.0 if direction == "maximize" else 1.0
 
     def key(c: Candidate) -> Rank:
-        return (c.score is None, sign * (c.score or 0.0), c.experiment, not c.named, -c.checkpoint.step)
+        return (
+            c.score is None,
+            -sign(direction) * (c.score or 0.0),
+            c.experiment,
+            not c.named,
+            -c.checkpoint.step,
+        )
 
     return key
 

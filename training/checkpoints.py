@@ -16,10 +16,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeGuard
+from typing import Any, TypeGuard
+
+from goaltender.storage.direction import Direction, sign
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
-Direction = Literal["maximize", "minimize"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,7 @@ def best_checkpoint(
             scored.append(Best(checkpoint, float(value)))
     if not scored:
         return None
-    sign = 1 if direction == "maximize" else -1
-    return max(scored, key=lambda best: (sign * best.value, best.checkpoint.step))
+    return max(scored, key=lambda best: (sign(direction) * best.value, best.checkpoint.step))
 
 
 def _is_number(value: object) -> TypeGuard[int | float]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.report import BEST_CHECKPOINT_STEP
+from goaltender.storage.direction import sign
 from goaltender.storage.records import Curves, MetricPoint
 from goaltender.training import tb_events
 from goaltender.training.checkpoints import (
@@ -281,8 +282,7 @@ async def pass_through(stream: asyncio.StreamReader, parser: StdoutMetrics) -> N
 def best_in_series(series: Mapping[int, float], direction: Direction) -> tuple[int, float] | None:
     if not series:
         return None
-    sign = 1 if direction == "maximize" else -1
-    return max(series.items(), key=lambda step_value: (sign * step_value[1], step_value[0]))
+    return max(series.items(), key=lambda step_value: (sign(direction) * step_value[1], step_value[0]))
 
 
 async def finish(
