@@ -650,6 +650,18 @@ def _any_in(nodes: tuple[Any, ...], haystack: Any) -> bool:
     )
 
 
+def _database(expressions: list[bytes], *, literal: bool) -> Any:
+    """A compiled Hyperscan block-mode database that stops at a block's first match."""
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(
+        expressions=expressions,
+        ids=list(range(len(expressions))),
+        flags=hyperscan.HS_FLAG_SINGLEMATCH,
+        literal=literal,
+    )
+    return database
+
+
 class _LiteralScanner:
     """Hyperscan over a set of byte strings: does a block hold any of them?"""
 
@@ -670,17 +682,9 @@ class _LiteralScanner:
         error: Exception | None = None
         for expressions, literal in ((patterns, False), (literals, True)):
             try:
-                database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-                database.compile(
-                    expressions=expressions,
-                    ids=list(range(len(expressions))),
-                    flags=hyperscan.HS_FLAG_SINGLEMATCH,
-                    literal=literal,
-                )
+                return cls(_database(expressions, literal=literal))
             except hyperscan.HyperscanError as exc:  # e.g. a CPU without the instructions it needs
                 error = exc
-                continue
-            return cls(database)
         log.warning("Hyperscan cannot compile the redaction needles (%s); using str search", error)
         return None
 
@@ -690,16 +694,10 @@ class _LiteralScanner:
         if hyperscan is None:
             return None
         try:
-            database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-            database.compile(
-                expressions=expressions,
-                ids=list(range(len(expressions))),
-                flags=hyperscan.HS_FLAG_SINGLEMATCH,
-            )
+            return cls(_database(expressions, literal=False))
         except hyperscan.HyperscanError as exc:
             log.warning("Hyperscan cannot compile the redaction's escape check (%s); using re", exc)
             return None
-        return cls(database)
 
     def finds_any(self, data: bytes) -> bool:
         scratch = getattr(self._scratch, "space", None)
