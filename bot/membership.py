@@ -6,7 +6,8 @@ Slack's conversations.info says it (`is_member`; a private channel the bot is no
 channel_not_found to it); needs channels:read / groups:read. A yes is remembered for a minute;
 a no is not, so a goal asked for right after `/invite` goes ahead. When Slack cannot say (no
 scope, not reachable), the goal goes ahead: should its card then be refused, the goal is stopped
-and its owner told (Intake.on_outbox_failed).
+and its owner told (Intake.on_outbox_failed). But when Slack refuses the bot's token (revoked, the
+app uninstalled), or already did, that is no "cannot tell": TokenRefused, and nothing starts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import render
+from goaltender.bot.slack_client import ACCESS_LOST_ERRORS, AuthWatch
 from goaltender.bot.slack_errors import NETWORK_ERRORS, api_error, failure_of
+from goaltender.bot.tokens import TokenRefused
 
 log = logging.getLogger("goaltender.bot.membership")
 
@@ -26,8 +29,9 @@ MEMBER_TTL_S = 60.0
 
 
 class Membership:
-    def __init__(self, client: AsyncWebClient, *, ttl_s: float = MEMBER_TTL_S):
+    def __init__(self, client: AsyncWebClient, auth: AuthWatch, *, ttl_s: float = MEMBER_TTL_S):
         self.client = client
+        self.auth = auth
         self.ttl = ttl_s
         self.name = "goaltender"
         """The bot's name in Slack, for "/invite @name" (set from auth.test when the bot starts)."""
@@ -35,7 +39,10 @@ class Membership:
         self._scope_missing_said = False
 
     async def is_member(self, channel: str) -> bool | None:
-        """Whether the bot is in `channel`; None when Slack cannot say."""
+        """Whether the bot is in `channel`; None when Slack cannot say. TokenRefused when Slack
+        refuses the bot's token (the bot is stopping)."""
+        if self.auth.lost is not None:
+            raise self.auth.lost
         said_yes = self._member_since.get(channel)
         if said_yes is not None and time.monotonic() - said_yes < self.ttl:
             return True
@@ -62,6 +69,8 @@ class Membership:
 
     def _unknown_or_not(self, channel: str, exc: SlackApiError) -> bool | None:
         error = api_error(exc)
+        if error in ACCESS_LOST_ERRORS:
+            raise TokenRefused("SLACK_BOT_TOKEN", str(error)) from exc
         if error == "channel_not_found":  # a private channel (or a DM) the bot is not in
             self._member_since.pop(channel, None)
             return False
