@@ -50,7 +50,8 @@ class AuthWatch:
         if self.lost is not None:
             return
         self.lost = TokenRefused(variable, error)
-        log.error("Slack took the bot's access away: %s", self.lost)
+        # (Info: the line that names the variable is the one the bot ends with.)
+        log.info("Slack said %s: the bot stops", error)
         self._lost.set()
 
     async def wait(self) -> TokenRefused:
