@@ -8,11 +8,14 @@ the channel before posting again.
 Nothing ends it and nothing fails silently. Every failed write is logged with its cause (what Slack
 or the network said, the channel, the write's kind and key) and tried again: after a 429's
 Retry-After, or with exponential backoff (capped) after a 5xx, a dropped connection, a timeout or a
-failed upload. A channel waiting to try again does not hold up the others. A write Slack refuses
-for good (not_in_channel, invalid_arguments, ...) or that fails `max_attempts` times is parked
-(bot.db state 'failed') with a note in its goal's thread, or its channel, saying what was not
-delivered and why; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain
-text. The send loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its
+failed upload. Each channel's writes go in a lane of their own (a task, one write in flight per
+channel): a channel waiting to try again, or whose call hangs until the session's deadline
+(bot/slack_client.py), does not hold up the others. A write Slack refuses for good
+(invalid_arguments, ...) or that fails `max_attempts` times is parked (bot.db state 'failed') with
+a note in its goal's thread, or its channel, saying what was not delivered and why (a channel that
+is gone takes no note: `on_failed` pauses its goals and tells their owners, bot/gone_channels.py);
+a write refused because the bot's token is (revoked, the app uninstalled) is kept for the next
+start; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain text. The send loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its
 traceback and the loop starts again after a pause.
 
 Payloads may refer to earlier posts by key instead of by ts (`in_thread`, `editing`, `replacing`),

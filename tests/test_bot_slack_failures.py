@@ -122,6 +122,14 @@ async def test_a_token_revoked_mid_run_stops_the_bot_and_starts_no_goal(fake, ga
     assert await _writes_parked(tmp_path / "bot-home") == 0
 
 
+async def test_an_app_token_revoked_stops_the_bot_when_socket_mode_reconnects(fake, gated, start_bot):
+    bot = await start_bot()
+    fake.revoke_token(fake.app_token, "token_revoked")
+    assert await fake.disconnect() == 1  # Slack's refresh: the client reconnects with the app token
+    assert await _exit_code(bot) == 2
+    _said_once(bot, "Slack refused the token in SLACK_APP_TOKEN (token_revoked)")
+
+
 async def test_the_app_uninstalled_stops_the_bot_naming_the_token(fake, gated, start_bot):
     bot = await start_bot()
     assert await fake.uninstall_app() is not None
