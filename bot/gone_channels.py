@@ -47,6 +47,8 @@ class GoneChannels:
         if error not in GONE_ERRORS or self._intakes(item, error):
             return
         threads = [t for t in await self.store.threads(channel=item.channel) if _going(t)]
+        if not threads:
+            return  # no goal going there (the parked write's own log line says what was lost)
         log.error(
             "slack: %s is gone for me (%s): pausing its %d goal(s) and telling their owners",
             item.channel,
