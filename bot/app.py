@@ -12,8 +12,9 @@ through the outbox.
 
 Before serving, the bot checks its tokens with Slack (a refused one stops it, naming the
 variable); a token refused later, on any call, or the app_uninstalled / tokens_revoked event, stops
-it the same way (bot/slack_client.py). Every Web API call has a deadline (GOALTENDER_SLACK_TIMEOUT_S). Its long-lived tasks (the outbox, the runner links, the health watcher) are watched:
-one that ends while the bot runs is logged as an error. Listeners' own calls to Slack (auth.test,
+it the same way (bot/slack_client.py). Every Web API call has a deadline (GOALTENDER_SLACK_TIMEOUT_S).
+Its long-lived tasks (the outbox, the runner links, the health watcher) are watched: one that ends
+while the bot runs is logged as an error. Listeners' own calls to Slack (auth.test,
 conversations.info, users.info, views.publish, ...) go through slack_sdk's retry handlers; the
 outbox's writes do not (it retries them itself, looking before posting again).
 

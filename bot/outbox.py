@@ -14,9 +14,10 @@ channel): a channel waiting to try again, or whose call hangs until the session'
 (invalid_arguments, ...) or that fails `max_attempts` times is parked (bot.db state 'failed') with
 a note in its goal's thread, or its channel, saying what was not delivered and why (a channel that
 is gone takes no note: `on_failed` pauses its goals and tells their owners, bot/gone_channels.py);
-a write refused because the bot's token is (revoked, the app uninstalled) is kept for the next
-start; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain text. The send loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its
-traceback and the loop starts again after a pause.
+a write refused because the bot's token is no longer good (revoked, the app uninstalled) is kept
+for the next start; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain text. The send
+loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its traceback and
+the loop starts again after a pause; a lane that fails so holds its channel for that pause.
 
 Payloads may refer to earlier posts by key instead of by ts (`in_thread`, `editing`, `replacing`),
 so a status-card update or a thread reply can be queued before the root message exists; and a
