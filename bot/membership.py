@@ -3,8 +3,9 @@ posted would have no thread, so `/goal` where the bot is not a member says "invi
 starts nothing.
 
 Slack's conversations.info says it (`is_member`; a private channel the bot is not in is
-channel_not_found to it); needs channels:read / groups:read. A yes is remembered for a minute;
-a no is not, so a goal asked for right after `/invite` goes ahead. When Slack cannot say (no
+channel_not_found to it); needs channels:read / groups:read. It is asked at every goal (nothing
+remembered): the answer also proves the bot's token still works, so a goal asked for right after
+`/invite` goes ahead, and none starts after the token was revoked. When Slack cannot say (no
 scope, not reachable), the goal goes ahead: should its card then be refused, the goal is stopped
 and its owner told (Intake.on_outbox_failed). But when Slack refuses the bot's token (revoked, the
 app uninstalled), or already did, that is no "cannot tell": TokenRefused, and nothing starts.
@@ -13,7 +14,6 @@ app uninstalled), or already did, that is no "cannot tell": TokenRefused, and no
 from __future__ import annotations
 
 import logging
-import time
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -25,17 +25,13 @@ from goaltender.bot.tokens import TokenRefused
 
 log = logging.getLogger("goaltender.bot.membership")
 
-MEMBER_TTL_S = 60.0
-
 
 class Membership:
-    def __init__(self, client: AsyncWebClient, auth: AuthWatch, *, ttl_s: float = MEMBER_TTL_S):
+    def __init__(self, client: AsyncWebClient, auth: AuthWatch):
         self.client = client
         self.auth = auth
-        self.ttl = ttl_s
         self.name = "goaltender"
         """The bot's name in Slack, for "/invite @name" (set from auth.test when the bot starts)."""
-        self._member_since: dict[str, float] = {}  # channel -> when Slack last said yes (monotonic)
         self._scope_missing_said = False
 
     async def is_member(self, channel: str) -> bool | None:
@@ -43,9 +39,6 @@ class Membership:
         refuses the bot's token (the bot is stopping)."""
         if self.auth.lost is not None:
             raise self.auth.lost
-        said_yes = self._member_since.get(channel)
-        if said_yes is not None and time.monotonic() - said_yes < self.ttl:
-            return True
         try:
             answer = await self.client.conversations_info(channel=channel)
         except SlackApiError as exc:
@@ -53,12 +46,7 @@ class Membership:
         except NETWORK_ERRORS as exc:
             log.warning("cannot tell whether I am in %s: %s", channel, failure_of(exc).reason)
             return None
-        member = bool((answer.get("channel") or {}).get("is_member"))
-        if member:
-            self._member_since[channel] = time.monotonic()
-        else:
-            self._member_since.pop(channel, None)
-        return member
+        return bool((answer.get("channel") or {}).get("is_member"))
 
     def invite_first(self, text: str) -> str:
         """The answer to a goal asked for where the bot is not a member."""
@@ -72,7 +60,6 @@ class Membership:
         if error in ACCESS_LOST_ERRORS:
             raise TokenRefused("SLACK_BOT_TOKEN", str(error)) from exc
         if error == "channel_not_found":  # a private channel (or a DM) the bot is not in
-            self._member_since.pop(channel, None)
             return False
         if error == "missing_scope":
             if not self._scope_missing_said:

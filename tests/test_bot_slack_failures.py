@@ -107,12 +107,11 @@ async def _writes_parked(bot_home) -> int:
 
 
 async def test_a_token_revoked_mid_run_stops_the_bot_and_starts_no_goal(fake, gated, start_bot, tmp_path):
-    fake.add_channel(OTHER, "two")
     bot = await start_bot()
-    await Goal.open(fake, gated)
+    await Goal.open(fake, gated)  # (the bot was found in #general a moment ago: no reason to assume it)
     fake.revoke_token(error="token_revoked")
 
-    res = await fake.slash_command("/goal", "one more goal", OTHER, ALICE)
+    res = await fake.slash_command("/goal", "one more goal", fake.general, ALICE)
     answer = await res.wait_for_ephemeral(timeout=30)
     assert "Slack refused my token (token_revoked)" in answer.text and "nothing was started" in answer.text
     assert await _exit_code(bot) == 2
