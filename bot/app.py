@@ -11,8 +11,10 @@ dropped. A listener that fails is logged by the app's error handler. Every write
 through the outbox.
 
 Before serving, the bot checks its tokens with Slack (a refused one stops it, naming the
-variable). Its long-lived tasks (the outbox, the runner links, the health watcher) are watched:
-one that ends while the bot runs is logged as an error. Listeners' own calls to Slack (auth.test,
+variable); a token refused later, on any call, or the app_uninstalled / tokens_revoked event, stops
+it the same way (bot/slack_client.py). Every Web API call has a deadline (GOALTENDER_SLACK_TIMEOUT_S).
+Its long-lived tasks (the outbox, the runner links, the health watcher) are watched: one that ends
+while the bot runs is logged as an error. Listeners' own calls to Slack (auth.test,
 conversations.info, users.info, views.publish, ...) go through slack_sdk's retry handlers; the
 outbox's writes do not (it retries them itself, looking before posting again).
 
@@ -31,7 +33,6 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
@@ -42,7 +43,6 @@ from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncRateLimitErrorRetryHandler,
     AsyncServerErrorRetryHandler,
 )
-from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender import readiness
 from goaltender.bot import admin, digest, views
@@ -53,6 +53,7 @@ from goaltender.bot.config import BotSettings
 from goaltender.bot.databases import Databases
 from goaltender.bot.files import Files
 from goaltender.bot.gallery import Gallery
+from goaltender.bot.gone_channels import GoneChannels
 from goaltender.bot.health import HealthMonitor
 from goaltender.bot.intake import GoalRefused, Intake, command_text
 from goaltender.bot.links import RunnerPool
@@ -62,6 +63,7 @@ from goaltender.bot.monitoring import bot_endpoint
 from goaltender.bot.outbox import Outbox, Payload
 from goaltender.bot.pruning import prune_bot
 from goaltender.bot.roles import Roles
+from goaltender.bot.slack_client import WatchedWebClient, slack_session
 from goaltender.bot.slack_errors import failure_of
 from goaltender.bot.thread import ThreadWriter
 from goaltender.bot.tokens import TokenRefused, check_app_token, check_bot_token
@@ -69,7 +71,7 @@ from goaltender.bot.views import Views
 from goaltender.runner.logs import BOT_TEXT, configure_logging, say
 from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable
 from goaltender.runner.secrets import Redactor, redact_output
-from goaltender.storage.bot_store import BotStore
+from goaltender.storage.bot_store import BotStore, OutboxItem
 from goaltender.storage.db import UnusableDatabase
 from goaltender.storage.records import Event
 
@@ -92,12 +94,17 @@ def listener_retry_handlers() -> list[AsyncRetryHandler]:
     ]
 
 
-def writes_client(client: AsyncWebClient) -> AsyncWebClient:
-    """The outbox's client: the same token and connections, and no retries inside slack_sdk. A
-    blind retry of a post whose answer was lost would post it twice; the outbox first looks for
-    it, and waits for a 429's Retry-After without holding up other channels."""
-    return AsyncWebClient(
-        token=client.token, base_url=client.base_url, session=client.session, retry_handlers=[]
+def writes_client(client: WatchedWebClient) -> WatchedWebClient:
+    """The outbox's client: the same token, connections (and deadline) and watch on the token,
+    and no retries inside slack_sdk. A blind retry of a post whose answer was lost would post it
+    twice; the outbox first looks for it, and waits for a 429's Retry-After without holding up
+    other channels."""
+    return WatchedWebClient(
+        token=client.token,
+        base_url=client.base_url,
+        session=client.session,
+        retry_handlers=[],
+        auth=client.auth,
     )
 
 
@@ -105,10 +112,11 @@ class GoaltenderBot:
     """The bot: an AsyncApp, bot.db, the outbox, the links to the runners, and the parts that
     turn Slack requests and runner events into each other."""
 
-    def __init__(self, settings: BotSettings, store: BotStore, client: AsyncWebClient):
+    def __init__(self, settings: BotSettings, store: BotStore, client: WatchedWebClient):
         self.settings = settings
         self.store = store
         self.client = client
+        self.auth = client.auth
         secret = settings.slack_signing_secret
         # HTTP mode: Bolt verifies every request's signature (and age) with the signing secret.
         self.app = AsyncApp(client=client, signing_secret=secret.get_secret_value() if secret else None)
@@ -131,9 +139,10 @@ class GoaltenderBot:
         )
         plots_dir = settings.home / "plots"
         self.roles = Roles(settings, store, client)
-        self.membership = Membership(client)
+        self.membership = Membership(client, self.auth)
         self.intake = Intake(store, self.pool, self.outbox, self.roles, self.membership)
-        self.outbox.on_failed = self.intake.on_outbox_failed
+        self.gone = GoneChannels(store, self.pool, self.outbox, client)
+        self.outbox.on_failed = self._on_write_parked
         self.threads = ThreadWriter(store, self.pool, self.outbox, plots_dir, self.intake.submitting)
         self.budget = BudgetGuard(store, self.pool, self.outbox, self.roles)
         self.views = Views(store, self.pool, self.outbox, self.roles, client)
@@ -167,11 +176,12 @@ class GoaltenderBot:
     @classmethod
     async def open(cls, settings: BotSettings) -> GoaltenderBot:
         token = settings.slack_bot_token.get_secret_value() if settings.slack_bot_token else None
-        # One HTTP session for every Web API call: connections (and TLS) are reused, not one per call.
-        kwargs: dict[str, Any] = {"token": token, "session": aiohttp.ClientSession()}
+        # One HTTP session for every Web API call: connections (and TLS) are reused, not one per
+        # call; it carries the calls' deadline (slack_sdk applies its own only to sessions it makes).
+        kwargs: dict[str, Any] = {"token": token, "session": slack_session(settings.slack_timeout_s)}
         if settings.slack_api_url:
             kwargs["base_url"] = settings.slack_api_url
-        client = AsyncWebClient(**kwargs, retry_handlers=listener_retry_handlers())
+        client = WatchedWebClient(**kwargs, retry_handlers=listener_retry_handlers())
         try:
             store = await BotStore.open(settings.db_path)
         except BaseException:
@@ -289,10 +299,12 @@ class GoaltenderBot:
             await asyncio.sleep(self.settings.prune_every_s)
 
     async def run_forever(self) -> None:
+        """Serve until cancelled; TokenRefused when Slack refuses a token, at start or later (a
+        token revoked, the app uninstalled): the writes waiting stay in bot.db for the next start."""
         try:
             await self.start()  # (inside: a refused token still closes bot.db, or its thread holds the exit)
             readiness.ready(self._serving_status())
-            await asyncio.Event().wait()
+            raise await self.auth.wait()
         finally:
             await self.close()
 
@@ -301,6 +313,10 @@ class GoaltenderBot:
         who = self.health.identity.describe() if self.health.identity else "?"
         how = f"HTTP on port {self.http_port}" if self.http_port is not None else "Socket Mode"
         return f"connected to Slack as {who} ({how}); runners: {', '.join(link.name for link in self.pool)}"
+
+    async def _on_write_parked(self, item: OutboxItem, error: str) -> None:
+        await self.intake.on_outbox_failed(item, error)
+        await self.gone.on_write_parked(item, error)
 
     async def _on_runner_event(self, runner: str, event: Event) -> None:
         # The pool is made before the thread writer that needs it: this passes its events on.
@@ -410,6 +426,15 @@ class GoaltenderBot:
         async def home_opened(event):
             if event.get("tab", "home") == "home":
                 await self.views.publish_home(event["user"])
+
+        @app.event("app_uninstalled")
+        async def uninstalled(event):
+            self.auth.lose("SLACK_BOT_TOKEN", "app_uninstalled")
+
+        @app.event("tokens_revoked")
+        async def tokens_revoked(event):
+            if (event.get("tokens") or {}).get("bot"):  # (user tokens the app may hold are not the bot's)
+                self.auth.lose("SLACK_BOT_TOKEN", "tokens_revoked")
 
         @app.event(re.compile(".*"))
         async def everything_else(body):

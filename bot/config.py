@@ -82,6 +82,9 @@ class BotSettings(GoaltenderSettings):
     (GOALTENDER_MAX_INPUT_MB), checked again there."""
     slack_api_url: str | None = None
     """Slack Web API base URL (tests point it at a fake Slack); default Slack's own."""
+    slack_timeout_s: float = Field(default=30.0, gt=0)
+    """The deadline of every Slack Web API call: one Slack takes and never answers ends after this
+    (a write is then tried again), and holds up only its own channel."""
     outbox_interval_s: float = Field(default=1.0, ge=0)
     """Minimum time between two writes to one channel (Slack allows about one per second)."""
     outbox_max_attempts: int = Field(default=8, ge=1)

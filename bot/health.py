@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import render
 from goaltender.bot.config import BotSettings
 from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Outbox
+from goaltender.bot.slack_client import slack_session
 from goaltender.bot.slack_errors import failure_of
 from goaltender.bot.tokens import SlackIdentity, TokenRefused, check_app_token, check_bot_token
 from goaltender.bot.transports import LINK_ERRORS, error_reason, open_client
@@ -201,7 +201,7 @@ async def _check_slack(settings: BotSettings, lines: list[str], problems: list[s
     kwargs: dict[str, Any] = {"token": settings.slack_bot_token.get_secret_value()}
     if settings.slack_api_url:
         kwargs["base_url"] = settings.slack_api_url
-    async with aiohttp.ClientSession() as session:
+    async with slack_session(settings.slack_timeout_s) as session:  # bounded: Slack may hang
         client = AsyncWebClient(session=session, **kwargs)
         try:
             identity = await check_bot_token(client)

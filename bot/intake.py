@@ -22,6 +22,7 @@ from goaltender.bot.links import RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.membership import Membership
 from goaltender.bot.outbox import Outbox, replacing
 from goaltender.bot.roles import Roles, actor
+from goaltender.bot.tokens import TokenRefused
 from goaltender.runner import protocol as p
 from goaltender.runner.budget import GoalSpec, GoalTextError, parse_goal_text
 from goaltender.runner.client import RunnerUnavailable
@@ -146,7 +147,16 @@ class Intake:
         with a visible card. `respond` (a /goal's response_url) hears if its card cannot be posted.
         Where the bot is not a member, or for someone who may not start goals in the channel, the
         asker is told so, and nothing starts."""
-        if await self.membership.is_member(request.channel) is False:
+        try:
+            member = await self.membership.is_member(request.channel)
+        except TokenRefused as refused:
+            log.warning("goal not started (Slack refused the bot's token): %r", request.text[:200])
+            await reply(
+                f"Slack refused my token ({refused.error}), so I can't post your goal's thread; nothing "
+                f"was started: `{render.escape(request.text[:500])}`"
+            )
+            return None
+        if member is False:
             await reply(self.membership.invite_first(request.text))
             return None
         if not await self.roles.may_start(request.channel, request.owner):
@@ -242,6 +252,8 @@ class Intake:
     async def drain_queue(self) -> int:
         """Submit the queued goals whose runner is up, oldest first; returns how many started."""
         started = 0
+        if self.membership.auth.lost is not None:
+            return 0  # their cards could not be posted; the bot is stopping, and they stay queued
         async with self._draining:
             for queued in await self.store.queued_goals():
                 link = await self._link_for(queued)

@@ -8,12 +8,16 @@ the channel before posting again.
 Nothing ends it and nothing fails silently. Every failed write is logged with its cause (what Slack
 or the network said, the channel, the write's kind and key) and tried again: after a 429's
 Retry-After, or with exponential backoff (capped) after a 5xx, a dropped connection, a timeout or a
-failed upload. A channel waiting to try again does not hold up the others. A write Slack refuses
-for good (not_in_channel, invalid_arguments, ...) or that fails `max_attempts` times is parked
-(bot.db state 'failed') with a note in its goal's thread, or its channel, saying what was not
-delivered and why; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain
-text. The send loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its
-traceback and the loop starts again after a pause.
+failed upload. Each channel's writes go in a lane of their own (a task, one write in flight per
+channel): a channel waiting to try again, or whose call hangs until the session's deadline
+(bot/slack_client.py), does not hold up the others. A write Slack refuses for good
+(invalid_arguments, ...) or that fails `max_attempts` times is parked (bot.db state 'failed') with
+a note in its goal's thread, or its channel, saying what was not delivered and why (a channel that
+is gone takes no note: `on_failed` pauses its goals and tells their owners, bot/gone_channels.py);
+a write refused because the bot's token is no longer good (revoked, the app uninstalled) is kept
+for the next start; a layout Slack refuses (invalid_blocks, msg_too_long) is sent again as plain text. The send
+loop itself is supervised: should a pass fail (bot.db, a bug), it is logged with its traceback and
+the loop starts again after a pause; a lane that fails so holds its channel for that pause.
 
 Payloads may refer to earlier posts by key instead of by ts (`in_thread`, `editing`, `replacing`),
 so a status-card update or a thread reply can be queued before the root message exists; and a
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -37,6 +42,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import render
 from goaltender.bot.keys import OutboxKey, parse
+from goaltender.bot.slack_client import ACCESS_LOST_ERRORS
 from goaltender.bot.slack_errors import TOKEN_ERRORS, Failure, api_error, failure_of
 from goaltender.storage.bot_store import BotStore, OutboxItem, OutboxKind
 from goaltender.storage.records import utcnow
@@ -102,6 +108,7 @@ class Outbox:
         # edit replacing that one must not go out before Slack said it may.
         self._rate_limited_until: dict[str, float] = {}
         self._wake = asyncio.Event()
+        self._lanes: dict[str, asyncio.Task[bool]] = {}  # channel -> its write in flight
         self._next_pass = POLL_S
         self.last_sent_at: datetime | None = None
         """When Slack last took a write (this process)."""
@@ -161,18 +168,27 @@ class Outbox:
 
     async def run(self) -> None:
         """Send what is queued for as long as the bot runs. Supervised: a failed pass is logged
-        with its traceback and the loop starts again after a pause; only a cancel ends it."""
-        while True:
-            try:
-                await self._send_forever()
-            except Exception:
-                log.exception("outbox: the send loop failed; starting it again in %gs", self.restart_pause_s)
-                await asyncio.sleep(self.restart_pause_s)
+        with its traceback and the loop starts again after a pause; only a cancel ends it (and
+        the writes in flight with it: each was marked attempted, so none is lost or doubled)."""
+        try:
+            while True:
+                try:
+                    await self._send_forever()
+                except Exception:
+                    log.exception(
+                        "outbox: the send loop failed; starting it again in %gs", self.restart_pause_s
+                    )
+                    await asyncio.sleep(self.restart_pause_s)
+        finally:
+            lanes = list(self._lanes.values())
+            for lane in lanes:
+                lane.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
 
     async def _send_forever(self) -> None:
         while True:
             self._wake.clear()  # before the pass: a notify() during it makes the next pass immediate
-            await self.drain_once()
+            await self._start_writes()  # (a lane that ends notifies: its channel's next write goes)
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands as
             # its timeout fires, and close() would wait for this task forever.
             with contextlib.suppress(TimeoutError):
@@ -180,13 +196,21 @@ class Outbox:
                     await self._wake.wait()
 
     async def drain_once(self) -> int:
-        """Send what may be sent now; returns how many writes went out. Sets when the next pass is
-        worth making: when the soonest channel may write again (items waiting for a Retry-After or
-        a backoff are looked at every POLL_S)."""
-        sent = 0
+        """Send what may be sent now, and wait for those writes; returns how many went out."""
+        return sum(await asyncio.gather(*await self._start_writes()))
+
+    async def _start_writes(self) -> list[asyncio.Task[bool]]:
+        """Start, in its channel's lane, each channel's next write that may go now: one write in
+        flight per channel (in order), channels side by side, so a channel whose call hangs (until
+        the session's deadline) or waits for a Retry-After holds up only itself. Sets when the next
+        pass is worth making: when the soonest channel may write again (items waiting for a
+        Retry-After or a backoff are looked at every POLL_S)."""
+        started: list[asyncio.Task[bool]] = []
         self._next_pass = POLL_S
         now = time.time()
         for item in await self.store.next_pending(now):
+            if item.channel in self._lanes:
+                continue  # its channel's write in flight: this one follows it
             wait = (
                 max(
                     self._last_write.get(item.channel, 0) + self.interval,
@@ -197,10 +221,25 @@ class Outbox:
             if wait > 0:
                 self._next_pass = min(self._next_pass, wait)  # this channel wrote too recently
                 continue
-            if await self._deliver(item):
-                sent += 1
-                self._next_pass = min(self._next_pass, self.interval)  # its channel may have more
-        return sent
+            lane = asyncio.create_task(self._deliver(item))
+            self._lanes[item.channel] = lane
+            lane.add_done_callback(functools.partial(self._lane_ended, item.channel))
+            started.append(lane)
+        return started
+
+    def _lane_ended(self, channel: str, lane: asyncio.Task[bool]) -> None:
+        self._lanes.pop(channel, None)
+        if not lane.cancelled() and (exc := lane.exception()) is not None:
+            # Not Slack (that is handled in _deliver): bot.db, or a bug. The channel waits a while
+            # rather than spin on it; the write is still pending, and goes out once it can.
+            log.error(
+                "outbox: a write to %s failed; its channel waits %gs",
+                channel,
+                self.restart_pause_s,
+                exc_info=exc,
+            )
+            self._rate_limited_until[channel] = time.monotonic() + self.restart_pause_s
+        self.notify()
 
     async def _deliver(self, item: OutboxItem) -> bool:
         """One try at one write; True when Slack took it. Any failure is classified, logged, and
@@ -224,6 +263,12 @@ class Outbox:
 
     async def _attempt_failed(self, item: OutboxItem, failure: Failure, exc: Exception) -> None:
         # A 429 is not a failure: Slack said when to come back, and the try is given back.
+        if failure.error in ACCESS_LOST_ERRORS:
+            # Not this write's fault: the bot stops (bot/slack_client.py), and the write waits in
+            # bot.db for a bot with a working token.
+            log.warning("slack write %s held: Slack refused the token (%s)", _named(item), failure.reason)
+            await self.store.mark_retry(item.id, time.time() + self.backoff_cap, failure.reason, counts=False)
+            return
         tries = item.attempts + (0 if failure.rate_limited else 1)
         trace = exc if failure.unexpected else None
         if failure.permanent or (tries >= self.max_attempts and not failure.rate_limited):

@@ -62,6 +62,8 @@ def failure_of(exc: BaseException) -> Failure:
     if isinstance(exc, SlackRequestError):
         # files_upload_v2: an upload URL answered other than 200; the next try gets a new URL.
         return Failure(str(exc), permanent=False)
+    if isinstance(exc, TimeoutError):  # the session's deadline (bot/slack_client.py)
+        return Failure("no answer from Slack in time (GOALTENDER_SLACK_TIMEOUT_S)", permanent=False)
     if isinstance(exc, NETWORK_ERRORS):
         return Failure(_exception_text(exc), permanent=False)
     return Failure(_exception_text(exc), permanent=False, unexpected=True)

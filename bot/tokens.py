@@ -21,6 +21,9 @@ WHERE = {
 }
 
 
+UNINSTALLED = ("app_uninstalled", "tokens_revoked")  # the events (and error) of an app taken out
+
+
 class TokenRefused(Exception):
     """Slack refused a token: which variable holds it, and what Slack said."""
 
@@ -30,6 +33,12 @@ class TokenRefused(Exception):
         self.error = error
 
     def __str__(self) -> str:
+        if self.error in UNINSTALLED:
+            return (
+                f"the app was uninstalled from the workspace or its tokens revoked ({self.error}), so "
+                f"{self.variable} no longer works. Reinstall the app (api.slack.com/apps) and set "
+                f"{self.variable} to {WHERE[self.variable]}."
+            )
         return (
             f"Slack refused the token in {self.variable} ({self.error}). Set {self.variable} to "
             f"{WHERE[self.variable]} of the app installed in your workspace (api.slack.com/apps)."

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from conftest import eventually
 from fake_slack import FakeSlack
 
 from goaltender.bot.keys import CardKey
 from goaltender.bot.outbox import METADATA_EVENT, Outbox, replacing
+from goaltender.bot.slack_client import slack_session
 from goaltender.storage.bot_store import BotStore
 
 
@@ -126,3 +129,33 @@ async def test_a_permanent_error_fails_the_item_and_says_so(slack, tmp_path):
     await drain(outbox)
     assert failures == [("r1", "not_in_channel")]
     await store.close()
+
+
+async def test_a_hung_call_holds_up_only_its_channel_which_keeps_its_order(slack, tmp_path):
+    """Slack takes #general's post and never answers: #two's post goes out meanwhile (its own
+    lane); #general's is tried again once the session's deadline ends the call, and its next post
+    follows it, each once."""
+    deadline = 5.0
+    slack.hang("chat.postMessage", channel=slack.general)
+    store = await BotStore.open(tmp_path / "bot.db")
+    for i in range(2):
+        await store.enqueue(slack.general, "post", {"text": f"general {i}"}, f"g{i}")
+    await store.enqueue("C0TWO", "post", {"text": "two"}, "t0")
+    async with slack_session(deadline) as session:
+        outbox = Outbox(store, slack.client(session=session), per_channel_interval_s=0.0, backoff_s=0.05)
+        task = asyncio.ensure_future(outbox.run())
+        try:
+            two = await slack.wait_for_message("C0TWO", text="two", timeout=30)
+            [hung] = [c for c in slack.calls("chat.postMessage") if c.hung]
+            [two_call] = [c for c in slack.calls("chat.postMessage") if c.ok and c.response["ts"] == two.ts]
+            assert two_call.time - hung.time < deadline  # it did not wait for #general's call
+            await slack.wait_for_message(slack.general, text="general 1", timeout=30)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await store.close()
+    assert [m.text for m in slack.messages(slack.general)] == ["general 0", "general 1"]
+    first_ok = next(
+        c for c in slack.calls("chat.postMessage") if c.ok and c.params["channel"] == slack.general
+    )
+    assert first_ok.time - hung.time >= deadline - 0.5  # tried again after the deadline, not before

@@ -49,6 +49,13 @@ What it enforces, as Slack does (errors are HTTP 200 + {"ok": false, "error": ..
   socket mid-request (aiohttp raises ServerDisconnectedError), before the method runs or, with
   after=True, after it did. The method "upload" is the upload URLs files.getUploadURLExternal
   hands out (which answer in text). Calls record `status` (0: no answer) and `dropped`.
+  `hang()` takes the request and never answers it (until the fake stops; calls record `hung`):
+  only the client's own deadline ends the call.
+- Slack failing the app, not one call: `revoke_token(token, error)` (every call with that token
+  answers `error`, e.g. token_revoked), `uninstall_app()` (app_uninstalled and tokens_revoked
+  events, then both tokens revoked), `delete_channel(ch)` (channel_not_found from then on),
+  `archive_channel(ch)` (writes answer is_archived). conversations.open (scope im:write) opens
+  the bot's DM with a user.
 - Socket Mode: envelopes must be acked by envelope_id within `ack_timeout` (3 s). An unacked
   events_api envelope is redelivered with retry_attempt+1 and retry_reason "timeout" (up to
   `max_retries` times, after `retry_delays`); an unacked slash command shows the user

@@ -87,6 +87,10 @@ class Delivery:
     async def _deliver_event(self, event: dict, ch: Channel) -> Envelope | None:
         if self.bot_user_id not in ch.members or not self._subscribed(event, ch):
             return None
+        return await self._deliver_team_event(event)
+
+    async def _deliver_team_event(self, event: dict) -> Envelope | None:
+        """An event as Slack wraps it; on its own: one about the app (app_uninstalled), in no channel."""
         payload = {
             "token": self.verification_token,
             "team_id": self.team_id,

@@ -139,6 +139,7 @@ class Call:
     response: dict | None = None
     headers: dict[str, str] = field(default_factory=dict)
     dropped: bool = False  # the socket was closed instead of answering (see FakeSlack.drop_connection)
+    hung: bool = False  # taken and never answered (see FakeSlack.hang)
 
     @property
     def ok(self) -> bool:
@@ -273,6 +274,8 @@ class Injection:
     drop: Literal["before", "after"] | None = None
     """Close the socket without answering: before the method runs (nothing happened), or after
     (Slack acted on the request, the app never hears so)."""
+    hang: bool = False
+    """Take the request and never answer it (until the fake stops): only the client's deadline ends it."""
 
     @property
     def exhausted(self) -> bool:

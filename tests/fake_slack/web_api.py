@@ -55,6 +55,8 @@ class WebApi:
             return
         if token is None:
             raise SlackError("not_authed")
+        if token in self.revoked:  # revoke_token(): Slack's answer to a token it took back
+            raise SlackError(self.revoked[token])
         if token not in (self.bot_token, self.app_token):
             raise SlackError("invalid_auth")
         wants_app_token = method == "apps.connections.open"
@@ -81,6 +83,13 @@ class WebApi:
             request.transport.close()
         self._notify()
         return web.Response(status=500)  # written to a closed socket: nobody reads it
+
+    async def _hung(self, call: Call) -> web.Response:
+        """Never answer (the client's deadline ends the call); the fake stopping ends the wait."""
+        call.hung, call.status = True, 0
+        self._notify()
+        await self._stopping.wait()
+        return web.Response(status=503)  # to a client long gone
 
     def _injected(self, request: web.Request, call: Call, inj: Injection) -> web.Response:
         """Answer as the injection says, without running the method."""
@@ -133,6 +142,8 @@ class WebApi:
             if handler is None:
                 raise SlackError("unknown_method")
             injection = self._take_injection(method, params)
+            if injection is not None and injection.hang:
+                return await self._hung(call)
             if injection is not None and injection.drop != "after":
                 return self._injected(request, call, injection)
             self._check_channel_rate(method, params)
@@ -251,6 +262,17 @@ class WebApi:
         ticket = uuid.uuid4().hex
         self._tickets.add(ticket)
         return {"url": f"ws://127.0.0.1:{self.port}/link/?ticket={ticket}&app_id={self.api_app_id}"}
+
+    async def _conversations_open(self, p: dict) -> dict:
+        """A DM between the bot and one user (`users`): the same channel every time."""
+        self._require_scope("im:write")
+        users = [u for u in str(p.get("users") or "").split(",") if u]
+        if len(users) != 1 or users[0] not in self.users:
+            raise SlackError("user_not_found")
+        dm = f"D0{users[0][1:]}"
+        if dm not in self.channels:
+            self.add_channel(dm, self.users[users[0]].name, members=[users[0]])
+        return {"channel": {"id": dm}}
 
     async def _chat_post_message(self, p: dict) -> dict:
         ch = self._writable_channel(p.get("channel"))

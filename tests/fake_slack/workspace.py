@@ -46,10 +46,12 @@ DEFAULT_BOT_EVENTS = (
     "message.channels",
     "message.groups",
     "reaction_added",
+    "app_uninstalled",
+    "tokens_revoked",
 )
 DEFAULT_SCOPES = (
     "app_mentions:read,channels:history,channels:read,groups:history,groups:read,chat:write,commands,"
-    "files:read,files:write,reactions:read,reactions:write,users:read"
+    "files:read,files:write,im:write,reactions:read,reactions:write,users:read"
 )
 
 
@@ -112,6 +114,8 @@ class FakeSlack(Scripting, Delivery, WebApi, FileDownloads, Arguments, Payloads)
         self.warnings: list[str] = []  # things Slack accepts silently but that are probably bugs
         self._ephemerals: list[Ephemeral] = []
         self._injections: list[Injection] = []
+        self.revoked: dict[str, str] = {}  # token -> the error every call with it now gets
+        self._stopping = asyncio.Event()  # set by stop(): hung calls may end
         self._channel_rate: tuple[float, int, tuple[str, ...]] | None = None
         self._buckets: dict[str, tuple[float, float]] = {}  # channel -> (tokens, at)
         if channel_rate is not None:
@@ -151,6 +155,7 @@ class FakeSlack(Scripting, Delivery, WebApi, FileDownloads, Arguments, Payloads)
             "conversations.history": self._conversations_history,
             "conversations.replies": self._conversations_replies,
             "conversations.info": self._conversations_info,
+            "conversations.open": self._conversations_open,
             "users.info": self._users_info,
             "views.publish": self._views_publish,
             "files.getUploadURLExternal": self._files_get_upload_url,
@@ -177,6 +182,7 @@ class FakeSlack(Scripting, Delivery, WebApi, FileDownloads, Arguments, Payloads)
         return self
 
     async def stop(self) -> None:
+        self._stopping.set()
         for task in list(self._tasks):
             task.cancel()
         for conn in self.connections:
@@ -397,6 +403,41 @@ class FakeSlack(Scripting, Delivery, WebApi, FileDownloads, Arguments, Payloads)
         injection = Injection(method, "connection_dropped", times, 0, {}, {}, channel, drop=drop)
         self._injections.append(injection)
         return injection
+
+    def hang(self, method: str | None, *, times: int = 1, channel: str | None = None) -> Injection:
+        """The next `times` calls of `method` are taken and never answered (a Slack, or a proxy in
+        front of it, that hangs): only the client's own deadline ends them. Calls record `hung`."""
+        injection = Injection(method, "hung", times, 0, {}, {}, channel, hang=True)
+        self._injections.append(injection)
+        return injection
+
+    def revoke_token(self, token: str | None = None, error: str = "token_revoked") -> None:
+        """Slack takes a token back (the bot token by default): every call with it now answers
+        `error` (token_revoked, invalid_auth, account_inactive, ...)."""
+        self.revoked[token or self.bot_token] = error
+
+    def delete_channel(self, channel: str) -> None:
+        """The channel is deleted: every call naming it answers channel_not_found."""
+        del self.channels[self.channel(channel).id]
+
+    def archive_channel(self, channel: str) -> None:
+        """The channel is archived: writes to it answer is_archived."""
+        self.channel(channel).is_archived = True
+
+    async def uninstall_app(self) -> Envelope | None:
+        """Someone uninstalls the app: Slack revokes both tokens and sends `app_uninstalled` (and
+        `tokens_revoked`) before the Socket Mode connection goes (the events reach the app first)."""
+        envelope = None
+        for event in (
+            {"type": "app_uninstalled", "event_ts": self._next_ts()},
+            {"type": "tokens_revoked", "tokens": {"bot": [self.bot_user_id]}, "event_ts": self._next_ts()},
+        ):
+            if event["type"] in self.bot_events:  # (subscribed, as manifest.yml does)
+                delivered = await self._deliver_team_event(event)
+                envelope = envelope or delivered
+        self.revoke_token(self.bot_token, "token_revoked")
+        self.revoke_token(self.app_token, "token_revoked")
+        return envelope
 
     def limit_channel_rate(
         self, interval: float | None = 1.0, *, burst: int = 1, methods: Iterable[str] = ("chat.postMessage",)
