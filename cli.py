@@ -300,7 +300,9 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
             unused: Any = _Unused()
             return unused
         built.append(name)
-        cmd = sub.add_parser(name, help=help, description=description or help, epilog=EXIT_CODES)
+        cmd = sub.add_parser(
+            name, help=help, description=description or help.replace("%%", "%"), epilog=EXIT_CODES
+        )
         cmd.set_defaults(func=func)
         return cmd
 

@@ -288,3 +288,14 @@ async def test_status_shows_active_goals_and_pages_through_history(start_runner,
     )
     reply = await client.call(p.Status, p.StatusReply, limit=3)
     assert [s.goal.id for s in reply.goals] == ids[2:5]
+
+
+def test_a_commands_help_says_percent_once(capsys):
+    # argparse %-formats a command's help in the listing but prints its description as written:
+    # `goaltender submit --help` said "reach 90%% accuracy" (found on a day-one walkthrough).
+    for argv in (["submit", "--help"], ["--help"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 0
+        out = capsys.readouterr().out
+        assert "90% accuracy" in out and "%%" not in out, out
