@@ -966,6 +966,8 @@ def _print_status(status: p.GoalStatus) -> None:
     goal = status.goal
     print(f"goal #{goal.id} [{goal.state}] {goal.text}")
     print(f"  agent {goal.agent}, owner {goal.owner}; {status.stop_status}")
+    if goal.end_reason and not goal.active:  # a goal that failed at its start says why here alone
+        print(f"  ended: {' / '.join(line for line in goal.end_reason.splitlines() if line.strip())}")
     if status.best:
         print(f"  best: #{status.best.index} {status.best.metric_name} = {status.best.metric_value:.4g}")
     for approval in status.pending_approvals:

@@ -299,3 +299,25 @@ def test_a_commands_help_says_percent_once(capsys):
         assert exited.value.code == 0
         out = capsys.readouterr().out
         assert "90% accuracy" in out and "%%" not in out, out
+
+
+def test_status_of_a_goal_that_ended_says_why(capsys):
+    # Found on a day-one walkthrough: `goaltender submit` printed "goal #1 [failed]" and nothing
+    # else, the reason (slirp4netns could not open /dev/net/tun) was in the event log alone.
+    from goaltender.storage.records import Goal
+
+    reason = "could not start agent 'sweep': slirp4netns failed: open(\"/dev/net/tun\"): Permission denied\nchild failed(1)"
+    goal = Goal(id=1, text="reach 90%", state="failed", end_reason=reason)
+    cli._print_status(
+        p.GoalStatus(goal=goal, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted")
+    )
+    running = Goal(id=2, text="reach 90%", state="running")
+    cli._print_status(
+        p.GoalStatus(goal=running, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted")
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[2]
+        == "  ended: could not start agent 'sweep': slirp4netns failed: open(\"/dev/net/tun\"): Permission denied / child failed(1)"
+    )
+    assert not any(line.startswith("  ended:") for line in out[3:]), out
