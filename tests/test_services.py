@@ -416,3 +416,13 @@ def test_a_system_service_is_warned_of_paths_its_private_tmp_would_hide(user_mod
     assert [
         line for line in hidden_by_private_tmp(layout) if "goaltender is" in line or "home is" in line
     ] == []
+
+
+def test_the_bot_without_tokens_says_where_a_service_keeps_them(tmp_path):
+    # Found on a day-one walkthrough: it said `export SLACK_BOT_TOKEN=…`, a shell's way, not the unit's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GOALTENDER_"))}
+    env["GOALTENDER_HOME"] = str(tmp_path / "home")
+    done = subprocess.run([*GOALTENDER, "bot"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2, done.stderr  # RestartPreventExitStatus=2: systemd does not loop
+    assert "SLACK_BOT_TOKEN and SLACK_APP_TOKEN are not set" in done.stderr
+    assert "/etc/goaltender/bot.env" in done.stderr.splitlines()[-1], done.stderr
