@@ -300,7 +300,9 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
             unused: Any = _Unused()
             return unused
         built.append(name)
-        cmd = sub.add_parser(name, help=help, description=description or help, epilog=EXIT_CODES)
+        cmd = sub.add_parser(
+            name, help=help, description=description or help.replace("%%", "%"), epilog=EXIT_CODES
+        )
         cmd.set_defaults(func=func)
         return cmd
 
@@ -964,6 +966,8 @@ def _print_status(status: p.GoalStatus) -> None:
     goal = status.goal
     print(f"goal #{goal.id} [{goal.state}] {goal.text}")
     print(f"  agent {goal.agent}, owner {goal.owner}; {status.stop_status}")
+    if goal.end_reason and not goal.active:  # a goal that failed at its start says why here alone
+        print(f"  ended: {' / '.join(line for line in goal.end_reason.splitlines() if line.strip())}")
     if status.best:
         print(f"  best: #{status.best.index} {status.best.metric_name} = {status.best.metric_value:.4g}")
     for approval in status.pending_approvals:

@@ -28,6 +28,8 @@ ENV_FILES = {"goaltender.env": "goaltender.env.example", "bot.env": "bot.env.exa
 SYSTEM_ONLY = "#system: "
 # What a unit file reads as itself: systemd expands %, $ and \ and splits words at spaces.
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9_./+@:,=~-]+")
+# A system unit's PrivateTmp=yes gives the service a /tmp and /var/tmp of its own, empty.
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
 
 
 class ServiceError(Exception):
@@ -134,7 +136,7 @@ def _me() -> str:
 def install(layout: Layout) -> list[str]:
     """Write both units, the environment files that are missing (from the examples, 0600) and the
     home; reload systemd where it runs. What was done, one line each, then what to run next."""
-    said = []
+    said = hidden_by_private_tmp(layout)
     for directory in (layout.unit_dir, layout.env_dir):
         _make_directory(directory)
     for service in SERVICES:
@@ -152,6 +154,22 @@ def install(layout: Layout) -> list[str]:
     said.append(_reload(layout))
     said += next_steps(layout)
     return said
+
+
+def hidden_by_private_tmp(layout: Layout) -> list[str]:
+    """A warning for each path a system service needs that its private /tmp and /var/tmp would
+    hide: the service would not find its program (status=203/EXEC) or would lose its home."""
+    if layout.user_mode:
+        return []
+    code = Path(goaltender.__file__).resolve().parent  # an editable install's checkout
+    needed = (("goaltender", layout.executable), ("its code", code), ("the home", layout.home))
+    return [
+        f"warning: {what} is {path}, under {tmp}, which the service will not see (PrivateTmp=yes "
+        f"gives it a {tmp} of its own): install and keep the home elsewhere, e.g. /opt/goaltender, /srv"
+        for what, path in needed
+        for tmp in PRIVATE_TMP
+        if path.is_relative_to(tmp)
+    ]
 
 
 def next_steps(layout: Layout) -> list[str]:

@@ -460,6 +460,10 @@ def missing_tokens_message(missing: list[str]) -> str:
         lines.append(
             "  export SLACK_APP_TOKEN=xapp-...   # Basic Information -> App-Level Tokens (scope connections:write)"
         )
+    # The service's environment is not a shell's: `goaltender service install` wrote bot.env for them.
+    lines.append(
+        "(as a systemd service: in its bot.env, /etc/goaltender/bot.env by default, without `export`; docs/deploy.md, 'Services')"
+    )
     return "\n".join(lines) + "\n"
 
 

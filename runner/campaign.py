@@ -1343,6 +1343,9 @@ class Campaigns:
         self._ending.add(goal_id)
         self._unrecorded[goal_id] = ended = (state, reason)
         first_line = reason.splitlines()[0]
+        if state == "failed":  # the journal says it too, not only the goal's thread and event log
+            said = " / ".join(line.strip() for line in reason.splitlines() if line.strip())
+            log.warning("goal #%d failed: %s", goal_id, said[:1000])
         timer = self._deadline_timers.pop(goal_id, None)
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()

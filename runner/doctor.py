@@ -474,6 +474,24 @@ def _lost_database(box: Box) -> str | None:
     return said[0].lower() + said[1:] if said else f"runner.db was lost ({box.settings.lost_marker})"
 
 
+# slirp4netns opens it, as the runner's user, for each goal's way out (crw-rw-rw- on stock systems).
+TUN_DEVICE = Path("/dev/net/tun")
+TUN_FIX = (
+    f"chmod 666 {TUN_DEVICE} (some containers make it root's alone), or GOALTENDER_SANDBOX_NETWORK=none "
+    "for goals that need no network (docs/deploy.md, 'When the hardening is in the way')"
+)
+
+
+def tun_problem() -> str | None:
+    """Why this account cannot open the TUN device, if it cannot: every goal would fail at its start
+    with `slirp4netns failed: open("/dev/net/tun")`. Opening it alone makes no interface."""
+    try:
+        os.close(os.open(TUN_DEVICE, os.O_RDWR))
+    except OSError as exc:
+        return f"{_user()} cannot open {TUN_DEVICE} ({exc.strerror}): every goal would fail at its start, slirp4netns needs it"
+    return None
+
+
 def check_sandbox(box: Box) -> Verdict:
     if box.settings.sandbox == "none":
         return warn(UNSAFE_WARNING, "install bubblewrap and unset GOALTENDER_SANDBOX")
@@ -483,6 +501,8 @@ def check_sandbox(box: Box) -> Verdict:
     version = _run([_tool("bwrap", box), "--version"], box) or "bwrap"
     network = box.settings.sandbox_network
     if network == "isolated":
+        if problem := tun_problem():
+            return fail(problem, TUN_FIX)
         slirp = (_run([_tool("slirp4netns", box), "--version"], box) or "slirp4netns").splitlines()[0]
         return ok(f"{version} makes sandboxes here; each goal's network is its own, out through {slirp}")
     if network == "none":

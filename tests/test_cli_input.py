@@ -288,3 +288,36 @@ async def test_status_shows_active_goals_and_pages_through_history(start_runner,
     )
     reply = await client.call(p.Status, p.StatusReply, limit=3)
     assert [s.goal.id for s in reply.goals] == ids[2:5]
+
+
+def test_a_commands_help_says_percent_once(capsys):
+    # argparse %-formats a command's help in the listing but prints its description as written:
+    # `goaltender submit --help` said "reach 90%% accuracy" (found on a day-one walkthrough).
+    for argv in (["submit", "--help"], ["--help"]):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 0
+        out = capsys.readouterr().out
+        assert "90% accuracy" in out and "%%" not in out, out
+
+
+def test_status_of_a_goal_that_ended_says_why(capsys):
+    # Found on a day-one walkthrough: `goaltender submit` printed "goal #1 [failed]" and nothing
+    # else, the reason (slirp4netns could not open /dev/net/tun) was in the event log alone.
+    from goaltender.storage.records import Goal
+
+    reason = "could not start agent 'sweep': slirp4netns failed: open(\"/dev/net/tun\"): Permission denied\nchild failed(1)"
+    goal = Goal(id=1, text="reach 90%", state="failed", end_reason=reason)
+    cli._print_status(
+        p.GoalStatus(goal=goal, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted")
+    )
+    running = Goal(id=2, text="reach 90%", state="running")
+    cli._print_status(
+        p.GoalStatus(goal=running, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted")
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[2]
+        == "  ended: could not start agent 'sweep': slirp4netns failed: open(\"/dev/net/tun\"): Permission denied / child failed(1)"
+    )
+    assert not any(line.startswith("  ended:") for line in out[3:]), out

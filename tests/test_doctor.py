@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from fake_openai import FakeOpenAI
 
+from goaltender.runner import doctor
 from goaltender.runner.agent_env import CACHE_DIRS
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.doctor import (
@@ -500,6 +501,18 @@ def test_runner_and_sandbox_checks(tmp_path, monkeypatch):
     planned = check_limits(box)  # no runner: what one started from here would find
     assert planned.detail.startswith("a runner started here would ")
     assert ("hold each goal to 8192 processes" in planned.detail) == (planned.status == "ok"), planned
+
+
+def test_a_tun_device_the_runners_user_cannot_open_is_a_fail_naming_both_fixes(tmp_path, monkeypatch):
+    # Found on a day-one walkthrough: in a container /dev/net/tun was root's alone, doctor said
+    # `ok sandbox`, and the first goal failed at once (slirp4netns failed: open("/dev/net/tun")).
+    monkeypatch.setattr(doctor, "TUN_DEVICE", tmp_path / "no-tun")
+    found = check_sandbox(make_box(tmp_path))
+    assert found.status == "fail", found
+    assert f"cannot open {tmp_path / 'no-tun'} (No such file or directory)" in found.detail
+    assert "chmod 666" in found.fix and "GOALTENDER_SANDBOX_NETWORK=none" in found.fix
+    no_network = Box(RunnerSettings(home=tmp_path / "h", sandbox_network="none"), {})
+    assert check_sandbox(no_network).status == "ok"  # no slirp4netns, no TUN device needed
 
 
 def test_a_runner_stopped_for_its_lost_database_is_a_fail_saying_so(tmp_path):

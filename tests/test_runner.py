@@ -548,3 +548,17 @@ async def test_a_submission_sent_again_under_its_key_gets_the_goal_it_made(start
     unnamed = await client.call(p.SubmitGoal, p.GoalReply, text="no key, max 1 experiments", agent="idle")
     assert len({first.status.goal.id, other.status.goal.id, unnamed.status.goal.id}) == 3
     assert len(await runner.store.list_goals()) == 3
+
+
+async def test_a_goal_that_fails_is_a_warning_in_the_runners_log(start_runner, connect, tmp_path, caplog):
+    # Found on a day-one walkthrough: a goal whose agent could not start (there, slirp4netns and
+    # /dev/net/tun) failed with nothing in the journal; the reason was in the event log alone.
+    caplog.set_level(logging.WARNING, logger="goaltender.runner")
+    runner = await start_runner(sandbox="none", agents={"gone": [str(tmp_path / "no-such-agent")]})
+    client = await connect(runner)
+    goal_id = await submit(client, "reach 90%, max 2 experiments", owner="ana", agent="gone")
+    events = await events_until_report(client, goal_id)
+    assert events[-1].data.kind == "report" and "no-such-agent" in events[-1].data.end_reason
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    failed = [m for m in warned if m.startswith(f"goal #{goal_id} failed: ")]
+    assert len(failed) == 1 and "no-such-agent: not found" in failed[0] and "\n" not in failed[0], warned

@@ -13,6 +13,7 @@ runner resumes its goal.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import pwd
@@ -35,7 +36,7 @@ from goaltender.bot.config import BotSettings
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
-from goaltender.services import DEPLOY
+from goaltender.services import DEPLOY, Layout, hidden_by_private_tmp
 from goaltender.storage.bot_store import BotStore
 
 GOALTENDER = [sys.executable, "-m", "goaltender.cli"]
@@ -390,3 +391,38 @@ async def test_the_sandbox_works_under_the_runner_units_hardening(short_dir, not
         state, seen = await run_goal("none", 2)
     assert state == "running"
     assert seen.splitlines() == [f"uid {nobody.pw_uid}", "NoNewPrivs:\t1", "runner.db hidden"]
+
+
+@pytest.mark.parametrize("user_mode", [False, True])
+def test_a_system_service_is_warned_of_paths_its_private_tmp_would_hide(user_mode):
+    # Found deploying from a clone in /var/tmp: systemd's fresh /var/tmp has no venv (203/EXEC).
+    layout = Layout(
+        user_mode=user_mode, account="ml", group="ml", home=Path("/tmp/goaltender"),
+        executable=Path("/var/tmp/checkout/.venv/bin/goaltender"), unit_dir=Path("/etc/systemd/system"),
+        env_dir=Path("/etc/goaltender"),
+    )  # fmt: skip
+    warned = hidden_by_private_tmp(layout)
+    if user_mode:  # a user service has no PrivateTmp=
+        assert warned == []
+        return
+    assert any(
+        line.startswith("warning: goaltender is /var/tmp/checkout/.venv/bin/goaltender, under /var/tmp")
+        for line in warned
+    ), warned
+    assert any(line.startswith("warning: the home is /tmp/goaltender, under /tmp") for line in warned), warned
+    layout = dataclasses.replace(
+        layout, home=Path("/srv/goaltender"), executable=Path("/opt/goaltender/bin/goaltender")
+    )
+    assert [
+        line for line in hidden_by_private_tmp(layout) if "goaltender is" in line or "home is" in line
+    ] == []
+
+
+def test_the_bot_without_tokens_says_where_a_service_keeps_them(tmp_path):
+    # Found on a day-one walkthrough: it said `export SLACK_BOT_TOKEN=…`, a shell's way, not the unit's.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GOALTENDER_"))}
+    env["GOALTENDER_HOME"] = str(tmp_path / "home")
+    done = subprocess.run([*GOALTENDER, "bot"], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2, done.stderr  # RestartPreventExitStatus=2: systemd does not loop
+    assert "SLACK_BOT_TOKEN and SLACK_APP_TOKEN are not set" in done.stderr
+    assert "/etc/goaltender/bot.env" in done.stderr.splitlines()[-1], done.stderr
