@@ -4,8 +4,8 @@ A release speaks the protocol versions OLDEST_PROTOCOL_VERSION to PROTOCOL_VERSI
 carries the client's newest (`version`) and, when it speaks older ones too, its oldest (`oldest`);
 the runner answers at the newest version both speak (its welcome's `version`), or refuses the
 hello with `version_mismatch` and one line naming the side to upgrade, the one whose newest version
-is the lower: `runner at protocol 3, bot at 2: upgrade the bot (pip install -U goaltender where the
-bot runs, then restart it)`. The version goes up only for a change an older peer cannot read;
+is the lower: `runner at protocol 3, bot at 2: upgrade the bot (update goaltender where
+the bot runs, then restart it)`. The version goes up only for a change an older peer cannot read;
 fields an older peer can do without are added within a version (protocol.Message.added_fields).
 
 Pydantic-free, like runner/wire.py: the quick client (runner/quick_client.py) says hello too.
@@ -17,9 +17,9 @@ import re
 
 OLDEST_PROTOCOL_VERSION = 1  # the oldest version this release still speaks
 HOW_TO_UPGRADE = {
-    "runner": "pip install -U goaltender on the runner's box, then restart the runner",
-    "bot": "pip install -U goaltender where the bot runs, then restart it",
-    "client": "pip install -U goaltender where this command runs",
+    "runner": "update goaltender on the runner's box (git pull, then make install, in its checkout), then restart the runner",
+    "bot": "update goaltender where the bot runs (git pull, then make install, in its checkout), then restart it",
+    "client": "update goaltender where this command runs (git pull, then make install, in its checkout)",
 }
 # How a runner from before versions were negotiated refused a hello (runner/server.py then).
 _OLD_REFUSAL = re.compile(r"runner speaks protocol (\d+), client sent (\d+)")

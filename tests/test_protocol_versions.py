@@ -21,7 +21,7 @@ from goaltender.runner.client import RunnerClient
 
 UPGRADE_RUNNER = (
     "runner at protocol 1, bot at 2: upgrade the runner "
-    "(pip install -U goaltender on the runner's box, then restart the runner)"
+    "(update goaltender on the runner's box (git pull, then make install, in its checkout), then restart the runner)"
 )
 
 
@@ -42,8 +42,8 @@ async def test_the_runner_answers_at_the_newest_version_both_speak_or_says_what_
     assert newer["code"] == "version_mismatch" and newer["message"] == UPGRADE_RUNNER
     older = await hello(socket, version=0, client="goaltender-bot")
     assert older["message"] == (
-        "runner at protocol 1, bot at 0: upgrade the bot (pip install -U goaltender where the bot runs, "
-        "then restart it)"
+        "runner at protocol 1, bot at 0: upgrade the bot (update goaltender where the bot runs "
+        "(git pull, then make install, in its checkout), then restart it)"
     )
     cli = await hello(socket, version=0, client="cli:status")
     assert cli["message"].startswith("runner at protocol 1, client at 0: upgrade the client")
