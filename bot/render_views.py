@@ -5,6 +5,7 @@ bot/render.py's helpers and display.facts, as the thread's messages are.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -115,6 +116,22 @@ def goal_shown(line: GoalLine) -> Payload:
     return payload(card["text"], [*card["blocks"], context(where)])
 
 
+def diary_text(text: str) -> str:
+    """A diary entry as a person reads it: an agent's JSON handoff (the sweep writes one) becomes
+    `- key: value` lines, nested values on one line; anything else is kept as written."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict):
+        return text
+    lines = []
+    for key, value in data.items():
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        lines.append(f"- {str(key).replace('_', ' ')}: {shown}")
+    return "\n".join(lines)
+
+
 def goal_summary(
     status: GoalStatus,
     ledger: list[Experiment],
@@ -158,7 +175,8 @@ def goal_summary(
         blocks += sections("*Milestones*\n" + "\n".join(marks))
     if diary is not None:
         what = "latest handoff" if diary.kind == "handoff" else "latest diary note"
-        text = diary.text if len(diary.text) <= 1500 else diary.text[:1500] + " …"
+        text = diary_text(diary.text)
+        text = text if len(text) <= 1500 else text[:1500] + " …"
         ago = format_duration((now - diary.ts).total_seconds())
         blocks += sections(f"*The agent's {what}* _({ago} ago)_\n{markdown_to_mrkdwn(text)}")
     for approval in status.pending_approvals[:5]:
