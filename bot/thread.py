@@ -1,9 +1,12 @@
 """A goal's thread in Slack: runner events turned into writes to it, and its status card.
 
 Each kind of event has one small function (the `WRITES` table) returning its post or edit; the
-campaign plot comes with milestones and the final report (one plot per such event, not one per
-metric; a milestone that names training curves, as the NeMo RL launcher's does, gets those
-instead), and events that change what the card shows refresh it. An event's writes are stored
+campaign plot comes with milestones and the final report, only when it shows something new since
+the goal's last plot (a new run or a new best; a milestone that names training curves, as the
+NeMo RL launcher's does, gets those instead); a milestone about runs right after a ledger row is
+added to that row (an edit), so a run is at most its row and a plot; the final report comes with
+one upload holding the whole ledger as CSV (and the plot when new); and events that change what
+the card shows refresh it. An event's writes are stored
 with its seq in one transaction, so each is made exactly once. A milestone or fetch the runner
 folded past its goal's rate (runner/folding.py) gets no post and no plot: its PostsFolded shows it.
 """
@@ -11,6 +14,7 @@ folded past its goal's rate (runner/folding.py) gets no post and no plot: its Po
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +59,7 @@ CARD_EVENTS = (
     StageChanged,
     FinalReport,
 )
+NAMES_A_RUN = re.compile(r"#\d+\b")
 PLOTTED = (MilestoneReported,)  # and the final report: ThreadWriter._final_report
 
 
@@ -207,10 +212,13 @@ class ThreadWriter:
         return writes
 
     def _onto_row(self, event: EventInThread, data: Any) -> list[Write] | None:
-        """A milestone (no curves of its own) right after a ledger row: the row is edited to carry
-        it, so a run that brings a new best is one post, not two ("#3 keep … best", "New best …")."""
+        """A milestone about runs (it names one: "#3"), with no curves of its own, right after a
+        ledger row: the row is edited to carry it, so a run that brings a new best is one post,
+        not two ("#3 keep … best", "New best … #3"). Other milestones keep a post of their own."""
         last = self._last_row.get(event.card)
         if not isinstance(data, MilestoneReported) or data.folded or data.curves is not None or last is None:
+            return None
+        if not NAMES_A_RUN.search(f"{data.title}\n{data.text or ''}"):
             return None
         row_key, row = last
         merged = {
