@@ -12,10 +12,8 @@ import csv
 import io
 import json
 import logging
-import os
 import re
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import blocks_text, write_agent
@@ -81,9 +79,6 @@ async def test_a_sweep_thread_reads_like_a_colleague_wrote_it(fake, make_bot, st
     )
 
     await fake.wait_for(lambda: "ended:" in blocks_text(fake.message(general, card.ts)), 15)
-    if path := os.environ.get("GOALTENDER_THREAD_DUMP"):  # the thread as posted, to read it whole
-        Path(path).write_text(json.dumps([m.__dict__ for m in fake.thread(general, card.ts)], default=str))
-
     # The report: one header, the facts as fields, one line a run, no code block, no repeated head.
     kinds = [b["type"] for b in report.blocks]
     assert kinds.count("header") == 1 and kinds[0] == "header"
