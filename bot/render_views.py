@@ -117,19 +117,33 @@ def goal_shown(line: GoalLine) -> Payload:
 
 
 def diary_text(text: str) -> str:
-    """A diary entry as a person reads it: an agent's JSON handoff (the sweep writes one) becomes
-    `- key: value` lines, nested values on one line; anything else is kept as written."""
+    """A diary entry as a person reads it: an agent's JSON handoff, alone or after a label (the sweep
+    writes `sweep state: {...}`), becomes `- key: value` lines in words; anything else is kept."""
+    label, brace, rest = text.partition("{")
+    if not brace or (label.strip() and not label.rstrip().endswith(":")):
+        return text
     try:
-        data = json.loads(text)
+        data = json.loads(brace + rest)
     except ValueError:
         return text
     if not isinstance(data, dict):
         return text
-    lines = []
-    for key, value in data.items():
-        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        lines.append(f"- {str(key).replace('_', ' ')}: {shown}")
+    lines = [f"{label.strip().rstrip(':')}:"] if label.strip() else []
+    lines += [f"- {str(key).replace('_', ' ')}: {_in_words(value)}" for key, value in data.items()]
     return "\n".join(lines)
+
+
+def _in_words(value: object) -> str:
+    """`{"index": 2, "config": {"lr": 0.003}}` -> `index 2, config lr=0.003`; `[]` -> `none`."""
+    if isinstance(value, dict):
+        if not value:
+            return "none"
+        if all(not isinstance(v, dict | list) for v in value.values()):
+            return " ".join(f"{k}={v}" for k, v in value.items())
+        return ", ".join(f"{str(k).replace('_', ' ')} {_in_words(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_in_words(v) for v in value) if value else "none"
+    return str(value)
 
 
 def goal_summary(

@@ -118,6 +118,16 @@ async def test_a_sweep_thread_reads_like_a_colleague_wrote_it(fake, make_bot, st
             assert last_plot_rows != seen_rows, "a plot was uploaded again with no new run"
             last_plot_rows = seen_rows
     assert last_plot_rows is not None  # (there is a plot)
+
+    # `summary` shows the agent's latest handoff as text, not as the JSON it wrote.
+    asked = await fake.user_replies(general, card.ts, "summary", user=BOB)
+    summary = await fake.wait_for_message(
+        general, thread_ts=card.ts, text="so far", after=asked.ts, timeout=15
+    )
+    [handoff] = [
+        b["text"]["text"] for b in summary.blocks if "latest handoff" in b.get("text", {}).get("text", "")
+    ]
+    assert '{"' not in handoff and "\n• best: " in handoff, handoff
     assert not fake.warnings
 
 
