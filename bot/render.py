@@ -39,7 +39,7 @@ from goaltender.display.facts import (
     stopped_by_person,
 )
 from goaltender.runner.protocol import GoalStatus, SummaryReply
-from goaltender.runner.report import fetch_summary
+from goaltender.runner.report import best_checkpoint, error_classes, fetch_summary
 from goaltender.storage.records import (
     Approval,
     BudgetChanged,
@@ -692,6 +692,10 @@ def final_report(
         facts.append(f"*Best config*\n`{escape(format_params(best.params, 300))}`")
     if best is not None:
         facts.append(f"*Best run*\n{escape(best.description[:300])}")
+        if (checkpoint := best_checkpoint(best)) is not None:
+            facts.append(f"*Best checkpoint*\n{escape(checkpoint[:500])}")
+        if errors := error_classes(best):
+            facts.append(f"*Errors of the best*\n{escape(errors[:500])}")
     blocks.append({"type": "section", "fields": [{"type": "mrkdwn", "text": f[:2000]} for f in facts]})
     if finished:
         shown = finished[-LEDGER_LINES:]
