@@ -424,7 +424,9 @@ class GoaltenderBot:
 
         @app.event("app_home_opened")
         async def home_opened(event):
-            if event.get("tab", "home") == "home":
+            if not event.get("user"):
+                log.warning("a Slack app_home_opened event without user was ignored")
+            elif event.get("tab", "home") == "home":
                 await self.views.publish_home(event["user"])
 
         @app.event("app_uninstalled")

@@ -1,7 +1,7 @@
 """Approvals decided from Slack: a button on the prompt, or a reaction on it (✅ 👍 approve,
 ❌ 👎 reject), by the goal's owner or an approver of its channel (bot/roles.py). A click by anyone
-else is answered (only the owner or an approver can decide); a reaction by anyone else is ignored.
-Either refusal goes into the audit trail (the runner records the decisions it makes). A reaction
+else is answered, to them alone, the same way whether they clicked or reacted (only the owner or an
+approver can decide). Either refusal goes into the audit trail (the runner records the decisions it makes). A reaction
 that decides nothing (the runner is down, or it was decided already) is answered in the thread, to
 the person alone, as a click is. A reaction on a budget increase's prompt goes to the budget guard,
 which decides those.
@@ -61,7 +61,7 @@ class Approvals:
         approval_id = key.approval_id
         if not await self.roles.may_decide(thread, user):
             await self._refused(thread, user, approve, f"approval #{approval_id}: {audit.NOT_AN_APPROVER}")
-            await tell(f"Only {render.user_ref(thread.owner)} (the owner) or an approver can decide this.")
+            await tell(self._who_decides(thread))
             return
         if problem := await self._decide(thread.runner, approval_id, approve, user):
             await tell(problem)
@@ -97,18 +97,29 @@ class Approvals:
             return
         thread = await self.store.thread(key.runner, key.goal_id)
         if thread is None or not await self.roles.may_decide(thread, user):
+            log.info("reaction by %s on approval #%s ignored: they may not decide it", user, key.approval_id)
             if thread is not None:
                 why = f"approval #{key.approval_id} (a :{name}: reaction): {audit.NOT_AN_APPROVER}"
                 await self._refused(thread, user, approve, why)
-            log.info("reaction by %s on approval #%s ignored: they may not decide it", user, key.approval_id)
+                # Answered as a click is: a silent reaction looks like it counted.
+                await self._tell(thread, user, f"Your :{name}: decided nothing. {self._who_decides(thread)}")
             return
         again = f"once it is back, take your :{name}: off the prompt and add it again (or use its buttons)"
         if problem := await self._decide(key.runner, key.approval_id, approve, user, again=again):
             log.info("reaction by %s on approval #%s: %s", user, key.approval_id, problem)
             # Told, not only logged: the reaction stays on the prompt and looks like it counted.
-            told = f"Your :{name}: on approval #{key.approval_id} decided nothing. {problem}"
-            payload = in_thread(CardKey(thread.runner, thread.goal_id), {"user": user, "text": told})
-            await self.outbox.enqueue(thread.channel, "ephemeral", payload)
+            await self._tell(
+                thread, user, f"Your :{name}: on approval #{key.approval_id} decided nothing. {problem}"
+            )
+
+    @staticmethod
+    def _who_decides(thread: Thread) -> str:
+        return f"Only {render.user_ref(thread.owner)} (the owner) or an approver can decide this."
+
+    async def _tell(self, thread: Thread, user: str, text: str) -> None:
+        """An answer in the goal's thread that only `user` sees."""
+        payload = in_thread(CardKey(thread.runner, thread.goal_id), {"user": user, "text": text})
+        await self.outbox.enqueue(thread.channel, "ephemeral", payload)
 
     async def _refused(self, thread: Thread, user: str, approve: bool, why: str) -> None:
         await audit.record(

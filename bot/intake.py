@@ -191,7 +191,7 @@ class Intake:
             await self._queue(request, str(exc), reply, respond)
             return None
         await reply(
-            f"Queued as goal #{goal_id} on {link.name}. Its thread is the status card in this channel: "
+            f"Started goal #{goal_id} on {link.name}. Its thread is the status card in this channel: "
             "reply there to steer it (`steer: …` or @mention me; `stop`, `pause`, `resume`, `status`, `budget +2h`)."
         )
         return goal_id
@@ -232,7 +232,7 @@ class Intake:
         await self.outbox.enqueue(request.channel, "post", card, key)
         where = f"runner {request.runner}" if request.runner else "a runner"
         await reply(
-            f"No runner can take your goal right now ({why}). It is queued (q{queue_id}) with a card in "
+            f"No runner can take your goal right now ({render.no_paths(why)}). It is queued (q{queue_id}) with a card in "
             f"this channel, and starts as soon as {where} is back. Nothing is lost."
         )
 

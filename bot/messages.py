@@ -21,6 +21,7 @@ keyed on (channel, ts).
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -41,6 +42,7 @@ from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, QueuedGoal, Thread
 
+log = logging.getLogger("goaltender.bot")
 CONTROL: dict[str, type[p.Request]] = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
 DOING = {
     "stop": "stop",
@@ -121,6 +123,10 @@ class Messages:
         if event.get("subtype") not in _HANDLED_SUBTYPES:
             return
         if event.get("bot_id") or not event.get("user") or event.get("user") == bot_user:
+            return
+        if not event.get("channel") or not event.get("ts"):
+            missing = " and ".join(f for f in ("channel", "ts") if not event.get(f))
+            log.warning("a Slack %s event without %s was ignored", event.get("type") or "message", missing)
             return
         channel, ts, user = event["channel"], event["ts"], event["user"]
         text = event.get("text") or ""

@@ -9,8 +9,11 @@ come from ``display.facts``, as the terminal's do; this module only lays them ou
 
 from __future__ import annotations
 
+import csv
+import io
 import re
-from datetime import datetime
+from collections import Counter
+from datetime import UTC, datetime
 from typing import Any
 
 from goaltender.display.facts import (
@@ -27,14 +30,16 @@ from goaltender.display.facts import (
     format_bar,
     format_metric,
     format_params,
+    goal_ended_before,
     interval_text,
     noise_mark,
     objective,
     reported_mark,
     state_label,
+    stopped_by_person,
 )
-from goaltender.runner.protocol import GoalStatus
-from goaltender.runner.report import fetch_summary
+from goaltender.runner.protocol import GoalStatus, SummaryReply
+from goaltender.runner.report import best_checkpoint, error_classes, fetch_summary
 from goaltender.storage.records import (
     Approval,
     BudgetChanged,
@@ -68,6 +73,22 @@ APPROVAL_HINT = "Or react on this message: :white_check_mark: / :+1: approves, :
 def escape(text: str) -> str:
     """Escape the three characters mrkdwn treats as markup (&, <, >)."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_date(when: datetime) -> str:
+    """A moment as Slack shows it in each reader's own zone ("Dec 7 14:05"; "Today at 14:05"), with a
+    UTC fallback for clients that cannot: `<!date^UNIX^{date_short_pretty} {time}|2026-12-07 14:05 UTC>`."""
+    utc = when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+    return f"<!date^{int(utc.timestamp())}^{{date_short_pretty}} {{time}}|{utc:%Y-%m-%d %H:%M} UTC>"
+
+
+# A file system path (a runner's socket, a workspace): said to operators in logs, never to a channel.
+_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.@+-]+/)*[\w.@+-]+")
+
+
+def no_paths(text: str) -> str:
+    """`cannot connect to /run/goaltender/runner.sock: refused` -> `cannot connect to its socket: refused`."""
+    return _PATH.sub("its socket" if ".sock" in text else "a path on the server", text)
 
 
 # How people appear in what the runner records: `U123` (older records), `slack:U123` (what the bot
@@ -341,7 +362,7 @@ def status_card(
     if runner_down is not None:
         blocks.append(
             section(
-                f":warning: *runner {escape(runner)} is unreachable* ({escape(runner_down[:300])}). "
+                f":warning: *runner {escape(runner)} is unreachable* ({escape(no_paths(runner_down)[:300])}). "
                 "This card shows its last known state; nothing is lost, and the thread catches up "
                 "when the runner is back."
             )
@@ -375,6 +396,8 @@ def status_card(
         facts.append(f"stage {goal.stage + 1}/{len(goal.stages)} *{escape(goal.stage_name or '')}*")
     if goal.blocked:
         facts.append(f":no_entry: {escape(goal.blocked[:200])}")
+    if goal.budget.deadline is not None and goal.active:
+        facts.append(f"deadline {slack_date(goal.budget.deadline)}")
     if goal.end_reason:
         facts.append(f"ended: {people(goal.end_reason.splitlines()[0][:300])}")
     elif status.stop_status:
@@ -392,7 +415,9 @@ def queued_card(queue_id: int, text: str, owner: str, runner: str | None, why: s
         body = body[:1500] + " …"
     blocks = [
         section(f":hourglass: *Queued goal* (q{queue_id}) · owner {user_ref(owner)}\n>{body}"),
-        context(f"Waiting for {where}: {escape(why[:300])}. It is submitted as soon as one is back."),
+        context(
+            f"Waiting for {where}: {escape(no_paths(why)[:300])}. It is submitted as soon as one is back."
+        ),
     ]
     return payload(f"Queued goal (waiting for {escape(runner or 'a runner')}): {escape(text[:200])}", blocks)
 
@@ -485,10 +510,14 @@ def posts_folded(data: PostsFolded) -> Payload:
 def experiment_finished(data: ExperimentFinished) -> Payload:
     """A ledger row: keep/discard/crash, the metric, params, cost and note."""
     e = data.experiment
-    emoji = EMOJI.get(e.status, EMOJI["running"])
-    parts = [f"{emoji} *#{e.index} {e.status}*"]
+    stopped = stopped_by_person(e)
+    emoji = STATE_EMOJI["stopped"] if stopped else EMOJI.get(e.status, EMOJI["running"])
+    word = "stopped" if stopped else e.status
+    parts = [f"{emoji} *#{e.index} {word}*"]
     if e.metric_value is not None:
         parts.append(_metric_text(e) + (" :trophy: *best*" if data.new_best else ""))
+    elif stopped:
+        parts.append(f"by {people(e.note.removeprefix('ended with the goal: '))}" if e.note else "")
     elif e.status == "crash":
         parts.append(crash_text(e))
     if cost := experiment_cost(e):
@@ -498,7 +527,7 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
     if e.params:
         lines.append(f"`{escape(format_params(e.params, 1000))}`")
     blocks = sections("\n".join(lines))
-    if e.note:
+    if e.note and not stopped:
         note = e.note if len(e.note) <= 1500 else e.note[:700] + "\n…\n" + e.note[-700:]
         blocks.append(context(f"note: {escape(note)}"))
     metric = (
@@ -506,7 +535,7 @@ def experiment_finished(data: ExperimentFinished) -> Payload:
         if e.metric_value is not None
         else ""
     )
-    return payload(f"#{e.index} {e.status}{escape(metric)}", blocks)
+    return payload(f"#{e.index} {word}{escape(metric)}", blocks)
 
 
 def _decide_buttons(block_id: str, value: str, approve: str = "approve", reject: str = "reject") -> dict:
@@ -558,12 +587,14 @@ def approval_decided(approval: Approval) -> Payload:
     if approval.state in ("approved", "rejected"):
         verdict += f" by {user_ref(approval.decided_by)}"
     blocks = sections(f"~Approval needed:~ {escape(approval.question)}\n{verdict}")
-    if approval.comment:
+    if approval.comment and not goal_ended_before(approval):
         blocks += sections(f"> {people(approval.comment)}")
     blocks.append(context(f"approval #{approval.id}"))
     plain = {"approved": "Approved", "rejected": "Rejected", "expired": "Expired"}.get(
         approval.state, "Pending"
     )
+    if goal_ended_before(approval):
+        plain = word
     by = f" by {user_ref(approval.decided_by)}" if approval.decided_by and approval.state != "expired" else ""
     return payload(f"{plain}{by}: {escape(approval.question)}", blocks)
 
@@ -619,7 +650,9 @@ def budget_changed(data: BudgetChanged) -> Payload:
     reason = f": {people(data.reason)}" if data.reason else ""
     return payload(
         f"Budget changed{reason}",
-        sections(f"{EMOJI['budget_changed']} *Budget changed*{reason}\nnow: {budget_summary(data.budget)}"),
+        sections(
+            f"{EMOJI['budget_changed']} *Budget changed*{reason}\nnow: {budget_summary(data.budget, slack_date)}"
+        ),
     )
 
 
@@ -639,23 +672,125 @@ def state_changed(goal_id: int, data: GoalStateChanged) -> Payload | None:
     return None
 
 
-def final_report(data: FinalReport, goal_id: int | None = None) -> Payload:
-    title = f"{EMOJI['report']} *Final report*" + (f" — goal #{goal_id}" if goal_id is not None else "")
+LEDGER_LINES = 10  # ledger rows shown in the report; all of them are in the attached file
+
+
+def final_report(
+    data: FinalReport, goal_id: int | None = None, summary: SummaryReply | None = None
+) -> Payload:
+    """The report laid out for Slack: one header, the end reason, the facts as fields, the last
+    rows of the ledger one line each (the whole ledger is attached as a file: ledger_file()), and
+    the agent's own words. Without the runner's ledger (`summary` None: it did not answer), the
+    runner's markdown report is shown as it is, under the same one header."""
+    title = f"{EMOJI['report']} Final report" + (f" — goal #{goal_id}" if goal_id is not None else "")
     reason = people(data.end_reason)
-    head = f"{title} — {reason}"
-    if data.best is not None and data.best.metric_value is not None:
-        b = data.best
-        head += f"\n*best* #{b.index} {_metric_text(b)} — {escape(b.description[:500])}"
-    blocks = sections(head) + sections(_report_body(data))
+    blocks: list[dict] = [{"type": "header", "text": {"type": "plain_text", "text": title[:150]}}]
+    blocks += sections(f"*Ended:* {reason}")
+    if summary is None:
+        blocks += sections(_report_body(data))
+        return payload(f"Final report: {reason}", blocks, what="report")
+    goal = summary.status.goal
+    best = summary.status.best or data.best
+    facts = [
+        f"*Best*\n#{best.index} {_metric_text(best)}"
+        if best and best.metric_value is not None
+        else "*Best*\nnone"
+    ]
+    if goal.target is not None:
+        reached = (
+            best is not None
+            and best.metric_value is not None
+            and (
+                best.metric_value >= goal.target
+                if goal.direction == "maximize"
+                else best.metric_value <= goal.target
+            )
+        )
+        facts.append(
+            f"*Target*\n{objective(goal, goal.metric).split(', target ')[-1]} — {'reached' if reached else 'not reached'}"
+        )
+    finished = [e for e in summary.ledger if e.finished]
+    tally = Counter("stopped" if stopped_by_person(e) else e.status for e in finished)
+    facts.append(
+        f"*Experiments*\n{len(finished)}"
+        + (f" ({', '.join(f'{n} {k}' for k, n in tally.most_common())})" if tally else "")
+    )
+    facts.append(f"*Compute*\n{summary.status.compute_hours_used:.4g} compute-h")
+    if best is not None and best.params:
+        facts.append(f"*Best config*\n`{escape(format_params(best.params, 300))}`")
+    if best is not None:
+        facts.append(f"*Best run*\n{escape(best.description[:300])}")
+        if (checkpoint := best_checkpoint(best)) is not None:
+            facts.append(f"*Best checkpoint*\n{escape(checkpoint[:500])}")
+        if errors := error_classes(best):
+            facts.append(f"*Errors of the best*\n{escape(errors[:500])}")
+    blocks.append({"type": "section", "fields": [{"type": "mrkdwn", "text": f[:2000]} for f in facts]})
+    if finished:
+        shown = finished[-LEDGER_LINES:]
+        more = len(finished) - len(shown)
+        lines = [_ledger_line(e) for e in shown]
+        head = "*Ledger*" + (f" (the last {len(shown)} of {len(finished)})" if more else "")
+        blocks += sections(head + "\n" + "\n".join(lines))
+        blocks.append(context(f"The whole ledger ({len(finished)} rows) is attached below as a CSV file."))
+    if words := _agent_words(data.text):
+        blocks += sections("*From the agent*\n" + markdown_to_mrkdwn(words))
     return payload(f"Final report: {reason}", blocks, what="report")
 
 
+def _ledger_line(e: Experiment) -> str:
+    """`✅ #3 keep · exact_accuracy 45.3% · 4.1s — wider model`: one ledger row, short."""
+    stopped = stopped_by_person(e)
+    emoji = STATE_EMOJI["stopped"] if stopped else EMOJI.get(e.status, "•")
+    word = "stopped by a person" if stopped else e.status
+    parts = [f"{emoji} #{e.index} {word}"]
+    if e.metric_value is not None:
+        parts.append(f"{escape(e.metric_name or 'metric')} {format_metric(e.metric_name, e.metric_value)}")
+    elif e.status == "crash" and not stopped:
+        parts.append(crash_text(e))
+    if cost := experiment_cost(e):
+        parts.append(cost[0])
+    what = e.description if len(e.description) <= 120 else e.description[:119].rstrip() + "…"
+    return " · ".join(parts) + f" — {escape(what)}"
+
+
+def _agent_words(text: str) -> str:
+    """What the agent wrote in its report (the runner's report's `## From the agent` part)."""
+    _, found, words = text.partition("## From the agent")
+    return words.strip() if found else ""
+
+
+def ledger_file(goal_id: int, ledger: list[Experiment]) -> dict[str, str]:
+    """The whole ledger as a CSV file for files_upload_v2's `file_uploads`: one row a run."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        ["#", "status", "metric", "value", "verified", "wall_s", "compute_h", "config", "description", "note"]
+    )
+    for e in ledger:
+        writer.writerow(
+            [
+                e.index,
+                "stopped" if stopped_by_person(e) else e.status,
+                e.metric_name or "",
+                "" if e.metric_value is None else f"{e.metric_value:.6g}",
+                "yes" if e.verified else "no",
+                "" if e.wall_seconds is None else f"{e.wall_seconds:.1f}",
+                "" if e.compute_hours is None else f"{e.compute_hours:.6f}",
+                format_params(e.params),
+                e.description,
+                e.note or "",
+            ]
+        )
+    name = f"goal-{goal_id}-ledger.csv"
+    return {"content": out.getvalue(), "filename": name, "title": f"Goal #{goal_id} ledger (all runs)"}
+
+
 def _report_body(data: FinalReport) -> str:
-    """The runner's report, escaped only (the agent's words are in it); its heading repeats the end
-    reason ("# Goal #1 — stopped (stopped by slack:U1 via …)"), whose actor shows as in the head."""
-    heading, newline, rest = markdown_to_mrkdwn(data.text).partition("\n")
-    said = data.end_reason.split("\n", 1)[0]
-    return heading.replace(escape(said), people(said), 1) + newline + rest
+    """The runner's report, escaped only (the agent's words are in it), without its own heading
+    (it repeats the end reason the message says above it)."""
+    body = markdown_to_mrkdwn(data.text)
+    heading, newline, rest = body.partition("\n")
+    return rest.strip("\n") if heading.startswith("*Goal #") and newline else body
 
 
 def hub_fetched(data: HubFetched) -> Payload:

@@ -5,6 +5,7 @@ bot/render.py's helpers and display.facts, as the thread's messages are.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -115,6 +116,36 @@ def goal_shown(line: GoalLine) -> Payload:
     return payload(card["text"], [*card["blocks"], context(where)])
 
 
+def diary_text(text: str) -> str:
+    """A diary entry as a person reads it: an agent's JSON handoff, alone or after a label (the sweep
+    writes `sweep state: {...}`), becomes `- key: value` lines in words; anything else is kept."""
+    label, brace, rest = text.partition("{")
+    if not brace or (label.strip() and not label.rstrip().endswith(":")):
+        return text
+    try:
+        data = json.loads(brace + rest)
+    except ValueError:
+        return text
+    if not isinstance(data, dict):
+        return text
+    lines = [f"{label.strip().rstrip(':')}:"] if label.strip() else []
+    lines += [f"- {str(key).replace('_', ' ')}: {_in_words(value)}" for key, value in data.items()]
+    return "\n".join(lines)
+
+
+def _in_words(value: object) -> str:
+    """`{"index": 2, "config": {"lr": 0.003}}` -> `index 2, config lr=0.003`; `[]` -> `none`."""
+    if isinstance(value, dict):
+        if not value:
+            return "none"
+        if all(not isinstance(v, dict | list) for v in value.values()):
+            return " ".join(f"{k}={v}" for k, v in value.items())
+        return ", ".join(f"{str(k).replace('_', ' ')} {_in_words(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(_in_words(v) for v in value) if value else "none"
+    return str(value)
+
+
 def goal_summary(
     status: GoalStatus,
     ledger: list[Experiment],
@@ -158,7 +189,8 @@ def goal_summary(
         blocks += sections("*Milestones*\n" + "\n".join(marks))
     if diary is not None:
         what = "latest handoff" if diary.kind == "handoff" else "latest diary note"
-        text = diary.text if len(diary.text) <= 1500 else diary.text[:1500] + " …"
+        text = diary_text(diary.text)
+        text = text if len(text) <= 1500 else text[:1500] + " …"
         ago = format_duration((now - diary.ts).total_seconds())
         blocks += sections(f"*The agent's {what}* _({ago} ago)_\n{markdown_to_mrkdwn(text)}")
     for approval in status.pending_approvals[:5]:

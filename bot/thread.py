@@ -1,9 +1,12 @@
 """A goal's thread in Slack: runner events turned into writes to it, and its status card.
 
 Each kind of event has one small function (the `WRITES` table) returning its post or edit; the
-campaign plot comes with milestones and the final report (one plot per such event, not one per
-metric; a milestone that names training curves, as the NeMo RL launcher's does, gets those
-instead), and events that change what the card shows refresh it. An event's writes are stored
+campaign plot comes with milestones and the final report, only when it shows something new since
+the goal's last plot (a new run or a new best; a milestone that names training curves, as the
+NeMo RL launcher's does, gets those instead); a milestone about runs right after a ledger row is
+added to that row (an edit), so a run is at most its row and a plot; the final report comes with
+one upload holding the whole ledger as CSV (and the plot when new); and events that change what
+the card shows refresh it. An event's writes are stored
 with its seq in one transaction, so each is made exactly once. A milestone or fetch the runner
 folded past its goal's rate (runner/folding.py) gets no post and no plot: its PostsFolded shows it.
 """
@@ -11,6 +14,7 @@ folded past its goal's rate (runner/folding.py) gets no post and no plot: its Po
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +59,8 @@ CARD_EVENTS = (
     StageChanged,
     FinalReport,
 )
-PLOTTED = (MilestoneReported, FinalReport)
+NAMES_A_RUN = re.compile(r"#\d+\b")
+PLOTTED = (MilestoneReported,)  # and the final report: ThreadWriter._final_report
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,6 @@ WRITES: dict[type, Callable[[EventInThread, Any], list[Write]]] = {
     StageChanged: lambda event, data: event.post(render.stage_changed(data)),
     BudgetChanged: lambda event, data: event.post(render.budget_changed(data)),
     GoalStateChanged: lambda event, data: event.post(render.state_changed(event.goal_id, data)),
-    FinalReport: lambda event, data: event.post(render.final_report(data, event.goal_id)),
     HubFetched: lambda event, data: event.post(None if data.folded else render.hub_fetched(data)),
     PostsFolded: lambda event, data: event.post(render.posts_folded(data)),
 }
@@ -144,6 +148,12 @@ class ThreadWriter:
         self.outbox = outbox
         self.plots_dir = plots_dir
         self._submitting = submitting
+        # What each goal's last plot showed (runs finished, best run): a plot is uploaded only
+        # when it has something new. In memory: after a restart one plot may repeat, once.
+        self._plotted: dict[CardKey, tuple[int, int | None]] = {}
+        # Each goal's last thread post when it is a ledger row (its key, its payload): a milestone
+        # right after it is added to the row (an edit) instead of a post of its own.
+        self._last_row: dict[CardKey, tuple[str, Payload]] = {}
 
     async def on_runner_event(self, runner: str, event: Event) -> None:
         """Render one runner event into outbox rows and store them with its seq (exactly once)."""
@@ -176,11 +186,21 @@ class ThreadWriter:
         return card is not None and card.state != "failed"
 
     async def _writes(self, event: EventInThread, data: Any) -> list[Write]:
-        writes = [w for w in WRITES.get(type(data), _nothing)(event, data) if await self._target_queued(w)]
-        if isinstance(data, PLOTTED) and not _folded(data) and (plot := await self._plot_for(event, data)):
-            writes.append(
-                Write("upload", in_thread(event.card, plot), EventKey(event.runner, event.seq, "plot"))
-            )
+        if isinstance(data, FinalReport):
+            writes = await self._final_report(event, data)
+        else:
+            writes = self._onto_row(event, data) or [
+                w for w in WRITES.get(type(data), _nothing)(event, data) if await self._target_queued(w)
+            ]
+            if (
+                isinstance(data, PLOTTED)
+                and not _folded(data)
+                and (plot := await self._plot_for(event, data))
+            ):
+                writes.append(
+                    Write("upload", in_thread(event.card, plot), EventKey(event.runner, event.seq, "plot"))
+                )
+        self._remember_row(event, data, writes)
         if isinstance(data, MilestoneReported):
             await self.store.set_milestone(event.runner, event.goal_id, data.title, event.seq)
         if isinstance(data, CARD_EVENTS) and (card := await self._card(event.runner, event.goal_id)):
@@ -190,6 +210,58 @@ class ThreadWriter:
                 Write("update", replacing(event.card, card), EventKey(event.runner, event.seq, "card-update"))
             )
         return writes
+
+    def _onto_row(self, event: EventInThread, data: Any) -> list[Write] | None:
+        """A milestone about runs (it names one: "#3"), with no curves of its own, right after a
+        ledger row: the row is edited to carry it, so a run that brings a new best is one post,
+        not two ("#3 keep … best", "New best … #3"). Other milestones keep a post of their own."""
+        last = self._last_row.get(event.card)
+        if not isinstance(data, MilestoneReported) or data.folded or data.curves is not None or last is None:
+            return None
+        if not NAMES_A_RUN.search(f"{data.title}\n{data.text or ''}"):
+            return None
+        row_key, row = last
+        merged = {
+            "text": row["text"],
+            "blocks": render.fit([*row["blocks"], *render.milestone(data)["blocks"]]),
+        }
+        self._last_row[event.card] = (row_key, merged)
+        return [Write("update", {**merged, "ts_of": row_key}, EventKey(event.runner, event.seq, 0))]
+
+    def _remember_row(self, event: EventInThread, data: Any, writes: list[Write]) -> None:
+        """Which post is the thread's last: a row (a milestone may join it), or anything else."""
+        posts = [w for w in writes if w.kind in ("post", "upload")]
+        if isinstance(data, ExperimentFinished) and posts:
+            self._last_row[event.card] = (str(posts[0].key), posts[0].payload)
+        elif posts:
+            self._last_row.pop(event.card, None)
+
+    async def _final_report(self, event: EventInThread, data: FinalReport) -> list[Write]:
+        """The report, then one upload: the ledger as a CSV file, with the plot when it shows
+        anything new."""
+        summary = await self._summary(event)
+        post = event.post(render.final_report(data, event.goal_id, summary))
+        if summary is None:
+            return post
+        files = [render.ledger_file(event.goal_id, summary.ledger)]
+        if (plot := await self._plot(event, summary)) is not None:
+            files.insert(0, {k: plot[k] for k in ("file", "filename", "title")})
+        upload = {
+            "file_uploads": files,
+            "initial_comment": "The whole ledger" + (" and the plot" if len(files) > 1 else ""),
+        }
+        return [
+            *post,
+            Write("upload", in_thread(event.card, upload), EventKey(event.runner, event.seq, "plot")),
+        ]
+
+    async def _summary(self, event: EventInThread) -> p.SummaryReply | None:
+        try:
+            return await self.pool[event.runner].call(p.Summary, p.SummaryReply, goal_id=event.goal_id)
+        except (p.ProtocolError, UnknownRunner):
+            return None
+        # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
+        # comes again after the reconnect (recording it now would lose its report's ledger for good).
 
     async def _target_queued(self, write: Write) -> bool:
         """An edit of a post never queued (a decision on a prompt this thread never showed)
@@ -234,19 +306,20 @@ class ThreadWriter:
         await asyncio.to_thread(plots.plot_training, series, path, title=title, mark_step=curves.mark_step)
         return {"file": str(path), "filename": path.name, "title": f"{title} ({', '.join(series)})"}
 
-    async def _plot(self, event: EventInThread) -> Payload | None:
-        """The goal's headline metric per experiment as a PNG (best marked), ready to upload."""
-        try:
-            summary = await self.pool[event.runner].call(p.Summary, p.SummaryReply, goal_id=event.goal_id)
-        except (p.ProtocolError, UnknownRunner):
+    async def _plot(self, event: EventInThread, summary: p.SummaryReply | None = None) -> Payload | None:
+        """The goal's headline metric per experiment as a PNG (best marked), ready to upload; None
+        when it would show nothing new since the goal's last plot (no new run, no new best)."""
+        if summary is None and (summary := await self._summary(event)) is None:
             return None
-        # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
-        # comes again after the reconnect (recording it now would lose its plot for good).
         finished = [e for e in summary.ledger if e.finished]
         goal = summary.status.goal
         metric = goal.metric
         if not finished or metric is None:
             return None
+        shows = (len(finished), summary.status.best.index if summary.status.best else None)
+        if self._plotted.get(event.card) == shows:
+            return None
+        self._plotted[event.card] = shows
         path = self.plots_dir / f"{event.runner}-goal-{event.goal_id}-{event.seq}.png"
         await asyncio.to_thread(
             plots.plot_campaign,
@@ -258,7 +331,11 @@ class ThreadWriter:
             title=f"Goal #{event.goal_id}: {metric} per experiment",
         )
         best = summary.status.best
-        comment = f"best so far: #{best.index} {metric} {best.metric_value:.4g}" if best else ""
+        comment = (
+            f"best so far: #{best.index} {render.escape(metric)} {render.format_metric(metric, best.metric_value)}"
+            if best
+            else ""
+        )
         return {
             "file": str(path),
             "filename": path.name,

@@ -134,13 +134,14 @@ def state_label(state: str) -> str:
     return state.replace("_", " ")
 
 
-def budget_summary(budget: Budget) -> str:
-    """`3m00s wall · deadline 18:24:17 · ≤10 experiments · 1m30s per experiment`."""
+def budget_summary(budget: Budget, when: Callable[[datetime], str] = clock) -> str:
+    """`3m00s wall · deadline 18:24:17 · ≤10 experiments · 1m30s per experiment`; `when` writes the
+    deadline (Slack gives each reader their own zone's date and time)."""
     parts: list[str] = []
     if budget.wall_seconds is not None:
         parts.append(f"{format_duration(budget.wall_seconds)} wall")
     if budget.deadline is not None:
-        parts.append(f"deadline {clock(budget.deadline)}")
+        parts.append(f"deadline {when(budget.deadline)}")
     if budget.max_experiments is not None:
         parts.append(f"≤{budget.max_experiments} experiments")
     if budget.compute_hours is not None:
@@ -158,7 +159,11 @@ def objective(goal: Goal, metric: str | None = None) -> str:
     """`↑ maximize, target 95.0%`: which way the goal's metric should move, and how far."""
     parts = [f"{'↑' if goal.direction == 'maximize' else '↓'} {goal.direction}"]
     if goal.target is not None:
-        parts.append(f"target {format_metric(metric or goal.metric, goal.target)}")
+        name = metric or goal.metric
+        if name is None and "%" in goal.text and 0 < goal.target <= 1:
+            # no metric named yet ("to 99.9%"): shown as a percentage, as its rows will be
+            name = "accuracy"
+        parts.append(f"target {format_metric(name, goal.target)}")
     return ", ".join(parts)
 
 
@@ -258,8 +263,18 @@ def experiment_cost(e: Experiment) -> list[str]:
     return cost
 
 
+STOPPED_WITH_GOAL = "ended with the goal: stopped by "
+
+
+def stopped_by_person(e: Experiment) -> bool:
+    """A run cut short because a person stopped its goal (the runner notes it so): not a crash."""
+    return e.status == "crash" and (e.note or "").startswith(STOPPED_WITH_GOAL)
+
+
 def crash_text(e: Experiment) -> str:
-    """Why a crashed run has no metric: its exit code, when it has one."""
+    """Why a crashed run has no metric: stopped by a person, its exit code, or no metric."""
+    if stopped_by_person(e):
+        return "stopped by a person"
     return f"exit {e.exit_code}" if e.exit_code is not None else "no metric"
 
 
@@ -281,8 +296,17 @@ def reported_mark(e: Experiment) -> str:
     return "" if e.verified else "reported"
 
 
+def goal_ended_before(a: Approval) -> bool:
+    """An approval the runner closed because its goal ended (was stopped, failed, finished)."""
+    return a.state == "expired" and (a.comment or "").startswith("the goal ended")
+
+
 def approval_verdict(a: Approval) -> tuple[str, str]:
-    """(emoji, verdict) for a decided approval: `Approved`, `Rejected`, `Expired …`, `Pending`."""
+    """(emoji, verdict) for a decided approval: `Approved`, `Rejected`, `Expired …`, `Not needed …`,
+    `Pending`."""
+    if goal_ended_before(a):
+        how = "was stopped" if "stopped by" in (a.comment or "") else "ended"
+        return "⏹️", f"Not needed: the goal {how}"
     verdicts = {
         "approved": "Approved",
         "rejected": "Rejected",

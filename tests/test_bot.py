@@ -62,13 +62,15 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
     stale_blocks = copy.deepcopy(prompt.blocks)
     await fake.wait_for(lambda: "waiting for approval" in blocks_text(fake.message(general, card.ts)), 10)
 
-    # Bob is neither the owner nor an approver: his reaction is ignored, his click is refused.
+    # Bob is neither the owner nor an approver: his reaction and his click are refused, to him alone.
     caplog.set_level(logging.INFO, logger="goaltender.bot")
     await fake.user_reacts(general, prompt.ts, "white_check_mark", user=BOB)
     click = await fake.click_button(general, prompt.ts, "approve", user=BOB)
     refused = await click.wait_for_ephemeral()
     assert "Only <@U0ALICE>" in refused.text
     await eventually(lambda: f"reaction by {BOB} on approval #1 ignored" in caplog.text)
+    await fake.wait_for(lambda: len(fake.ephemerals(BOB)) == 2, 10)
+    assert all("Only <@U0ALICE>" in e.text for e in fake.ephemerals(BOB))
     assert not (out / "ask.rc").exists() and prompt.edited is None
 
     # The owner's 👍 (with a skin tone) approves; the prompt shows who decided.
@@ -100,7 +102,14 @@ async def test_goal_thread_approvals_steering_and_stop(fake, make_bot, start_run
     report = await fake.wait_for_message(general, thread_ts=card.ts, text="Final report", timeout=20)
     # The campaign plot (one per milestone with results, and one with the report) is in the thread.
     await fake.wait_for(lambda: any(m.files for m in fake.thread(general, card.ts)), timeout=15)
-    assert "```" in blocks_text(report)  # the ledger table is in a code block
+    # One line a run, no code-block table: the whole ledger is attached as a CSV file.
+    assert "```" not in blocks_text(report) and "#1 keep" in blocks_text(report)
+    await fake.wait_for(
+        lambda: any(
+            f["name"] == "goal-1-ledger.csv" for m in fake.thread(general, card.ts) for f in m.files or []
+        ),
+        15,
+    )
     await fake.wait_for(lambda: "stopped" in blocks_text(fake.message(general, card.ts)), 10)
 
     # A reply to a finished goal gets a clear answer.
@@ -235,7 +244,8 @@ def test_render_limits_and_reactions():
     assert len(blocks) <= 50 and all(len(b["text"]["text"]) <= 3000 for b in blocks if b["type"] == "section")
     assert sum(len(json.dumps(b)) for b in blocks) < 13_000
     assert "truncated" in blocks[-1]["elements"][0]["text"]
-    assert blocks[1]["text"]["text"].startswith("*Report*\n*best* run")
+    assert [b["type"] for b in blocks].count("header") == 1
+    assert blocks[2]["text"]["text"].startswith("*Report*\n*best* run")
     assert all(b["text"]["text"].count("```") % 2 == 0 for b in blocks if b["type"] == "section")
     approval = Approval(id=7, goal_id=1, question="Go <big>?", expires_at=utcnow())
     prompt = render.approval_prompt(approval, "box")

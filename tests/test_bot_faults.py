@@ -32,13 +32,15 @@ from goaltender.runner.daemon import Runner
 from goaltender.storage.bot_store import BotStore
 
 MAX_ATTEMPTS = 4
-# An experiment (so each milestone brings a plot), then one milestone per gate file the test makes.
+# Per gate file the test makes, one milestone; an experiment before each, so each milestone brings
+# a plot (a plot is uploaded only when it shows a run the last one did not).
 GATED_AGENT = """
 goaltender experiment -d base --metric acc -- python -c 'print("acc: 0.5")'
-for step in first second; do
-    while [ ! -e "$GOALTENDER_WORKSPACE/go-$step" ]; do sleep 0.1; done
-    goaltender milestone "Step $step" "words of the $step step"
-done
+while [ ! -e "$GOALTENDER_WORKSPACE/go-first" ]; do sleep 0.1; done
+goaltender milestone "Step first" "words of the first step"
+goaltender experiment -d again --metric acc -- python -c 'print("acc: 0.5")'
+while [ ! -e "$GOALTENDER_WORKSPACE/go-second" ]; do sleep 0.1; done
+goaltender milestone "Step second" "words of the second step"
 sleep 60
 """
 
