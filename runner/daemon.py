@@ -658,7 +658,8 @@ class Runner:
     async def _on_revert_skill(self, req: p.RevertSkill, who: Principal) -> p.Reply:
         async with self._skills_lock:
             try:
-                commit, subject = await asyncio.to_thread(self.skills.revert, req.commit, who.said(req.by))
+                # The skill folder's history is a record: it names who reverted as the audit trail does.
+                commit, subject = await asyncio.to_thread(self.skills.revert, req.commit, who.actor(req.by))
             except SkillEditError as exc:
                 raise Refused("bad_request", str(exc)) from None
         return p.Done(message=f"reverted {req.commit} ({subject}) as commit {commit}")

@@ -22,6 +22,7 @@ SMALL = {
         "event->post p50",
     ),
     "bench_redact": (["--n", "200"], "ratio"),
+    "bench_metrics": (["--goals", "20", "--seconds", "1"], "loop lateness, scraped back to back"),
     "bench_parsing": (["--repeat", "1"], "ratio"),
     "bench_wire": (["--repeat", "1"], "ratio"),
     "bench_history": (["--events", "3000", "--log-mib", "2"], "replay of 3000 events"),

@@ -126,6 +126,7 @@ def templates(goal: int, approval: int, experiment: int) -> list[dict[str, Any]]
         {"type": "submit_report", "id": 22, "goal_id": goal, "text": "done"},
         {"type": "audit", "id": 23, "goal_id": goal, "limit": 5},
         {"type": "prune", "id": 66, "days": 90, "dry_run": True},
+        {"type": "put_input", "id": 67, "goal_id": goal, "name": "notes.txt", "size": 5, "data": "aGVsbG8="},
         {"type": "disk_usage", "id": 40, "goal_id": goal},
         {"type": "stage_done", "id": 50, "goal_id": goal, "summary": "planned", "document": "# Plan"},
         {
