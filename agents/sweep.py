@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goaltender.agents.blocking import BlockingAgent, Misconfigured, PlainGoal, run_blocking_agent
-from goaltender.display.params import format_params
+from goaltender.display.params import format_metric, format_params
 from goaltender.runner.noise import LOW_SIGNAL_ANSWER
 from goaltender.runner.quick_client import RunnerRefused
 from goaltender.storage.direction import best_of, reached
@@ -593,9 +593,9 @@ class SweepAgent(BlockingAgent):
         stop_status = reply.get("stop_status", "")
         if reply.get("new_best"):
             previous = [x for x in self.ledger[:-1] if x.status == "keep"]
-            before = f" (was {previous[-1].metric_value:.4g})" if previous else ""
+            was = f" (was {format_metric(self.task.metric, previous[-1].metric_value)})" if previous else ""
             self.milestone(
-                f"New best: {self.task.metric} {e.metric_value:.4g}{before}",
+                f"New best: {self.task.metric} {format_metric(self.task.metric, e.metric_value)}{was}",
                 f"#{e.index} {e.description}\nConfig: {format_params(e.params)}\n{stop_status}",
             )
         self._handoff(stop_status)

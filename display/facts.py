@@ -10,12 +10,12 @@ style them. Everything here is pure.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from goaltender.display.params import format_metric
 from goaltender.display.params import format_params as _one_line_params
 from goaltender.display.plain import clean
 from goaltender.storage.records import Approval, Budget, Experiment, Goal, PostsFolded
@@ -53,16 +53,6 @@ STATE_EMOJI = {
 BAR_WIDTH = 10
 
 
-def is_percent_metric(name: str | None) -> bool:
-    """Whether a metric is an accuracy-like fraction that reads best as a percentage."""
-    if not name:
-        return False
-    lowered = name.lower()
-    if "accuracy" in lowered:
-        return True
-    return "acc" in re.split(r"[^a-z0-9]+", lowered)
-
-
 def format_duration(seconds: float | None) -> str:
     """14.2s, 1m32s, 2h05m, 3d04h. None or NaN -> "—"."""
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
@@ -84,19 +74,6 @@ def format_duration(seconds: float | None) -> str:
     total_h = round(seconds / 3600)
     d, h = divmod(total_h, 24)
     return f"{d}d{h:02d}h"
-
-
-def format_metric(name: str | None, value: float | None) -> str:
-    """Accuracy-like metrics as a percentage (87.5%), anything else with 4 significant digits."""
-    if value is None:
-        return "—"
-    value = float(value)
-    if not math.isfinite(value):
-        return str(value)
-    if is_percent_metric(name):
-        # A value above 1 is taken to be a percentage already.
-        return f"{value * 100:.1f}%" if -1.0 <= value <= 1.0 else f"{value:.1f}%"
-    return f"{value:.4g}"
 
 
 def format_params(params: Mapping[str, Any], max_len: int | None = None) -> str:

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from goaltender.display.facts import format_metric, is_percent_metric
+from goaltender.display.params import format_metric, is_percent_metric
 from goaltender.storage.direction import better
 from goaltender.storage.records import Experiment
 
