@@ -50,6 +50,32 @@ def short_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+async def bot_check(fake: FakeSlack, runner_socket: Path, home: Path, **env: str) -> tuple[int, str]:
+    """The real `goaltender bot --check` against the fake Slack and one runner named box: its exit
+    code and its output. `env` adds to or overrides its environment (SLACK_BOT_TOKEN=…)."""
+    full = {
+        **os.environ,
+        "SLACK_BOT_TOKEN": fake.bot_token,
+        "SLACK_APP_TOKEN": fake.app_token,
+        "GOALTENDER_SLACK_API_URL": fake.api_url,
+        "GOALTENDER_HOME": str(home),
+        "GOALTENDER_RUNNERS": json.dumps([{"name": "box", "socket": str(runner_socket)}]),
+        **env,
+    }
+    full.pop("GOALTENDER_CONFIG", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "goaltender.cli", "bot", "--check",
+        env=full, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, out.decode()
+
+
 async def eventually(predicate, timeout: float = 20.0, interval: float = 0.05):
     """Poll `predicate()` (plain or async) until it is truthy and return that value.
 

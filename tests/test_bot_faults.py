@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import blocks_text, eventually, write_agent
+from conftest import blocks_text, bot_check, eventually, write_agent
 from daemons import Daemon
 from fake_slack import ALICE, FakeSlack
 
@@ -415,27 +415,9 @@ async def test_goaltender_bot_check_exits_with_its_verdict(fake, gated, tmp_path
     """The real entry point: `goaltender bot --check`, configured through its environment."""
 
     async def run_check(token: str) -> tuple[int, str]:
-        env = {
-            **os.environ,
-            "SLACK_BOT_TOKEN": token,
-            "SLACK_APP_TOKEN": fake.app_token,
-            "GOALTENDER_SLACK_API_URL": fake.api_url,
-            "GOALTENDER_HOME": str(tmp_path / "check-home"),
-            "GOALTENDER_RUNNERS": json.dumps([{"name": "box", "socket": str(gated.settings.socket_path)}]),
-        }
-        env.pop("GOALTENDER_CONFIG", None)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "goaltender.cli",
-            "bot",
-            "--check",
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        return await bot_check(
+            fake, gated.settings.socket_path, tmp_path / "check-home", SLACK_BOT_TOKEN=token
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        return proc.returncode or 0, out.decode()
 
     code, text = await run_check(fake.bot_token)
     assert code == 0 and text.rstrip().endswith("bot check: OK"), text

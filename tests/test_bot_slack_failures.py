@@ -9,13 +9,10 @@ its goal and tells the owner by DM.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 
 import pytest
 import test_bot_faults
-from conftest import blocks_text, eventually
+from conftest import blocks_text, bot_check, eventually
 from fake_slack import ALICE
 from test_bot_faults import Goal, _runner_status
 
@@ -57,34 +54,10 @@ async def test_a_hung_call_holds_up_only_its_channel_and_is_tried_again_after_th
 
 async def test_bot_check_is_bounded_when_slack_never_answers(fake, gated, tmp_path):
     fake.hang("auth.test")
-    env = {
-        **os.environ,
-        "SLACK_BOT_TOKEN": fake.bot_token,
-        "SLACK_APP_TOKEN": fake.app_token,
-        "GOALTENDER_SLACK_API_URL": fake.api_url,
-        "GOALTENDER_SLACK_TIMEOUT_S": "2",
-        "GOALTENDER_HOME": str(tmp_path / "check-home"),
-        "GOALTENDER_RUNNERS": json.dumps([{"name": "box", "socket": str(gated.settings.socket_path)}]),
-    }
-    env.pop("GOALTENDER_CONFIG", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "goaltender.cli",
-        "bot",
-        "--check",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+    code, text = await bot_check(  # (it waited 300 s before)
+        fake, gated.settings.socket_path, tmp_path / "check-home", GOALTENDER_SLACK_TIMEOUT_S="2"
     )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)  # (it waited 300 s before)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    text = out.decode()
-    assert proc.returncode == 1, text
+    assert code == 1, text
     assert "PROBLEM: Slack could not be reached" in text and "no answer from Slack in time" in text, text
     assert "runner box: reachable" in text
 
