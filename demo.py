@@ -238,14 +238,7 @@ class Demo:
         plot_paths = await self._plot()
         status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
         self.goal = status.goal
-        card = self.console.render_card(
-            status.goal,
-            attempted=status.attempted,
-            compute_hours_used=status.compute_hours_used,
-            best=status.best,
-            now=utcnow(),
-        )
-        self.console.write(card)
+        self.console.write(self.console.render_card(status, now=utcnow()))
         for path in plot_paths:
             print(f"plot: {path}")
         print(f"ledger and logs: {status.goal.workspace}/experiments/")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 
@@ -135,42 +136,46 @@ def test_llm_demo_fails_fast_without_an_endpoint(tmp_path):
     assert done.returncode == 2 and "set GOALTENDER_MODEL" in done.stderr
 
 
+def llm_demo(fake, directory, agent: str, *goal: str) -> subprocess.CompletedProcess:
+    """`goaltender demo --yes --agent AGENT [GOAL]` against the fake endpoint, as a user runs it."""
+    env = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "OPENAI_BASE_URL": fake.base_url,
+        "GOALTENDER_MODEL": "fake-model",
+    }
+    env.pop("GOALTENDER_HOME", None)
+    return subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "demo", *goal, "--yes", "--agent", agent],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=directory,
+    )
+
+
 async def test_llm_demo_runs_against_the_endpoint_in_the_environment(tmp_path):
     """`goaltender demo --agent openai|codex` drives a goal on whatever endpoint the environment
-    names; here the fake server answers that there is nothing more to do, so each goal finishes."""
+    names; here the fake server answers that there is nothing more to do, so each goal finishes.
+    The card at the end shows the tokens the agent spent against the goal's token budget (it
+    showed 0 whatever they were: issue 36)."""
     from fake_openai import FakeOpenAI
+
+    from goaltender.demo import LLM_GOAL
 
     fake = FakeOpenAI()
     await fake.start()
     try:
-        env = {
-            **os.environ,
-            "NO_COLOR": "1",
-            "OPENAI_BASE_URL": fake.base_url,
-            "GOALTENDER_MODEL": "fake-model",
-        }
-        env.pop("GOALTENDER_HOME", None)
         for agent in ("openai", "codex"):
+            (tmp_path / agent).mkdir()
             done = await asyncio.to_thread(
-                subprocess.run,
-                [
-                    sys.executable,
-                    "-m",
-                    "goaltender.cli",
-                    "demo",
-                    "--yes",
-                    "--agent",
-                    agent,
-                    "--dir",
-                    str(tmp_path / agent),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=180,
-                env=env,
+                llm_demo, fake, tmp_path / agent, agent, f"{LLM_GOAL}, max 900k tokens"
             )
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
             assert "📋 Final report" in done.stdout and "Goal #1" in done.stdout
+            spent = re.search(r"\n +tokens +\[[#-]+\] (\S+)/900k\n", done.stdout)
+            assert spent and spent.group(1) != "0", done.stdout[-1500:]
         paths = {seen.path for seen in fake.requests}
         assert {"chat", "responses"} <= paths  # the built-in loop and Codex both asked the model
     finally:
