@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import resource
 import signal
@@ -49,6 +50,7 @@ LLM_GOAL = (
 # stopped asking, or asked for the baseline, as the box or the workload got faster or slower.
 APPROVE_ABOVE = "2x"
 CURVE_METRIC = "train_loss"
+RUNNER_LOG = "runner.log"  # in the runner's home: what it logs as it runs the demo's goal
 
 
 def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = "sweep") -> int:
@@ -64,6 +66,15 @@ def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, threads)
     return asyncio.run(Demo(text, directory.resolve(), yes, agent).run())
+
+
+def _log_to(path: Path) -> None:
+    """The runner's log records (it runs in this process) into its home: the terminal shows the
+    goal's thread, and the demo's own lines on stderr (a failed goal's reason once, not also as
+    the runner's journal line)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
 async def endpoint_problem() -> str | None:
@@ -133,6 +144,7 @@ class Demo:
         except StartupFailed as failed:  # a --dir that is a file, a demo already running there
             print(f"goaltender demo: cannot start its runner: {failed}", file=sys.stderr)
             return 1
+        _log_to(settings.home / RUNNER_LOG)
         serving = asyncio.ensure_future(runner.serve_forever())
         print(f"Goaltender demo — runner state, logs and plots in {self.directory}\n")
         if self.auto_note:
@@ -160,7 +172,19 @@ class Demo:
         finally:
             serving.cancel()
             await runner.close()
-        return 0 if self.goal is not None and not self.interrupted else 1
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        """0 only for a goal that finished; else 1, saying why in one line (a Ctrl-C says so itself)."""
+        if self.goal is not None and self.goal.state == "finished" and not self.interrupted:
+            return 0
+        if self.goal is not None and not self.interrupted:
+            goal = self.goal
+            # An agent's end reason is a head line and the tail of its stderr: all of it, on one line.
+            why = " / ".join(line.strip() for line in (goal.end_reason or "").splitlines() if line.strip())
+            said = f"{goal.state}: {why[:1000]}" if why else f"did not end (it is {goal.state})"
+            print(f"goaltender demo: goal #{goal.id} {said}", file=sys.stderr)
+        return 1
 
     async def _react(self, client: RunnerClient, event: Event) -> None:
         data = event.data

@@ -180,3 +180,18 @@ async def test_llm_demo_runs_against_the_endpoint_in_the_environment(tmp_path):
         assert {"chat", "responses"} <= paths  # the built-in loop and Codex both asked the model
     finally:
         await fake.close()
+
+
+async def test_a_demo_whose_goal_failed_exits_non_zero_saying_why(tmp_path):
+    """Issue 36: it exited 0 whatever became of its goal."""
+    from fake_openai import Fail, FakeOpenAI
+
+    fake = FakeOpenAI(default=Fail(400, message="model exploded XYZ-36"))
+    await fake.start()
+    try:
+        done = await asyncio.to_thread(llm_demo, fake, tmp_path, "openai")
+    finally:
+        await fake.close()
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    [said] = done.stderr.splitlines()
+    assert said.startswith("goaltender demo: goal #1 failed: ") and "XYZ-36" in said, said
