@@ -54,7 +54,7 @@ RUNNER_LOG = "runner.log"  # in the runner's home: what it logs as it runs the d
 
 
 def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = "sweep") -> int:
-    if agent != "sweep" and (problem := asyncio.run(endpoint_problem())):
+    if agent != "sweep" and (problem := asyncio.run(endpoint_problem(agent))):
         print(f"goaltender demo --agent {agent}: {problem}", file=sys.stderr)
         return 2
     text = goal_text or (DEFAULT_GOAL if agent == "sweep" else LLM_GOAL)
@@ -77,8 +77,16 @@ def _log_to(path: Path) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
 
-async def endpoint_problem() -> str | None:
-    """Why the model endpoint the LLM agents would use cannot serve them, or None if it can."""
+# How long the endpoint check waits. A server that takes no connection in CONNECT_S is not there; one
+# that took it may still be slow to list its models (a model loading, a busy GPU): it is given
+# ANSWER_S before the check says so, and it is never called unreachable.
+CONNECT_S = 10.0
+ANSWER_S = 120.0
+
+
+async def endpoint_problem(agent: str, *, answer_s: float = ANSWER_S) -> str | None:
+    """Why the model endpoint the LLM agent would use cannot serve it, or None if it can: its
+    models listed (GET /models), and for Codex its Responses API there (POST /responses)."""
     import openai
 
     base_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
@@ -88,18 +96,56 @@ async def endpoint_problem() -> str | None:
             "endpoint (any OpenAI-compatible server: vLLM, NIM, OpenAI)"
         )
     client = openai.AsyncOpenAI(
-        base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_retries=0, timeout=5
+        base_url=base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        max_retries=0,
+        timeout=openai.Timeout(answer_s, connect=CONNECT_S),
     )
+    url = f"{base_url.rstrip('/')}/models"
     try:
         await client.models.list()
+        if agent == "codex":
+            url = f"{base_url.rstrip('/')}/responses"
+            # An empty request: a server with the API refuses it (400, 422) without generating.
+            await client.post("/responses", body={}, cast_to=object)
+    except openai.APITimeoutError as exc:
+        if type(exc.__cause__).__name__ == "ConnectTimeout":
+            return f"no model endpoint reachable at {base_url} (no connection within {CONNECT_S:g}s); set OPENAI_BASE_URL"
+        return (
+            f"the endpoint at {base_url} took the connection but sent no answer to {url} within "
+            f"{answer_s:g}s: it is up, but slow or stuck (still loading its model?); try again once it answers"
+        )
     except openai.APIConnectionError as exc:
         return f"no model endpoint reachable at {base_url} ({exc}); set OPENAI_BASE_URL"
     except openai.APIStatusError as exc:
-        if exc.status_code in (401, 403):
-            return f"the endpoint at {base_url} refused the key ({exc.status_code}); set OPENAI_API_KEY"
+        return _refusal(exc.status_code, base_url, url)
     finally:
         await client.close()
     return None
+
+
+def _refusal(status: int, base_url: str, url: str) -> str | None:
+    """What an HTTP error from the endpoint check means, and what to do; None when it is only the
+    empty /responses request refused (the API is there)."""
+    if status in (401, 403):
+        return f"the endpoint at {base_url} refused the key ({status}); set OPENAI_API_KEY"
+    if status == 404 and url.endswith("/responses"):
+        return (
+            f"this endpoint has no Responses API ({url} answered 404), which Codex needs: use "
+            "--agent openai (the built-in agent speaks Chat Completions)"
+        )
+    if status == 404:
+        hint = (
+            ""
+            if base_url.rstrip("/").endswith("/v1")
+            else f" (most servers serve it under /v1: {base_url.rstrip('/')}/v1?)"
+        )
+        return f"{url} answered 404 Not Found: OPENAI_BASE_URL is not the API's base URL{hint}"
+    if url.endswith("/responses") and status < 500:
+        return None
+    if status >= 500:
+        return f"{url} answered HTTP {status}: the server is up but failing (still starting?); try again once it answers"
+    return f"{url} answered HTTP {status}: is OPENAI_BASE_URL an OpenAI-compatible API?"
 
 
 class Demo:

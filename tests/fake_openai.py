@@ -63,11 +63,16 @@ class Seen:
 
 
 class FakeOpenAI:
-    def __init__(self, default: Scripted | None = None):
+    """`responses=False` is a server without the Responses API (Chat Completions only, as many
+    local servers are): /v1/responses is no route, answered 404 as any unknown path."""
+
+    def __init__(self, default: Scripted | None = None, *, responses: bool = True):
         self.script: deque[Scripted] = deque()
         self.default: Scripted = default or Turn(text="Nothing more to do.")
         self.requests: list[Seen] = []
         self.delay_s = 0.0  # added before every answer (to test timeouts)
+        self.models_delay_s = 0.0  # before the list of models (a server slow to answer at all)
+        self.responses = responses
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
@@ -77,7 +82,8 @@ class FakeOpenAI:
     async def start(self, port: int = 0) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/responses", self._responses)
+        if self.responses:
+            app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
@@ -112,6 +118,7 @@ class FakeOpenAI:
         return body, item
 
     async def _models(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.models_delay_s)
         return web.json_response(
             {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}]}
         )
