@@ -66,6 +66,28 @@ CONTINUE_PROMPT = (
 )
 
 
+# ---- why a turn failed ----
+
+_NO_RESPONSES_API = re.compile(r"\b404\b.*?(\S*/responses)\b", re.S)
+_MODEL = re.compile(r"\bmodel\b", re.I)
+
+
+def turn_failure(error: str) -> str:
+    """Why the goal fails when a Codex turn failed: Codex's error, and what to do about it where
+    that is known. A 404 from /responses is a server without the Responses API (many local servers
+    serve Chat Completions only), which Codex cannot work without."""
+    said = f"the Codex turn failed: {error or 'no reason given'}"
+    if (found := _NO_RESPONSES_API.search(error)) is None:
+        return said
+    if _MODEL.search(error):  # vLLM's 404 for a model it does not serve, on a path it has
+        return f"the endpoint does not serve that model: set GOALTENDER_MODEL to one it lists. {said}"
+    return (
+        f"this endpoint has no Responses API ({found.group(1)} answered 404), which Codex needs: use "
+        "the built-in agent, which speaks Chat Completions (`with openai` in the goal, `--agent "
+        f"openai` on the command line). {said}"
+    )
+
+
 # ---- approval requests ----
 
 

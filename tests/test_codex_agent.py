@@ -43,12 +43,23 @@ AGENT = [sys.executable, "-m", "goaltender.agents.codex_agent"]
 @pytest.fixture
 async def fake(monkeypatch):
     """FakeOpenAI, and the environment that points the Codex agent at it."""
+    async for server in _endpoint(monkeypatch, FakeOpenAI()):
+        yield server
+
+
+@pytest.fixture
+async def chat_only(monkeypatch):
+    """A fake endpoint without the Responses API (Chat Completions only), for the Codex agent."""
+    async for server in _endpoint(monkeypatch, FakeOpenAI(responses=False)):
+        yield server
+
+
+async def _endpoint(monkeypatch, server: FakeOpenAI):
     if not CODEX_BIN.exists():
         pytest.fail(
             f"the Codex CLI is not installed at {CODEX_BIN}: run `make test`, which installs it "
             "(npm install @openai/codex into .codex-cli/)"
         )
-    server = FakeOpenAI()
     await server.start()
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
@@ -351,6 +362,40 @@ async def test_endpoint_failure_fails_the_goal_with_the_reason(start_runner, con
     assert "the agent exited with code 1" in events[-1].data.end_reason
     server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
     assert group_members(server_pid) == []
+
+
+async def test_an_endpoint_without_the_responses_api_says_what_to_do(start_runner, connect, chat_only):
+    """Issue 36: Codex on a server that serves Chat Completions only failed with a 404 and no word
+    of what to do."""
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "no responses here, max 2 experiments", agent="codex")
+    events = await events_until_report(client, goal_id, timeout=60)
+    [failed] = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    advice = (
+        f"this endpoint has no Responses API ({chat_only.base_url}/responses answered 404), which Codex "
+        "needs: use the built-in agent, which speaks Chat Completions (`with openai` in the goal, "
+        "`--agent openai` on the command line)."
+    )
+    assert failed.title.startswith("Codex agent failed: this endpoint has no Responses API (")
+    assert failed.text.startswith(advice) and "unexpected status 404" in failed.text  # Codex's words too
+    assert advice in events[-1].data.text  # the report
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert [seen.path for seen in chat_only.requests] == []  # /responses is no route there: never served
+
+
+async def test_a_model_the_endpoint_does_not_serve_is_not_called_a_missing_api(start_runner, connect, fake):
+    """vLLM answers 404 on /v1/responses for a model it does not serve: that is the model's name."""
+    fake.add(Fail(404, message="The model `fake-model` does not exist."))
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "wrong model, max 2 experiments", agent="codex")
+    events = await events_until_report(client, goal_id, timeout=60)
+    [failed] = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    assert failed.text.startswith(
+        "the endpoint does not serve that model: set GOALTENDER_MODEL to one it lists."
+    )
+    assert "Responses API" not in failed.text and "does not exist" in failed.text
 
 
 FAKE_APP_SERVER = textwrap.dedent(
