@@ -159,7 +159,7 @@ class CodexAgent(GoalAgent):
         self.usage_step = int(max((s for s, _ in series.points if s is not None), default=0))
 
         await self.start_server()
-        prompt = first_prompt(brief)
+        prompt = first_prompt()
         previous = await self.previous_thread() if self.goal.resumed else None
         if previous and await self.resume_thread(previous):
             prompt = resume_prompt(brief)

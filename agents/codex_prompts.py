@@ -45,15 +45,19 @@ HOW_TO_FINISH = (
 )
 
 
-def first_prompt(brief: str) -> str:
+def first_prompt() -> str:
+    """The first turn's words. The brief is not among them: it is AGENTS.md, which Codex reads
+    itself and sends with its instructions (it was sent twice, ~5 KB of a ~55 KB first request)."""
     return (
-        f"{brief}\n---\n\nWork toward this goal now (the brief above is also in AGENTS.md). Read the "
-        "skills it names that fit the goal (`.agents/skills/<name>/SKILL.md`: `autoresearch` always, "
-        f"`nemo-rl` for a training campaign) before the first run. {HOW_TO_FINISH}"
+        "Work toward the goal in AGENTS.md (above: the goal, its stop rule and budgets, how to work, "
+        "the skills) now. Read the skills it names that fit the goal (`.agents/skills/<name>/SKILL.md`: "
+        f"`autoresearch` always, `nemo-rl` for a training campaign) before the first run. {HOW_TO_FINISH}"
     )
 
 
 def resume_prompt(brief: str) -> str:
+    """A resumed thread's words: the brief as it is now (its ledger, the latest handoff), which
+    the thread's history has only as it was when the thread started."""
     return (
         "The goaltender runner restarted and interrupted this session. The current brief, with the ledger "
         f"so far and the latest handoff, follows; pick up where you left off.\n\n{brief}\n---\n\n{HOW_TO_FINISH}"

@@ -190,6 +190,10 @@ async def test_approved_and_rejected_commands_brief_skills_metrics_report(
         if isinstance(part, dict) and part.get("text", "").startswith("# AGENTS.md instructions for")
     ]
     assert agents_md and "STARGOAL-7781" in agents_md[0] and "Stop rule and budgets" in agents_md[0]
+    # ... and only there: the first prompt does not carry the brief a second time (issue 36).
+    sent = json.dumps(first)
+    assert sent.count("STARGOAL-7781") == 1 and sent.count("## Stop rule and budgets") == 1
+    assert "Work toward the goal in AGENTS.md" in sent
     assert "<skills_instructions>" in json.dumps(first) and "SKILLMARK-93" in json.dumps(first)
     assert "star-helper" in json.dumps(first)
     for name in list_skills():  # the project's skills, copied to .agents/skills by the agent
@@ -219,6 +223,24 @@ async def test_approved_and_rejected_commands_brief_skills_metrics_report(
     assert 30_000 < window <= 32_768  # GOALTENDER_CONTEXT_TOKENS reached Codex (it keeps a 5% margin)
     assert "command completed (exit 0" in log and "touch approved-marker" in log
     assert "command declined" in log
+
+
+async def test_a_brief_past_32_kib_reaches_codex_whole(start_runner, connect, fake):
+    """The brief reaches Codex only as AGENTS.md, which Codex cuts at 32 KiB unless told otherwise:
+    a long one (here a skill with 40 KB of description; a long diary handoff in practice) is sent
+    whole."""
+    runner = await start_runner(agents={"codex": AGENT})
+    skill = runner.settings.home / "skills" / "aaa-long-notes" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text(f"---\nname: aaa-long-notes\ndescription: {'notes ' * 7000}END-OF-NOTES\n---\nx\n")
+    fake.default = Turn(text="Read it all.\nGOAL COMPLETE")
+    client = await connect(runner)
+    goal_id = await submit(client, "read a long brief, max 1 experiments", agent="codex")
+    await events_until_report(client, goal_id, timeout=30)
+    brief = (workspace(runner, goal_id) / "AGENTS.md").read_text()
+    assert len(brief.encode()) > 40_000 and "END-OF-NOTES" in brief
+    sent = json.dumps(fake.requests[0].body)
+    assert "END-OF-NOTES" in sent and json.dumps(brief.rstrip()[-300:])[1:-1] in sent  # its very end
 
 
 async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
@@ -513,6 +535,7 @@ def test_settings_codex_home_and_done_detection(tmp_path, monkeypatch):
     assert (
         config["allow_login_shell"] is False and config["sandbox_workspace_write"]["network_access"] is True
     )
+    assert config["project_doc_max_bytes"] == 256 * 1024  # the whole brief: Codex cuts AGENTS.md at 32 KiB
     assert "approval_policy" not in config  # Codex 0.171 refuses "untrusted" there; it goes in thread/start
     write_codex_home(tmp_path / "home", codex_settings(monkeypatch, **env, GOALTENDER_CODEX_RETRIES="2"))
     provider = tomllib.loads((tmp_path / "home" / "config.toml").read_text())["model_providers"]["goaltender"]
