@@ -14,6 +14,7 @@ from conftest import BIN, events_until_report, eventually, submit, write_agent
 from daemons import Daemon
 
 from goaltender.runner import protocol as p
+from goaltender.runner.agent_env import runner_bin_directories, runner_first_path
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.supervisor import spawn, wait_process
 
@@ -62,6 +63,14 @@ def assert_found_the_install(ledger: list, workspace: Path, bin_dir: Path) -> No
     assert runners_run.verified and runners_run.metric_name == "exact_accuracy"  # the eval ran too
 
 
+def test_the_runners_directories_come_first_once_and_the_rest_of_path_after():
+    own = os.pathsep.join(runner_bin_directories())
+    assert runner_bin_directories()[0] == BIN  # as invoked: the venv's bin, not the base interpreter's
+    assert runner_first_path(f"/usr/bin:{BIN}:/bin:/usr/bin") == f"{own}:/usr/bin:/bin"
+    assert runner_first_path(None) == f"{own}:{os.defpath}"  # unset: what execvp would search
+    assert runner_first_path("") == own  # not the working directory, as an empty entry would be
+
+
 async def test_a_runner_from_a_venv_not_activated_gives_agents_and_runs_its_python_and_verbs(
     start_runner, connect, tmp_path, monkeypatch
 ):
@@ -81,7 +90,7 @@ async def test_a_runner_started_by_its_console_script_with_a_bare_path(tmp_path,
     socket = short_dir / "runner.sock"
     env = {
         "PATH": BARE_PATH,
-        "HOME": os.environ.get("HOME", "/root"),
+        "HOME": str(Path.home()),
         "GOALTENDER_HOME": str(tmp_path / "home"),
         "GOALTENDER_SOCKET": str(socket),
         "GOALTENDER_AGENTS": json.dumps({"probe": write_agent(tmp_path, "probe.sh", AGENT)}),
@@ -125,7 +134,8 @@ async def test_the_runners_venv_stays_read_only_in_a_sandbox_that_may_write_arou
     finally:
         launch.close()
         written = venv / "bin" / "agent-was-here"
-        planted, _ = written.exists(), written.unlink(missing_ok=True)
+        planted = written.exists()
+        written.unlink(missing_ok=True)
     said = (workspace / "probe.log").read_text()
     assert not planted and launch.exit_code(status) != 0 and "Read-only file system" in said, said
 
