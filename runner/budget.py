@@ -377,6 +377,14 @@ def experiment_timeout(budget: Budget, requested: float | None, now: datetime) -
     return min(limits) if limits else None
 
 
+STOP_MET = "stop condition met"
+
+
+def stop_met(status: str) -> bool:
+    """Does a stop_status line say the goal's stop rule is met?"""
+    return status.startswith(STOP_MET)
+
+
 def stop_status(
     budget: Budget, attempted: int, compute_used: float, now: datetime, *, target_reached: bool = False
 ) -> str:
@@ -399,7 +407,7 @@ def stop_status(
         parts.append(f"{compute_used:.3g}/{budget.compute_hours:g} compute-h")
         if compute_used >= budget.compute_hours:
             met.append("compute")
-    head = f"stop condition met ({', '.join(met)})" if met else "stop condition not yet met"
+    head = f"{STOP_MET} ({', '.join(met)})" if met else "stop condition not yet met"
     return f"{head}: {', '.join(parts)}"
 
 
