@@ -57,8 +57,11 @@ typecheck: $(STAMP)
 	cd $(VENV)/typecheck && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
 		--cache-dir $(CURDIR)/.mypy_cache -p goaltender
 
-# A user's install: the wheel (not editable) into a fresh venv, run from outside the checkout.
-check-wheel:
+# A user's install: the wheel (not editable) into a fresh venv, run from outside the checkout; then
+# that venv's runner, started by its console script with PATH=/usr/bin:/bin as a service is, runs a
+# goal whose agent and experiments use its `goaltender` and `python -m goaltender…` (the test suite's
+# pytest drives it: the wheel's venv has no pytest).
+check-wheel: $(STAMP)
 	rm -rf .venv-wheel && $(PYTHON) -m venv .venv-wheel
 	.venv-wheel/bin/python -m pip install --quiet .
 	rm -rf build
@@ -67,6 +70,8 @@ check-wheel:
 		assert (SKILLS_DIR / 'autoresearch' / 'SKILL.md').is_file(), SKILLS_DIR"
 	d=$$(mktemp -d) && cd $$d && $(CURDIR)/.venv-wheel/bin/goaltender demo --yes --dir $$d/demo \
 		"train the star-count model to 90% exact accuracy, max 2 experiments" </dev/null && rm -rf $$d
+	GOALTENDER_TEST_INSTALL=$(CURDIR)/.venv-wheel $(BIN)/pytest -q -p no:cacheprovider \
+		tests/test_agent_path.py -k console_script
 
 # The Ray head and the one-node Slurm cluster that tests/test_executors_remote.py runs against
 # (installed when missing; stop them with tests/engines.sh stop).

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Literal
 
 from goaltender.runner.protocol import SummaryReply
 from goaltender.storage.records import Goal
@@ -45,27 +46,103 @@ def load_skill(name: str) -> str:
     return path.read_text()
 
 
-# What a training campaign (the reference: Qwen3-VL-2B SFT on star count) runs, in order.
-TRAINING_LINES = [
-    "## Training runs",
-    "",
-    "On a GPU box: `goaltender doctor` first (GPUs, disk, NeMo RL, Gym); models with `goaltender fetch`;",
-    "data exported into the workspace, its token lengths checked with `goaltender preflight`; a baseline",
-    "score of the untrained model; then each training run as",
-    '`goaltender nemo-rl <recipe> --config … --eval "<held-out eval>" --eval-metric <metric> -- overrides`',
-    "(never `uv run` yourself), so the runner scores its best checkpoint on the held-out split.",
-    "The `nemo-rl` skill has the reference campaign step by step.",
-]
+# How the brief names the runner's verbs: Codex runs `goaltender <verb>` in its shell; the built-in
+# agent has them as function tools (agents/runner_verbs.py).
+Terms = Literal["verbs", "tools"]
+
+_MODEL_WORDS = re.compile(
+    r"\bSFT\b|\bGRPO\b|\bnemo[- ]?rl\b|fine-?tun|\btrain(?:ing)? (?:a |the )?(?:model|LLM|VLM)\b|"
+    r"\bcheckpoint|\bGPUs?\b|hugging ?face|\bhub\b|\bfetch|\bdownload|\bQwen|\bLlama\b",
+    re.I,
+)
 
 
-def metric_lines(metric: str | None, direction: str) -> list[str]:
-    """The goal's headline metric; before the first run, how it gets one."""
-    if metric:
-        return [f"Headline metric: `{metric}` ({direction}); pass the same `--metric` on every run."]
+def needs_models(goal: Goal) -> bool:
+    """Does the goal train a model with NeMo RL or fetch one from the hub (and so need those tools
+    and lines)? Its words say so, or it asks for GPUs; a CPU goal on star count does not."""
+    return bool(goal.gpus_per_experiment) or bool(_MODEL_WORDS.search(goal.text))
+
+
+def training_lines(terms: Terms) -> list[str]:
+    """What a training campaign (the reference: Qwen3-VL-2B SFT on star count) runs, in order."""
+    fetch, train = (
+        ("`goaltender fetch`", "`goaltender nemo-rl`") if terms == "verbs" else ("fetch_from_hub", "nemo_rl")
+    )
+    run = (
+        '`goaltender nemo-rl <recipe> --config … --eval "<held-out eval>" --eval-metric <metric> -- overrides`'
+        if terms == "verbs"
+        else "nemo_rl with `eval_command` (the held-out eval) and `eval_metric`"
+    )
     return [
-        "No headline metric yet: the first experiment's `--metric` fixes it for the goal, so pass it on",
+        "## Training runs",
+        "",
+        f"On a GPU box: `goaltender doctor` first (GPUs, disk, NeMo RL, Gym); models with {fetch};",
+        "data exported into the workspace, its token lengths checked with `goaltender preflight`; a baseline",
+        f"score of the untrained model; then each training run through {train} as {run}",
+        "(never `uv run` yourself), so the runner scores its best checkpoint on the held-out split.",
+        "The `nemo-rl` skill has the reference campaign step by step.",
+    ]
+
+
+def metric_lines(metric: str | None, direction: str, terms: Terms = "verbs") -> list[str]:
+    """The goal's headline metric; before the first run, how it gets one."""
+    flag = "`--metric`" if terms == "verbs" else "`metric`"
+    if metric:
+        return [f"Headline metric: `{metric}` ({direction}); pass the same {flag} on every run."]
+    return [
+        f"No headline metric yet: the first experiment's {flag} fixes it for the goal, so pass it on",
         "the baseline. For star count it is `exact_accuracy` on the fixed 64-example held-out split,",
-        "measured by the runner through `--eval` (not a training-time validation number).",
+        "measured by the runner through the eval command (not a training-time validation number).",
+    ]
+
+
+def how_to_work(terms: Terms) -> list[str]:
+    if terms == "tools":
+        return [
+            "Run every experiment with run_experiment: `command` is the run itself (e.g. `python -m …`),",
+            "`description` its hypothesis, `metric` the headline it prints as a last `name: value` line,",
+            "`eval_command` the held-out evaluation when there is one. Post milestones with milestone, ask",
+            "before costly or risky steps with ask_approval, and after each experiment write a diary",
+            "handoff (write_diary, handoff=true). Put caches, checkpoints and logs on the big disk. When done,",
+            "call finish with your summary.",
+        ]
+    return [
+        'Run every experiment through `goaltender experiment -d "<hypothesis>" --metric <name> -- <command>`;',
+        "report milestones with `goaltender milestone`, ask before costly or risky steps with `goaltender ask`,",
+        "read steering with `goaltender inbox` between steps, and keep the diary",
+        '(`goaltender diary write --handoff "..."`). Put caches, checkpoints and logs on the big disk.',
+        "Finish with `goaltender report`.",
+    ]
+
+
+_STAR_COUNT = re.compile(r"\bstar[- _]?counts?\b|\bcount(?:ing)? (?:the )?stars\b", re.I)
+
+
+def environment_lines(goal: Goal, terms: Terms) -> list[str]:
+    """The goal's environment, when it names one the box ships (star count, on CPU): the workload,
+    its knobs, its eval command and its metric, so a written goal needs none of them spelt out."""
+    if not _STAR_COUNT.search(goal.text) or needs_models(goal):
+        return []
+    from goaltender.environments.star_count import space  # the standard library only
+
+    module = "goaltender.environments.star_count"
+    knobs = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in space.BASELINE.items())
+    values = "; ".join(f"{k} {', '.join(map(str, sorted(v)))}" for k, v in space.SEARCH_SPACE.items())
+    evaluate = f"python -m {module}.evaluate"
+    how = (
+        f'`goaltender experiment -d "<hypothesis>" --metric exact_accuracy --eval "{evaluate}" -- <workload>`'
+        if terms == "verbs"
+        else f"run_experiment with `metric` exact_accuracy and `eval_command` `{evaluate}`"
+    )
+    return [
+        "## This environment: star count (CPU)",
+        "",
+        f"- workload (the baseline config): `python -m {module}.workload {knobs}`",
+        f"- knobs: {values}",
+        f"- held-out eval: `{evaluate}` scores the run's model on the fixed 64-example split",
+        "- metric: `exact_accuracy` (maximize)",
+        f"- each run: {how}",
+        "",
     ]
 
 
@@ -76,16 +153,17 @@ def stage_lines(goal: Goal) -> list[str]:
     path = " → ".join(f"**{name}**" if i == goal.stage else name for i, name in enumerate(goal.stages))
     return [
         f"Stages: {path} (now: {goal.stage_name}, {goal.stage + 1}/{len(goal.stages)}).",
-        'End a stage with `goaltender stage-done "<summary>" [--attach plan.md]`: the humans approve',
-        "before the next one starts. Experiments start in the `campaign` stage. Before any campaign",
+        'End a stage with `goaltender stage-done "<summary>" [--attach plan.md]` (in the shell): the humans',
+        "approve before the next one starts. Experiments start in the `campaign` stage. Before any campaign",
         'on a paper\'s method, `goaltender cross-check -d "..." --a "<cmd>" --b "<cmd>"` compares two',
         "independent implementations on a toy batch.",
         "",
     ]
 
 
-def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
-    """The goal, its stop rule and budgets, how to report, the skills, and the latest handoff."""
+def goal_brief(summary: SummaryReply, handoff: str | None = None, terms: Terms = "verbs") -> str:
+    """The goal, its stop rule and budgets, how to work (in the agent's terms: `goaltender` verbs or
+    tools), its environment, the skills, and the latest handoff."""
     goal, budget = summary.status.goal, summary.status.goal.budget
     limits = [
         f"deadline {budget.deadline:%Y-%m-%d %H:%M:%S} UTC" if budget.deadline else "no deadline",
@@ -115,19 +193,21 @@ def goal_brief(summary: SummaryReply, handoff: str | None = None) -> str:
         "",
         "## How to work",
         "",
-        'Run every experiment through `goaltender experiment -d "<hypothesis>" --metric <name> -- <command>`;',
-        "report milestones with `goaltender milestone`, ask before costly or risky steps with `goaltender ask`,",
-        "read steering with `goaltender inbox` between steps, and keep the diary",
-        '(`goaltender diary write --handoff "..."`). Put caches, checkpoints and logs on the big disk.',
-        "Finish with `goaltender report`.",
+        *how_to_work(terms),
         "",
-        *metric_lines(goal.metric, goal.direction),
+        *metric_lines(goal.metric, goal.direction, terms),
         "",
+        *environment_lines(goal, terms),
         *stage_lines(goal),
-        *TRAINING_LINES,
+        *(training_lines(terms) if needs_models(goal) else []),
         "",
         "## Skills",
         "",
+        *(
+            ["Skills are written for the goaltender CLI; load_skill says which tool each verb is.", ""]
+            if terms == "tools"
+            else []
+        ),
         skills or "(none installed)",
     ]
     if summary.ledger:

@@ -35,14 +35,12 @@ def turn_groups(history: list[Message]) -> list[list[Message]]:
     return groups
 
 
-def compact(history: list[Message], window: int, force: bool = False) -> tuple[list[str], list[Message], int]:
+def compact(history: list[Message], budget: int) -> tuple[list[str], list[Message], int]:
     """Split `history` (no system message, no earlier recap) into recap lines for the older turns
-    and the latest turns kept verbatim: up to a quarter of the window, an eighth when `force`d
-    (the endpoint refused the request as too long). When not even the latest turn fits, it is cut
-    (texts and tool-call arguments); when even that does not fit, it is recapped too. Returns
-    (lines, kept messages, turns recapped)."""
+    and the latest turns kept verbatim, up to `budget` tokens. When not even the latest turn fits,
+    it is cut (texts and tool-call arguments); when even that does not fit (or `budget` is 0), it
+    is recapped too. Returns (lines, kept messages, turns recapped)."""
     groups = turn_groups(history)
-    budget = window // (8 if force else 4)
     kept: list[list[Message]] = []
     used = 0
     for group in reversed(groups):
@@ -50,7 +48,7 @@ def compact(history: list[Message], window: int, force: bool = False) -> tuple[l
         if used > budget:
             break
         kept.insert(0, group)
-    if not kept and groups:
+    if not kept and groups and budget > 0:
         latest = shrink(groups[-1], budget * 4)
         if estimate_tokens(latest) <= budget:
             kept = [latest]  # the latest turn stays, cut to fit
@@ -106,13 +104,18 @@ def recap_lines(group: list[Message]) -> list[str]:
     return lines
 
 
-def recap_text(lines: list[str], ledger: str | None, *, turn: int, compactions: int, window: int) -> str:
-    """The message that stands for the older turns: the runner's ledger, then the latest recap
-    lines that fit ~20% of the window (`ledger` None: no experiments yet)."""
-    budget = window * 4 // 5  # ~20% of the window, in characters
+def recap_text(
+    lines: list[str], ledger: str | None, *, turn: int, compactions: int, budget_chars: int
+) -> str:
+    """The message that stands for the older turns: the runner's ledger (at most half of
+    `budget_chars`), then the latest recap lines that fit the rest (`ledger` None: no experiments
+    yet)."""
+    budget = max(400, budget_chars)
+    ledger_text = truncate_middle(ledger, budget // 2) if ledger is not None else "(no experiments yet)"
+    room = budget - len(ledger_text) - 600  # the note around them
     lines = list(lines)
     omitted = 0
-    while lines and sum(len(line) + 1 for line in lines) > budget:
+    while lines and sum(len(line) + 1 for line in lines) > room:
         lines.pop(0)
         omitted += 1
     body = [
@@ -122,7 +125,7 @@ def recap_text(lines: list[str], ledger: str | None, *, turn: int, compactions: 
         "",
         "## Ledger (from the runner)",
         "",
-        truncate_middle(ledger, window * 4 // 7) if ledger is not None else "(no experiments yet)",
+        ledger_text,
         "",
         "## Earlier steps (oldest first)",
         "",

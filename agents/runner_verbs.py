@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Awaitable, Callable
@@ -68,11 +69,14 @@ class RunnerVerbs:
         self.secrets = secrets
         self.steers: list[str] = []  # every message from people so far, oldest first
         self.report_text = ""  # the model's words for the final report
+        self.stop_status = ""  # the runner's word on the stop rule after the latest experiment
 
-    def tools(self) -> list[Tool[Any]]:
+    def tools(self, *, models: bool = True) -> list[Tool[Any]]:
+        """The verbs as tools; NeMo RL and the hub only for a goal that trains or fetches models
+        (briefing.needs_models: their schemas cost ~700 tokens a request)."""
         return [
             Tool("run_experiment", RunExperiment, self.run_experiment),
-            Tool("nemo_rl", NemoRl, self.nemo_rl),
+            *([Tool("nemo_rl", NemoRl, self.nemo_rl)] if models else []),
             Tool("milestone", Milestone, self.post_milestone),
             Tool("log_metrics", LogMetrics, self.log_metrics),
             Tool("ask_approval", AskApproval, self.ask_approval),
@@ -80,11 +84,16 @@ class RunnerVerbs:
             Tool("write_diary", WriteDiary, self.write_diary),
             Tool("read_diary", ReadDiary, self.read_diary),
             Tool("submit_report", SubmitReport, self.submit_report),
-            Tool("fetch_from_hub", FetchFromHub, self.fetch_from_hub),
+            *([Tool("fetch_from_hub", FetchFromHub, self.fetch_from_hub)] if models else []),
         ]
 
     async def run_experiment(self, args: RunExperiment) -> str:
         argv, text = _argv(args.command)
+        if _WRAPPED.match(text):
+            return (
+                "error: `command` is the run itself (e.g. `python -m …`), not a `goaltender experiment` "
+                "line: this tool is that verb. Put the hypothesis in `description`, the metric in `metric`."
+            )
         ok, note = await self.gate(text, "experiment")
         if not ok:
             return note
@@ -100,6 +109,7 @@ class RunnerVerbs:
             timeout_s=args.timeout_s or None,
             eval_command=_argv(args.eval_command)[0] if args.eval_command else None,
         )
+        self.stop_status = reply.stop_status
         return note + experiment_text(reply)
 
     async def nemo_rl(self, args: NemoRl) -> str:
@@ -133,6 +143,7 @@ class RunnerVerbs:
             timeout_s=args.timeout_s or None,
             eval_command=run.eval_command,
         )
+        self.stop_status = reply.stop_status
         return note + experiment_text(reply)
 
     async def post_milestone(self, args: Milestone) -> str:
@@ -214,6 +225,9 @@ class RunnerVerbs:
                 await asyncio.shield(fetching.wait())
         said = redact(output.decode(errors="replace").strip(), self.secrets)
         return f"{note}exit code {fetching.returncode}\n{said}"
+
+
+_WRAPPED = re.compile(r"\s*(?:\S*/)?goaltender\s+(?:experiment|nemo-rl)\b")  # the verb, not the run
 
 
 def _argv(command: str | list[str]) -> tuple[list[str], str]:

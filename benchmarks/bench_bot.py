@@ -379,7 +379,6 @@ def report_campaign(campaign: dict, interval: float) -> None:
 async def main(args: argparse.Namespace) -> None:
     for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         os.environ.pop(var, None)  # slack_sdk would send even 127.0.0.1 through a proxy
-    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     tally = LogTally()
     logging.getLogger().addHandler(tally)
     began = time.monotonic()

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,7 +85,6 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--goals", type=int, default=20)
     args = parser.parse_args()
-    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     with tempfile.TemporaryDirectory(prefix="gt-bench-") as tmp_name:
         tmp = Path(tmp_name)
 

@@ -1,6 +1,7 @@
 """What agents and experiments find in their environment: their goal's own caches, the shared hub
-cache, and the GOALTENDER_* variables that lead them back to the runner (to their goal's socket).
-Which GPUs an experiment gets is the box's fair queue's word (runner/slots.py).
+cache, the GOALTENDER_* variables that lead them back to the runner (to their goal's socket), and
+a PATH that finds the runner's own `python` and `goaltender` first. Which GPUs an experiment gets
+is the box's fair queue's word (runner/slots.py).
 
 Every cache variable points into the goal's own cache directory, whatever the box or the agent
 says: what one goal leaves in a cache another would load and run (a pickle, a wheel, a kernel).
@@ -11,7 +12,10 @@ says never changes where anything is mounted (runner/sandbox.py decides that fro
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+import sysconfig
 from pathlib import Path
 
 from goaltender.runner.config import RunnerSettings
@@ -49,10 +53,32 @@ def goal_socket(settings: RunnerSettings, goal_id: int) -> Path:
     return SANDBOX_SOCKET if settings.sandbox == "bwrap" else settings.agent_socket(goal_id)
 
 
+@functools.cache
+def runner_bin_directories() -> tuple[str, ...]:
+    """Where the runner's own `python` and `goaltender` are: the directory of its interpreter as it
+    was invoked (not resolved: a venv's bin/python links to the base interpreter, beside which
+    there is no goaltender) and the install's scripts directory (the console script's: a venv's
+    bin, pipx's or uv tool's venv, the one a service's ExecStart names)."""
+    found = [os.path.dirname(os.path.abspath(sys.executable))] if sys.executable else []
+    found.append(sysconfig.get_path("scripts"))
+    return tuple(dict.fromkeys(found))
+
+
+def runner_first_path(path: str | None) -> str:
+    """`path` (a PATH; None: unset) with the runner's own directories first, each once. A runner
+    started without its venv activated (`.venv/bin/goaltender`, a service) still gives its agents
+    and runs the `python` that imports goaltender and the `goaltender` verbs."""
+    path = os.defpath if path is None else path
+    rest = path.split(os.pathsep) if path else []  # "" would be the working directory
+    return os.pathsep.join(dict.fromkeys([*runner_bin_directories(), *rest]))
+
+
 def goal_environment(settings: RunnerSettings, goal: Goal) -> dict[str, str]:
     """The runner's own environment without its secrets (runner/secrets.py: all but the granted
-    ones), plus the goal's caches and its GOALTENDER_* variables."""
+    ones), its own interpreter's directories first on PATH, plus the goal's caches and its
+    GOALTENDER_* variables."""
     env = agent_safe(os.environ, settings)
+    env["PATH"] = runner_first_path(env.get("PATH"))
     for var, path in cache_routing(settings, goal.id).items():
         if var != "HF_HUB_CACHE":  # the box's, made by whoever fetches first
             path.mkdir(mode=0o700, parents=True, exist_ok=True)

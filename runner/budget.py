@@ -378,6 +378,14 @@ def experiment_timeout(budget: Budget, requested: float | None, now: datetime) -
     return min(limits) if limits else None
 
 
+STOP_MET = "stop condition met"
+
+
+def stop_met(status: str) -> bool:
+    """Does a stop_status line say the goal's stop rule is met?"""
+    return status.startswith(STOP_MET)
+
+
 def stop_status(
     budget: Budget,
     attempted: int,
@@ -411,7 +419,7 @@ def stop_status(
         parts.append(f"{format_tokens(tokens_used)}/{format_tokens(budget.max_tokens)} tokens")
         if tokens_used >= budget.max_tokens:
             met.append("tokens")
-    head = f"stop condition met ({', '.join(met)})" if met else "stop condition not yet met"
+    head = f"{STOP_MET} ({', '.join(met)})" if met else "stop condition not yet met"
     return f"{head}: {', '.join(parts)}"
 
 

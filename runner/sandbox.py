@@ -43,7 +43,7 @@ import sys
 from pathlib import Path
 
 import goaltender
-from goaltender.runner.agent_env import SANDBOX_SOCKET
+from goaltender.runner.agent_env import SANDBOX_SOCKET, runner_bin_directories
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.goal_network import GoalNetworks
 from goaltender.runner.limits import GoalCgroups
@@ -236,11 +236,13 @@ class Sandbox:
         readable = [settings.home / "command-policy.toml", settings.home / "command-policy.json"]
         readable.append(settings.skill_folder)  # the box's skills: agents read them, only the runner writes
         readable.append(settings.hub_cache)  # models and data sets: only the runner's fetch writes
-        readable += [Path(sys.prefix), Path(goaltender.__file__).parent]
         readable += [Path(word) for word in agent_command if word.startswith("/")]
         readable += nemo_rl_checkout(home)
         for path in dict.fromkeys(p.resolve() for p in readable if p.exists()):
             if _under(path, hidden) and not _under(path, writable):
+                mounts.append((path, False, ["--ro-bind", str(path), str(path)]))
+        for path in dict.fromkeys(p.resolve() for p in runner_install() if p.exists()):
+            if _under(path, [*hidden, *writable]):  # shown, and never writable: the runner runs it
                 mounts.append((path, False, ["--ro-bind", str(path), str(path)]))
         operator_socket = settings.socket_path.resolve()
         if operator_socket.exists() and not _under(operator_socket, hidden):
@@ -261,6 +263,14 @@ class Sandbox:
         found = sorted(glob.glob("/dev/nvidia*"))
         own = {f"/dev/nvidia{self.gpu_minors.get(index, index)}" for index in gpus}
         return [device for device in found if not _GPU_NODE.fullmatch(device) or device in own]
+
+
+def runner_install() -> list[Path]:
+    """The runner's own Python and code, which agents and runs use too (their PATH finds its
+    `python` and `goaltender` first: runner/agent_env.py): its venv, the interpreter that venv
+    links to, its interpreter's and scripts' directories, and the goaltender package."""
+    own = [Path(sys.prefix), Path(sys.base_prefix), *map(Path, runner_bin_directories())]
+    return [*own, Path(goaltender.__file__).parent]
 
 
 def hidden_credentials(settings: RunnerSettings) -> list[Path]:

@@ -26,6 +26,8 @@ from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import Approval, ApprovalRequested, Event, FinalReport
 
+pytest_plugins = ["fake_openai"]  # its model_server fixture: a fake OpenAI-compatible endpoint
+
 BIN = str(Path(sys.executable).parent)
 
 

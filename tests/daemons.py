@@ -12,12 +12,24 @@ from conftest import eventually
 
 
 class Daemon:
-    """`goaltender <verb>`: start, SIGKILL, stop (SIGTERM, then SIGKILL), and read its log."""
+    """`goaltender <verb>`: start, SIGKILL, stop (SIGTERM, then SIGKILL), and read its log.
+    `program`: what runs the verb (default: this interpreter's `-m goaltender.cli`; a console
+    script, as a service starts it); `cwd`: where (default: this process's)."""
 
-    def __init__(self, verb: str, env: dict[str, str], logs: Path):
+    def __init__(
+        self,
+        verb: str,
+        env: dict[str, str],
+        logs: Path,
+        *,
+        program: list[str] | None = None,
+        cwd: Path | None = None,
+    ):
         self.verb = verb
         self.env = env
         self.logs = logs
+        self.program = program or [sys.executable, "-m", "goaltender.cli"]
+        self.cwd = cwd
         self.starts = 0
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -30,7 +42,7 @@ class Daemon:
         self.starts += 1
         with self.log.open("wb") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "goaltender.cli", self.verb, env=self.env, stdout=out, stderr=out
+                *self.program, self.verb, env=self.env, cwd=self.cwd, stdout=out, stderr=out
             )
 
     def kill(self) -> None:

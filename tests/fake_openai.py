@@ -13,8 +13,9 @@ unmodified. Each test scripts the model's turns:
 
 A scripted item is a Turn (text and/or tool calls), a Fail (HTTP error, e.g. 429 with
 Retry-After, 500), or a function of the request body returning one. When the script runs out,
-`default` answers (a plain text turn, which ends most agent loops; or any scripted item, e.g. a
-function that answers each request from its body).
+`default` answers: by default a call of the `finish` tool when the request offers one (the built-in
+agent's way to end), else a plain text turn (which ends a Codex turn); or any scripted item, e.g. a
+function that answers each request from its body.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 _ids = itertools.count(1)
@@ -44,6 +46,27 @@ class ToolCall:
 class Turn:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+@pytest.fixture
+async def model_server(monkeypatch):
+    """A FakeOpenAI for the built-in agent: the agent's variables point at it (registered for every
+    test module by conftest's pytest_plugins)."""
+    server = FakeOpenAI()
+    await server.start()
+    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    monkeypatch.setenv("GOALTENDER_OPENAI_TIMEOUT_S", "20")
+    yield server
+    await server.close()
+
+
+def finished(summary: str) -> Turn:
+    """The built-in agent's last turn: a call of its `finish` tool with the summary."""
+    return Turn(tool_calls=[ToolCall("finish", {"summary": summary})])
 
 
 @dataclass
@@ -68,11 +91,17 @@ class FakeOpenAI:
 
     def __init__(self, default: Scripted | None = None, *, responses: bool = True):
         self.script: deque[Scripted] = deque()
-        self.default: Scripted = default or Turn(text="Nothing more to do.")
+        self.default: Scripted = default or _finish_or_text
         self.requests: list[Seen] = []
         self.delay_s = 0.0  # added before every answer (to test timeouts)
         self.models_delay_s = 0.0  # before the list of models (a server slow to answer at all)
         self.responses = responses
+        # Dialects of real servers: what /v1/models says of the model (vLLM: {"max_model_len": N}),
+        # a llama.cpp-style /props when set, and llama-cpp-python's HTTP 500 for an assistant turn
+        # whose content is null.
+        self.model_fields: dict[str, Any] = {}
+        self.props: dict[str, Any] | None = None
+        self.refuse_null_content = False
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
@@ -85,6 +114,7 @@ class FakeOpenAI:
         if self.responses:
             app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/props", self._props)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
@@ -102,6 +132,8 @@ class FakeOpenAI:
     async def _next(self, request: web.Request, path: str) -> tuple[dict, Turn | web.Response]:
         body = await request.json()
         self.requests.append(Seen(path, body))
+        if self.refuse_null_content and (refused := self._null_content(body)):
+            return body, refused
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         item = self.script.popleft() if self.script else self.default
@@ -119,9 +151,27 @@ class FakeOpenAI:
 
     async def _models(self, request: web.Request) -> web.Response:
         await asyncio.sleep(self.models_delay_s)
-        return web.json_response(
-            {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "fake"}]}
-        )
+        model = {"id": "fake-model", "object": "model", "owned_by": "fake", **self.model_fields}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _props(self, request: web.Request) -> web.Response:
+        if self.props is None:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return web.json_response(self.props)
+
+    @staticmethod
+    def _null_content(body: dict) -> web.Response | None:
+        """llama-cpp-python's answer to an assistant turn with `"content": null` (its request
+        model wants a string): HTTP 500 with pydantic's validation errors as the body."""
+        for index, message in enumerate(body.get("messages") or []):
+            if message.get("role") == "assistant" and message.get("content", "") is None:
+                text = (
+                    f"1 validation error:\n  {{'type': 'string_type', 'loc': ('body', 'messages', {index}, "
+                    "'ChatCompletionRequestAssistantMessage', 'content'), 'msg': 'Input should be a valid "
+                    "string', 'input': None}"
+                )
+                return web.Response(text=text, status=500)
+        return None
 
     @staticmethod
     def _usage_tokens(body: dict, turn: Turn) -> tuple[int, int]:
@@ -333,6 +383,13 @@ class FakeOpenAI:
             events.append(("response.output_item.done", {"output_index": index, "item": item}))
         events.append(("response.completed", {"response": response("completed", items, True)}))
         return await _sse(request, events, done=False)
+
+
+def _finish_or_text(body: dict) -> Turn:
+    names = {(tool.get("function") or tool).get("name") for tool in body.get("tools") or []}
+    if "finish" in names:
+        return Turn(tool_calls=[ToolCall("finish", {"summary": "Nothing more to do."})])
+    return Turn(text="Nothing more to do.")
 
 
 def _pieces(text: str, size: int = 7) -> list[str]:

@@ -205,9 +205,11 @@ def test_config_from_env(monkeypatch):
     assert (cfg.base_url, cfg.api_key, cfg.context_tokens, cfg.max_turns) == (
         "http://h:8000/v1",
         "EMPTY",
-        128_000,
+        None,  # the server's word, else 128,000
         200,
     )
+    assert (cfg.max_output_tokens, cfg.temperature, cfg.top_p, cfg.seed) == (None, None, None, None)
+    assert (cfg.reply_tokens(128_000), cfg.reply_tokens(8192)) == (4096, 1024)
     assert (cfg.max_retries, cfg.timeout_s, cfg.shell_timeout_s, cfg.compact_at) == (3, 300, 600, 0.75)
     behind_auth = settings_from(
         monkeypatch, AgentConfig, GOALTENDER_MODEL="m", OPENAI_BASE_URL="http://ana:pw-12345678@h:8000/v1"
@@ -226,13 +228,30 @@ def test_config_from_env(monkeypatch):
         GOALTENDER_OPENAI_MAX_RETRIES="0",
         GOALTENDER_TOOL_OUTPUT_CHARS="5000",
     )
-    assert (cfg.base_url, cfg.api_key, cfg.max_retries, cfg.output_limit) == ("http://a/v1", "sk-x", 0, 5000)
-    assert (
-        settings_from(
-            monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_CONTEXT_TOKENS="4000"
-        ).output_limit
-        == 1600
+    assert (cfg.base_url, cfg.api_key, cfg.max_retries, cfg.output_limit(128_000)) == (
+        "http://a/v1",
+        "sk-x",
+        0,
+        5000,
     )
+    assert cfg.output_limit(4000) == 1600  # never more than ~10% of the window
+    sampled = settings_from(
+        monkeypatch,
+        AgentConfig,
+        GOALTENDER_MODEL="m",
+        GOALTENDER_MAX_OUTPUT_TOKENS="512",
+        GOALTENDER_TEMPERATURE="0",
+        GOALTENDER_TOP_P="0.9",
+        GOALTENDER_SEED="7",
+    )
+    assert (sampled.reply_tokens(128_000), sampled.temperature, sampled.top_p, sampled.seed) == (
+        512,
+        0,
+        0.9,
+        7,
+    )
+    with pytest.raises(Misconfigured, match="GOALTENDER_MAX_OUTPUT_TOKENS='0' must be at least 16"):
+        settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_MAX_OUTPUT_TOKENS="0")
     with pytest.raises(Misconfigured, match="GOALTENDER_MAX_TURNS='many' is not a int"):
         settings_from(monkeypatch, AgentConfig, GOALTENDER_MODEL="m", GOALTENDER_MAX_TURNS="many")
     with pytest.raises(Misconfigured, match="GOALTENDER_CONTEXT_TOKENS='100' must be at least 256"):
@@ -268,16 +287,18 @@ def test_compaction_recaps_older_turns_and_keeps_the_latest():
     history = [{"role": "user", "content": "Message from ana: lr only"}] + [
         m for i in range(8) for m in turn(i)
     ]
-    lines, kept, recapped = compact(history, window=2000)
+    lines, kept, recapped = compact(history, 500)
     assert recapped + len(turn_groups(kept)) == 9 and kept[-1] == history[-1]
     assert lines[0] == "- Message from ana: lr only"
     assert lines[1] == "- you said: step 0" and lines[2].startswith('- shell({"n": 0}) → xxx')
-    forced_lines, forced_kept, _ = compact(history, window=2000, force=True)
-    assert len(forced_kept) < len(kept) and len(forced_lines) > len(lines)
+    smaller_lines, smaller_kept, _ = compact(history, 250)
+    assert len(smaller_kept) < len(kept) and len(smaller_lines) > len(lines)
     # Only the latest turn fits, cut in the middle.
-    _, [call, result], _ = compact(history, window=600)
+    _, [call, result], _ = compact(history, 150)
     assert call == history[-2] and "bytes cut from the middle" in result["content"]
-    text = recap_text(lines, None, turn=9, compactions=1, window=20_000)
+    # No room at all: every turn is recapped.
+    assert compact(history, 0)[1:] == ([], 9)
+    text = recap_text(lines, None, turn=9, compactions=1, budget_chars=16_000)
     assert text.startswith("[Context compacted at turn 9 (#1)") and "replaced by the recap below" in text
     assert "(no experiments yet)" in text and "- Message from ana: lr only" in text
 
@@ -294,13 +315,12 @@ def tool_turn(calls: list[tuple[str, str]], result: str) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("force", [False, True])
-def test_compaction_cuts_huge_tool_arguments(force):
-    window = 8000
+@pytest.mark.parametrize("budget", [2000, 1000])
+def test_compaction_cuts_huge_tool_arguments(budget):
     big = json.dumps({"path": "big.txt", "content": "x" * 200_000})
     history = [{"role": "user", "content": "go"}, *tool_turn([("write_file", big)], "wrote 200,000 bytes")]
-    _, kept, _ = compact(history, window, force)
-    assert estimate_tokens(kept) <= window // (8 if force else 4)
+    _, kept, _ = compact(history, budget)
+    assert estimate_tokens(kept) <= budget
     [call] = kept[0]["tool_calls"]
     arguments = json.loads(call["function"]["arguments"])  # still JSON the endpoint accepts
     assert "bytes cut from the middle" in arguments["arguments_cut_to_fit_the_context"]
@@ -311,9 +331,9 @@ def test_compaction_of_hundreds_of_tool_calls_stays_bounded():
     window = 8000
     calls = [("shell", json.dumps({"command": f"echo call{i}"})) for i in range(300)]
     history = [{"role": "user", "content": "go"}, *tool_turn(calls, "y" * 3000)]
-    lines, kept, recapped = compact(history, window)
+    lines, kept, recapped = compact(history, window // 4)
     # Even cut, 300 calls and results cannot fit: the turn is recapped with the rest.
     assert kept == [] and recapped == 2
     assert lines[1].startswith('- shell({"command": "echo call0"}) → yyy')
-    text = recap_text(lines, None, turn=1, compactions=1, window=window)
+    text = recap_text(lines, None, turn=1, compactions=1, budget_chars=window)
     assert estimate_tokens(text) < window // 4 and "earlier steps omitted" in text

@@ -280,6 +280,39 @@ async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
     assert events[-1].data.end_reason == "the agent finished"
 
 
+async def test_codex_commands_find_the_runners_python_and_verbs_on_a_bare_path(
+    start_runner, connect, fake, monkeypatch
+):
+    """The runner started from a venv not activated (PATH=/usr/bin:/bin, as a service has): Codex's
+    shell still finds the venv's `goaltender` and a `python` that imports goaltender."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    probe = (
+        "command -v goaltender python; python -c 'import goaltender; print(\"IMPORTED\")'; "
+        "goaltender milestone 'PATH probe' 'from the Codex shell'"
+    )
+
+    def model(body: dict) -> Turn:
+        if "call_path" not in outputs(body):
+            return shell(probe, "call_path")
+        return Turn(text="Found the install.\nGOAL COMPLETE")
+
+    fake.default = model
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "find the install, max 2 experiments", agent="codex")
+    approving = asyncio.ensure_future(decide(await connect(runner, "ana"), goal_id, [(True, None)] * 3))
+    try:
+        events = await events_until_report(client, goal_id, timeout=40)
+    finally:
+        approving.cancel()
+    assert events[-1].data.end_reason == "the agent finished"
+    said = next(outputs(r.body)["call_path"] for r in fake.requests if "call_path" in outputs(r.body))
+    bin_dir = Path(sys.executable).parent
+    assert f"{bin_dir}/goaltender\n{bin_dir}/python\nIMPORTED" in said, said
+    titles = [e.data.title for e in events if isinstance(e.data, MilestoneReported)]
+    assert "PATH probe" in titles
+
+
 async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, connect, fake):
     runner = await start_runner(agents={"codex": AGENT}, stop_grace_s=4.0)
     fake.default = lambda body: shell("sleep 31", "call_long")

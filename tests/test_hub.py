@@ -27,7 +27,7 @@ import psutil
 import pytest
 from conftest import BIN, events_until_report, eventually, submit, write_agent
 from fake_hub import FakeHub
-from fake_openai import FakeOpenAI, ToolCall, Turn
+from fake_openai import FakeOpenAI, ToolCall, Turn, finished
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -457,7 +457,7 @@ async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, conne
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
     monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
     call = {"repo": "org/data", "repo_type": "dataset", "include": ["train.*"]}
-    model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", call)]), Turn(text="Fetched; nothing more to do."))
+    model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", call)]), finished("Fetched; nothing more to do."))
     try:
         runner = await start_runner(
             agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
@@ -834,7 +834,7 @@ async def test_the_model_provider_never_gets_a_mirror_s_password(hub, start_runn
                 ToolCall("shell", {"command": "printenv HF_ENDPOINT | sed 's|/|\\\\/|g'"}),
             ]
         ),
-        Turn(text="Fetched; nothing more to do."),
+        finished("Fetched; nothing more to do."),
     )
     try:
         runner = await start_runner(
@@ -970,7 +970,7 @@ async def test_the_agent_does_not_wait_forever_for_a_fetch(start_runner, connect
         monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
         monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
-        model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", {"repo": "org/tiny"})]), Turn(text="Gave up."))
+        model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", {"repo": "org/tiny"})]), finished("Gave up."))
         try:
             runner = await start_runner(
                 agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}

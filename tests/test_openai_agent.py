@@ -18,7 +18,7 @@ import psutil
 import pytest
 from aiohttp import web
 from conftest import approval_prompts, events_until_report, eventually, submit, vouched
-from fake_openai import Fail, FakeOpenAI, Seen, ToolCall, Turn
+from fake_openai import Fail, FakeOpenAI, Seen, ToolCall, Turn, finished
 
 from goaltender.runner import protocol as p
 from goaltender.runner.supervisor import group_members
@@ -30,17 +30,8 @@ AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
 
 
 @pytest.fixture
-async def fake(monkeypatch):
-    server = FakeOpenAI()
-    await server.start()
-    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
-    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
-    monkeypatch.setenv("GOALTENDER_OPENAI_TIMEOUT_S", "20")
-    yield server
-    await server.close()
+def fake(model_server):
+    return model_server
 
 
 async def file_appears(path: Path, timeout=20.0):
@@ -198,7 +189,7 @@ async def test_approvals_and_the_command_policy(start_runner, connect, fake, mon
         Turn(tool_calls=[ToolCall("shell", {"command": "wget --version > /dev/null 2>&1; touch net_ok"})]),
         Turn(tool_calls=[ToolCall("shell", {"command": "forbidden_tool --now; touch denied_ran"})]),
         Turn(tool_calls=[ToolCall("read_file", {"path": "/etc/hostname"})]),
-        Turn(text="All decisions noted."),
+        finished("All decisions noted."),
     )
 
     def decide(approval):
@@ -264,7 +255,7 @@ async def test_no_piece_of_the_key_reaches_the_model_at_a_cut(start_runner, conn
             ]
         ),
         Turn(tool_calls=[ToolCall("read_file", {"path": f"keys{pad}.txt"}) for pad in (0, 1)]),
-        Turn(text="done"),
+        finished("done"),
     )
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
@@ -290,7 +281,7 @@ async def test_read_file_refuses_pipes_and_reads_only_what_it_returns(start_runn
                 ToolCall("read_file", {"path": "huge.log", "limit": 2}),
             ]
         ),
-        Turn(text="Done."),
+        finished("Done."),
     )
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
@@ -348,8 +339,8 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
 
 
 async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, monkeypatch):
-    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "6000")
-    big = {"command": "python -c \"print('x' * 5000)\""}
+    monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "12000")
+    big = {"command": "python -c \"print('x' * 7000)\""}
     fake.add(
         Turn(
             tool_calls=[
@@ -360,7 +351,7 @@ async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, mo
             ]
         ),
         *[Turn(text=f"step {i}", tool_calls=[ToolCall("shell", big)]) for i in range(10)],
-        Turn(text="Compacted and done."),
+        finished("Compacted and done."),
     )
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
@@ -371,7 +362,7 @@ async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, mo
     assert len(bodies) == 12
     # Tool output was truncated to fit the small window, with a marker saying how much was cut.
     shell_result = tool_results(bodies[2])[0]
-    assert "bytes cut from the middle of 5,001 bytes" in shell_result and len(shell_result) < 3000
+    assert "bytes cut from the middle of 7,001 bytes" in shell_result and len(shell_result) < 5000
     compacted = [
         i for i in range(1, len(bodies)) if len(bodies[i]["messages"]) < len(bodies[i - 1]["messages"])
     ]
@@ -407,7 +398,7 @@ def within_window(window: int, answer):
 
 @pytest.mark.parametrize("turn", ["one huge call", "hundreds of calls"])
 async def test_compaction_bounds_huge_tool_calls(turn, start_runner, connect, fake, monkeypatch):
-    window = 8000
+    window = 12000
     monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", str(window))
     if turn == "one huge call":
         calls = [ToolCall("write_file", {"path": "big.txt", "content": "x" * 200_000})]
@@ -416,7 +407,7 @@ async def test_compaction_bounds_huge_tool_calls(turn, start_runner, connect, fa
             ToolCall("shell", {"command": f"echo call{i}; printf 'y%.0s' $(seq 3000)"}) for i in range(300)
         ]
     fake.add(within_window(window, Turn(tool_calls=calls)), within_window(window, Turn(tool_calls=[ToolCall("list_files", {})])))  # fmt: skip
-    fake.default = within_window(window, Turn(text="Done BOUNDED-MARK."))
+    fake.default = within_window(window, finished("Done BOUNDED-MARK."))
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
     goal_id = await submit(client, "huge tool calls, max 1 experiments", agent="openai")
@@ -440,7 +431,7 @@ async def test_resume_after_runner_restart_reinjects_the_brief(start_runner, con
                 ToolCall("shell", {"command": "touch started; sleep 60"}),
             ]
         ),
-        Turn(text="Resumed and finished RESUME-DONE."),
+        finished("Resumed and finished RESUME-DONE."),
     )
     first = await start_runner(agents=AGENTS)
     client = await connect(first)
@@ -471,7 +462,7 @@ async def test_resume_after_runner_restart_reinjects_the_brief(start_runner, con
 
 
 async def test_rate_limit_then_success(start_runner, connect, fake):
-    fake.add(Fail(429, retry_after=0.1), Fail(503), Turn(text="All good after retries RETRY-MARK."))
+    fake.add(Fail(429, retry_after=0.1), Fail(503), finished("All good after retries RETRY-MARK."))
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
     goal_id = await submit(client, "survive a flaky endpoint, max 1 experiments", agent="openai")
@@ -481,7 +472,9 @@ async def test_rate_limit_then_success(start_runner, connect, fake):
     assert "RETRY-MARK" in events[-1].data.text
 
 
-async def test_turn_cap_ends_the_campaign(start_runner, connect, fake, monkeypatch):
+async def test_the_turn_cap_ends_the_campaign_as_stopped_without_finishing(
+    start_runner, connect, fake, monkeypatch
+):
     monkeypatch.setenv("GOALTENDER_MAX_TURNS", "2")
     fake.add(*[Turn(text=f"step {i}", tool_calls=[ToolCall("list_files", {})]) for i in range(5)])
     runner = await start_runner(agents=AGENTS)
@@ -490,8 +483,9 @@ async def test_turn_cap_ends_the_campaign(start_runner, connect, fake, monkeypat
     events = await events_until_report(client, goal_id, timeout=30)
     assert len(fake.requests) == 2
     assert "AGENTS.md" in tool_results(fake.requests[1].body)[0]
-    assert events[-1].data.end_reason == "the agent finished"
-    assert "Stopped after 2 model turns** (the GOALTENDER_MAX_TURNS cap)" in events[-1].data.text
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert "The agent stopped without finishing" in events[-1].data.end_reason
+    assert "turn cap (2, GOALTENDER_MAX_TURNS)" in events[-1].data.text
     assert "step 1" in events[-1].data.text
 
 
@@ -581,7 +575,7 @@ async def test_a_malformed_reply_then_a_good_one_goes_on(start_runner, connect, 
         },
         "tool_calls",
     )
-    fake.add(reply(ODD_REPLIES["truncated"][0]), reply(arguments_as_object), Turn(text="Recovered."))
+    fake.add(reply(ODD_REPLIES["truncated"][0]), reply(arguments_as_object), finished("Recovered."))
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
     goal_id = await submit(client, "flaky endpoint, max 1 experiments", agent="openai")
@@ -694,13 +688,18 @@ TOOL_ARGUMENTS = {
 
 
 async def test_tool_specs_keep_their_names_and_arguments(start_runner, connect, fake):
-    fake.add(Turn(text="Nothing to do."))
+    fake.add(finished("Nothing to do."), finished("Nothing to do either."))
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)
-    goal_id = await submit(client, "look at the tools, max 1 experiments", agent="openai")
-    await events_until_report(client, goal_id, timeout=20)
+    training = await submit(client, "SFT Qwen3-VL-2B on star count, max 1 experiments", agent="openai")
+    await events_until_report(client, training, timeout=20)
+    cpu = await submit(client, "improve star count on the CPU, max 1 experiments", agent="openai")
+    await events_until_report(client, cpu, timeout=20)
     specs = {t["function"]["name"]: t["function"] for t in fake.requests[0].body["tools"]}
     assert set(specs) == set(TOOL_ARGUMENTS)
+    # A goal that neither trains with NeMo RL nor fetches from the hub is not sent their tools.
+    cpu_tools = {t["function"]["name"] for t in fake.requests[1].body["tools"]}
+    assert cpu_tools == set(TOOL_ARGUMENTS) - {"nemo_rl", "fetch_from_hub"}
     for name, (arguments, required) in TOOL_ARGUMENTS.items():
         parameters = specs[name]["parameters"]
         assert parameters["type"] == "object" and parameters["additionalProperties"] is False, name
@@ -720,7 +719,7 @@ async def test_bad_tool_arguments_go_back_to_the_model(start_runner, connect, fa
     fake.add(
         Turn(tool_calls=[ToolCall("shell", {"timeout_s": "soon"})]),
         Turn(tool_calls=[ToolCall("no_such_tool", {})]),
-        Turn(text="Understood."),
+        finished("Understood."),
     )
     runner = await start_runner(agents=AGENTS)
     client = await connect(runner)

@@ -22,6 +22,7 @@ import yaml
 
 from goaltender.agents import briefing, codex_prompts, openai_agent
 from goaltender.cli import build_parser
+from goaltender.storage.records import Goal
 
 SKILLS_DIR = Path(__file__).resolve().parents[1] / "skills"
 EXPECTED_SKILLS = {
@@ -226,8 +227,10 @@ def test_the_briefs_commands_are_real():
     subs = subcommands()
     text = "\n".join(
         [
-            *briefing.TRAINING_LINES,
+            *briefing.training_lines("verbs"),
             *briefing.metric_lines(None, "maximize"),
+            *briefing.how_to_work("verbs"),
+            *briefing.environment_lines(Goal(id=1, text="improve star count"), "verbs"),
             openai_agent.PREAMBLE,
             codex_prompts.first_prompt("(the brief)"),
         ]
