@@ -849,19 +849,12 @@ def _checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
     try:
         size = len(p.encode(kind(id=0, **fields)))
     except ValidationError as exc:
-        raise UsageError(_problems(exc)) from None
+        raise UsageError(p.problems(exc, kind)) from None
     except PydanticSerializationError as exc:
         raise UsageError(f"cannot send this to the runner: {exc}") from None
     if size > MAX_LINE:
         raise UsageError(f"too much to send: {size:,} bytes, over the runner's limit of {MAX_LINE:,}")
     return fields
-
-
-def _problems(exc: Any) -> str:
-    """pydantic's complaints in one line: 'title: String should have at most 300 characters'."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in error['loc']) or 'input'}: {error['msg']}" for error in exc.errors()
-    )
 
 
 def _goal_id(args: argparse.Namespace) -> int:
@@ -1366,7 +1359,7 @@ def _validated_point(fields: dict[str, Any], number: int) -> str:
     try:
         return MetricPoint.model_validate(fields).model_dump_json()
     except ValidationError as exc:
-        raise UsageError(f"line {number}: {_problems(exc)}") from None
+        raise UsageError(f"line {number}: {p.problems(exc, MetricPoint)}") from None
 
 
 def _metric_requests(goal_id: int, experiment_id: int | None, points: list[str]) -> list[str]:

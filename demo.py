@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import resource
 import signal
@@ -49,10 +50,11 @@ LLM_GOAL = (
 # stopped asking, or asked for the baseline, as the box or the workload got faster or slower.
 APPROVE_ABOVE = "2x"
 CURVE_METRIC = "train_loss"
+RUNNER_LOG = "runner.log"  # in the runner's home: what it logs as it runs the demo's goal
 
 
 def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = "sweep") -> int:
-    if agent != "sweep" and (problem := asyncio.run(endpoint_problem())):
+    if agent != "sweep" and (problem := asyncio.run(endpoint_problem(agent))):
         print(f"goaltender demo --agent {agent}: {problem}", file=sys.stderr)
         return 2
     text = goal_text or (DEFAULT_GOAL if agent == "sweep" else LLM_GOAL)
@@ -66,8 +68,25 @@ def run_demo(goal_text: str | None, *, directory: Path, yes: bool, agent: str = 
     return asyncio.run(Demo(text, directory.resolve(), yes, agent).run())
 
 
-async def endpoint_problem() -> str | None:
-    """Why the model endpoint the LLM agents would use cannot serve them, or None if it can."""
+def _log_to(path: Path) -> None:
+    """The runner's log records (it runs in this process) into its home: the terminal shows the
+    goal's thread, and the demo's own lines on stderr (a failed goal's reason once, not also as
+    the runner's journal line)."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+
+
+# How long the endpoint check waits. A server that takes no connection in CONNECT_S is not there; one
+# that took it may still be slow to list its models (a model loading, a busy GPU): it is given
+# ANSWER_S before the check says so, and it is never called unreachable.
+CONNECT_S = 10.0
+ANSWER_S = 120.0
+
+
+async def endpoint_problem(agent: str, *, answer_s: float = ANSWER_S) -> str | None:
+    """Why the model endpoint the LLM agent would use cannot serve it, or None if it can: its
+    models listed (GET /models), and for Codex its Responses API there (POST /responses)."""
     import openai
 
     base_url = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
@@ -77,18 +96,56 @@ async def endpoint_problem() -> str | None:
             "endpoint (any OpenAI-compatible server: vLLM, NIM, OpenAI)"
         )
     client = openai.AsyncOpenAI(
-        base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_retries=0, timeout=5
+        base_url=base_url,
+        api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        max_retries=0,
+        timeout=openai.Timeout(answer_s, connect=CONNECT_S),
     )
+    url = f"{base_url.rstrip('/')}/models"
     try:
         await client.models.list()
+        if agent == "codex":
+            url = f"{base_url.rstrip('/')}/responses"
+            # An empty request: a server with the API refuses it (400, 422) without generating.
+            await client.post("/responses", body={}, cast_to=object)
+    except openai.APITimeoutError as exc:
+        if type(exc.__cause__).__name__ == "ConnectTimeout":
+            return f"no model endpoint reachable at {base_url} (no connection within {CONNECT_S:g}s); set OPENAI_BASE_URL"
+        return (
+            f"the endpoint at {base_url} took the connection but sent no answer to {url} within "
+            f"{answer_s:g}s: it is up, but slow or stuck (still loading its model?); try again once it answers"
+        )
     except openai.APIConnectionError as exc:
         return f"no model endpoint reachable at {base_url} ({exc}); set OPENAI_BASE_URL"
     except openai.APIStatusError as exc:
-        if exc.status_code in (401, 403):
-            return f"the endpoint at {base_url} refused the key ({exc.status_code}); set OPENAI_API_KEY"
+        return _refusal(exc.status_code, base_url, url)
     finally:
         await client.close()
     return None
+
+
+def _refusal(status: int, base_url: str, url: str) -> str | None:
+    """What an HTTP error from the endpoint check means, and what to do; None when it is only the
+    empty /responses request refused (the API is there)."""
+    if status in (401, 403):
+        return f"the endpoint at {base_url} refused the key ({status}); set OPENAI_API_KEY"
+    if status == 404 and url.endswith("/responses"):
+        return (
+            f"this endpoint has no Responses API ({url} answered 404), which Codex needs: use "
+            "--agent openai (the built-in agent speaks Chat Completions)"
+        )
+    if status == 404:
+        hint = (
+            ""
+            if base_url.rstrip("/").endswith("/v1")
+            else f" (most servers serve it under /v1: {base_url.rstrip('/')}/v1?)"
+        )
+        return f"{url} answered 404 Not Found: OPENAI_BASE_URL is not the API's base URL{hint}"
+    if url.endswith("/responses") and status < 500:
+        return None
+    if status >= 500:
+        return f"{url} answered HTTP {status}: the server is up but failing (still starting?); try again once it answers"
+    return f"{url} answered HTTP {status}: is OPENAI_BASE_URL an OpenAI-compatible API?"
 
 
 class Demo:
@@ -133,6 +190,7 @@ class Demo:
         except StartupFailed as failed:  # a --dir that is a file, a demo already running there
             print(f"goaltender demo: cannot start its runner: {failed}", file=sys.stderr)
             return 1
+        _log_to(settings.home / RUNNER_LOG)
         serving = asyncio.ensure_future(runner.serve_forever())
         print(f"Goaltender demo — runner state, logs and plots in {self.directory}\n")
         if self.auto_note:
@@ -160,7 +218,19 @@ class Demo:
         finally:
             serving.cancel()
             await runner.close()
-        return 0 if self.goal is not None and not self.interrupted else 1
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        """0 only for a goal that finished; else 1, saying why in one line (a Ctrl-C says so itself)."""
+        if self.goal is not None and self.goal.state == "finished" and not self.interrupted:
+            return 0
+        if self.goal is not None and not self.interrupted:
+            goal = self.goal
+            # An agent's end reason is a head line and the tail of its stderr: all of it, on one line.
+            why = " / ".join(line.strip() for line in (goal.end_reason or "").splitlines() if line.strip())
+            said = f"{goal.state}: {why[:1000]}" if why else f"did not end (it is {goal.state})"
+            print(f"goaltender demo: goal #{goal.id} {said}", file=sys.stderr)
+        return 1
 
     async def _react(self, client: RunnerClient, event: Event) -> None:
         data = event.data
@@ -238,14 +308,7 @@ class Demo:
         plot_paths = await self._plot()
         status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
         self.goal = status.goal
-        card = self.console.render_card(
-            status.goal,
-            attempted=status.attempted,
-            compute_hours_used=status.compute_hours_used,
-            best=status.best,
-            now=utcnow(),
-        )
-        self.console.write(card)
+        self.console.write(self.console.render_card(status, now=utcnow()))
         for path in plot_paths:
             print(f"plot: {path}")
         print(f"ledger and logs: {status.goal.workspace}/experiments/")

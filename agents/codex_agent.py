@@ -46,6 +46,7 @@ from goaltender.agents.codex_prompts import (
     report_text,
     resume_prompt,
     says_done,
+    turn_failure,
 )
 from goaltender.agents.codex_rpc import METHOD_NOT_FOUND, AppServer, AppServerGone, RpcError
 from goaltender.runner import protocol as p
@@ -158,7 +159,7 @@ class CodexAgent(GoalAgent):
         self.usage_step = int(max((s for s, _ in series.points if s is not None), default=0))
 
         await self.start_server()
-        prompt = first_prompt(brief)
+        prompt = first_prompt()
         previous = await self.previous_thread() if self.goal.resumed else None
         if previous and await self.resume_thread(previous):
             prompt = resume_prompt(brief)
@@ -168,7 +169,7 @@ class CodexAgent(GoalAgent):
         while True:
             result = await self.run_turn(prompt)
             if result.status == "failed":
-                raise AgentFailure(f"the Codex turn failed: {result.error or 'no reason given'}")
+                raise AgentFailure(turn_failure(result.error))
             await self.read_inbox()
             if result.status == "completed" and says_done(result.last_message) and not self.outbox:
                 await self.submit_report(

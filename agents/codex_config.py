@@ -39,6 +39,11 @@ ALLOWED_VERBS = (
 )
 
 
+# The brief reaches Codex only as AGENTS.md, which Codex cuts past `project_doc_max_bytes` (32 KiB
+# by default): room for the longest brief, a diary handoff of 50,000 characters included.
+BRIEF_MAX_BYTES = 256 * 1024
+
+
 def find_codex() -> str:
     """`codex` on PATH, else the copy `make test` installs in the repository."""
     return shutil.which("codex") or str(REPO / ".codex-cli" / "node_modules" / ".bin" / "codex")
@@ -81,10 +86,10 @@ def write_codex_home(home: Path, settings: CodexSettings) -> None:
 def codex_config(settings: CodexSettings) -> dict[str, Any]:
     """What config.toml holds. The approval policy and sandbox go in thread/start instead (Codex
     0.171 refuses to start with `approval_policy = "untrusted"` in config.toml, yet accepts it as
-    a thread parameter). No login shells: a login profile resets PATH (Debian's /etc/profile does
-    for root), and the agent's commands need the PATH the runner gave it, with the `goaltender`
-    verbs on it."""
-    config: dict[str, Any] = {"allow_login_shell": False}
+    a thread parameter). The whole brief in AGENTS.md (BRIEF_MAX_BYTES). No login shells: a login
+    profile resets PATH (Debian's /etc/profile does for root), and the agent's commands need the
+    PATH the runner gave it, with the `goaltender` verbs on it."""
+    config: dict[str, Any] = {"allow_login_shell": False, "project_doc_max_bytes": BRIEF_MAX_BYTES}
     if settings.model:
         config["model"] = settings.model
     if settings.context_tokens:

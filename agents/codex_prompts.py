@@ -45,15 +45,19 @@ HOW_TO_FINISH = (
 )
 
 
-def first_prompt(brief: str) -> str:
+def first_prompt() -> str:
+    """The first turn's words. The brief is not among them: it is AGENTS.md, which Codex reads
+    itself and sends with its instructions (it was sent twice, ~5 KB of a ~55 KB first request)."""
     return (
-        f"{brief}\n---\n\nWork toward this goal now (the brief above is also in AGENTS.md). Read the "
-        "skills it names that fit the goal (`.agents/skills/<name>/SKILL.md`: `autoresearch` always, "
-        f"`nemo-rl` for a training campaign) before the first run. {HOW_TO_FINISH}"
+        "Work toward the goal in AGENTS.md (above: the goal, its stop rule and budgets, how to work, "
+        "the skills) now. Read the skills it names that fit the goal (`.agents/skills/<name>/SKILL.md`: "
+        f"`autoresearch` always, `nemo-rl` for a training campaign) before the first run. {HOW_TO_FINISH}"
     )
 
 
 def resume_prompt(brief: str) -> str:
+    """A resumed thread's words: the brief as it is now (its ledger, the latest handoff), which
+    the thread's history has only as it was when the thread started."""
     return (
         "The goaltender runner restarted and interrupted this session. The current brief, with the ledger "
         f"so far and the latest handoff, follows; pick up where you left off.\n\n{brief}\n---\n\n{HOW_TO_FINISH}"
@@ -64,6 +68,28 @@ CONTINUE_PROMPT = (
     "Continue toward the goal (the runner enforces the budgets; check `goaltender inbox` for steering). "
     f"If the goal is met or you cannot make more progress, reply with your final report ending with `{DONE_MARKER}`."
 )
+
+
+# ---- why a turn failed ----
+
+_NO_RESPONSES_API = re.compile(r"\b404\b.*?(\S*/responses)\b", re.S)
+_MODEL = re.compile(r"\bmodel\b", re.I)
+
+
+def turn_failure(error: str) -> str:
+    """Why the goal fails when a Codex turn failed: Codex's error, and what to do about it where
+    that is known. A 404 from /responses is a server without the Responses API (many local servers
+    serve Chat Completions only), which Codex cannot work without."""
+    said = f"the Codex turn failed: {error or 'no reason given'}"
+    if (found := _NO_RESPONSES_API.search(error)) is None:
+        return said
+    if _MODEL.search(error):  # vLLM's 404 for a model it does not serve, on a path it has
+        return f"the endpoint does not serve that model: set GOALTENDER_MODEL to one it lists. {said}"
+    return (
+        f"this endpoint has no Responses API ({found.group(1)} answered 404), which Codex needs: use "
+        "the built-in agent, which speaks Chat Completions (`with openai` in the goal, `--agent "
+        f"openai` on the command line). {said}"
+    )
 
 
 # ---- approval requests ----

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from goaltender.display.params import format_metric
+from goaltender.display.params import format_metric, format_tokens
 from goaltender.display.params import format_params as _one_line_params
 from goaltender.display.plain import clean
 from goaltender.storage.records import Approval, Budget, Experiment, Goal, PostsFolded
@@ -181,10 +181,10 @@ def _bar(
 
 
 def budget_bars(
-    goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime, tokens_used: int = 0
+    goal: Goal, *, attempted: int, compute_hours_used: float, tokens_used: int, now: datetime
 ) -> list[BudgetBar]:
     """The card's budgets: time, experiments attempted, compute-hours, and the agent's tokens
-    when it has a token budget or has spent any."""
+    when it has a token budget or has spent any (no default: a card that forgot them showed 0)."""
     used_s, total_s = time_used(goal, now)
     b = goal.budget
     bars = [
@@ -197,19 +197,10 @@ def budget_bars(
     return bars
 
 
-def format_tokens(count: float) -> str:
-    """`812`, `45.2k`, `1.25M`."""
-    if count < 1000:
-        return f"{count:.0f}"
-    if count < 1_000_000:
-        return f"{count / 1000:.1f}k"
-    return f"{count / 1_000_000:.2f}M"
-
-
 def budget_line(goal: Goal, *, attempted: int, compute_hours_used: float, now: datetime) -> str:
     """`time 1h02m/5h00m · 4/20 experiments · 0.52/8 compute-h`, for one-line summaries."""
     time_bar, experiments, compute, *_ = budget_bars(
-        goal, attempted=attempted, compute_hours_used=compute_hours_used, now=now
+        goal, attempted=attempted, compute_hours_used=compute_hours_used, tokens_used=0, now=now
     )
 
     def of(bar: BudgetBar) -> str:

@@ -15,7 +15,7 @@ import sys
 import textwrap
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from goaltender.display.facts import (
     EMOJI,
@@ -51,7 +51,6 @@ from goaltender.storage.records import (
     ExperimentQueued,
     ExperimentStarted,
     FinalReport,
-    Goal,
     GoalAccepted,
     GoalStateChanged,
     HubFetched,
@@ -60,6 +59,9 @@ from goaltender.storage.records import (
     PostsFolded,
     SteerReceived,
 )
+
+if TYPE_CHECKING:
+    from goaltender.runner.protocol import GoalStatus
 
 __all__ = ["ConsoleThread"]
 
@@ -262,16 +264,11 @@ class ConsoleThread:
         stream.write(text.rstrip("\n") + "\n\n")
         stream.flush()
 
-    def render_card(
-        self,
-        goal: Goal,
-        *,
-        attempted: int,
-        compute_hours_used: float,
-        best: Experiment | None,
-        now: datetime,
-    ) -> str:
-        """The root status card: state, budget bars, best result, agent."""
+    def render_card(self, status: GoalStatus, *, now: datetime) -> str:
+        """The root status card: state, budget bars, best result, agent. Drawn from the runner's
+        status whole, as Slack's card is (bot/render.py): a figure passed one by one was left out
+        (the agent's tokens, whose bar then read 0)."""
+        goal, best = status.goal, status.best
         b = goal.budget
         state = self._c(state_label(goal.state), "bold", self._state_style(goal.state))
         emoji = STATE_EMOJI.get(goal.state, EMOJI["goal_accepted"])
@@ -283,7 +280,13 @@ class ConsoleThread:
         lines.extend(text_lines)
 
         label_w = 12
-        for bar in budget_bars(goal, attempted=attempted, compute_hours_used=compute_hours_used, now=now):
+        for bar in budget_bars(
+            goal,
+            attempted=status.attempted,
+            compute_hours_used=status.compute_hours_used,
+            tokens_used=status.tokens_used,
+            now=now,
+        ):
             lines.append(self._bar_line(bar, label_w))
         metric = goal.metric or (best.metric_name if best else None) or "metric"
         if best is not None and best.metric_value is not None:

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from pydantic import BaseModel, ConfigDict
 
+from goaltender.display.params import format_tokens
 from goaltender.storage.records import Budget
 
 DEFAULT_BLOCK = 4  # baseline + 3; also how many more each "continue?" approval grants
@@ -386,10 +387,17 @@ def stop_met(status: str) -> bool:
 
 
 def stop_status(
-    budget: Budget, attempted: int, compute_used: float, now: datetime, *, target_reached: bool = False
+    budget: Budget,
+    attempted: int,
+    compute_used: float,
+    now: datetime,
+    *,
+    tokens_used: int = 0,
+    target_reached: bool = False,
 ) -> str:
     """One line, as the autoresearch skill asks after every run: '3/8 attempted, 1m52s left'. The
-    goal's target (a stop rule of the goal's text, not a budget) counts as met when `target_reached`."""
+    goal's target (a stop rule of the goal's text, not a budget) counts as met when `target_reached`;
+    a token budget by the agent's `tokens_used` (the runner ends a goal that spent it)."""
     parts: list[str] = []
     met = ["target"] if target_reached else []
     if budget.max_experiments is not None:
@@ -407,6 +415,10 @@ def stop_status(
         parts.append(f"{compute_used:.3g}/{budget.compute_hours:g} compute-h")
         if compute_used >= budget.compute_hours:
             met.append("compute")
+    if budget.max_tokens is not None:
+        parts.append(f"{format_tokens(tokens_used)}/{format_tokens(budget.max_tokens)} tokens")
+        if tokens_used >= budget.max_tokens:
+            met.append("tokens")
     head = f"{STOP_MET} ({', '.join(met)})" if met else "stop condition not yet met"
     return f"{head}: {', '.join(parts)}"
 

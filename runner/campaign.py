@@ -1408,6 +1408,7 @@ class Campaigns:
             utcnow(),
             reason,
             await self.store.agent_report(goal.id),
+            tokens_used=(await self.store.tokens_used([goal.id])).get(goal.id, 0),
             fetches=await self.store.hub_fetches(goal.id),
         )
         await self.store.record_report(

@@ -192,7 +192,7 @@ class RunnerClient:
 
     async def call(self, kind: type[p.Request], expect: type[R], /, **fields) -> R:
         """Build a `kind` request with a fresh id, send it, and return its reply."""
-        return await self.request(kind(id=next(self._ids), **fields), expect)
+        return await self.request(_built(kind, next(self._ids), fields), expect)
 
     async def request(self, request: p.Request, expect: type[R]) -> R:
         """Send one request and wait for its `expect` reply; an `error` reply raises ProtocolError."""
@@ -211,7 +211,7 @@ class RunnerClient:
         """Send one `kind` request per item of `many` without waiting between them, then return
         their replies in order: one round trip for all. The first `error` reply raises ProtocolError
         (the runner still answered the rest; each was handled on its own)."""
-        return await self.request_many([kind(id=next(self._ids), **fields) for fields in many], expect)
+        return await self.request_many([_built(kind, next(self._ids), fields) for fields in many], expect)
 
     async def request_many(self, requests: Sequence[p.Request], expect: type[R]) -> list[R]:
         loop = asyncio.get_running_loop()
@@ -447,6 +447,15 @@ def _raw_log_reply(line: bytes) -> bool:
     except (ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and raw.get("type") == "log" and "raw_bytes" in raw
+
+
+def _built(kind: type[p.Request], request_id: int, fields: dict[str, Any]) -> p.Request:
+    """The request, or the ProtocolError the runner would answer it with (`bad_request`, one line):
+    a caller handles a request it could not build as one refused, never as pydantic's dump."""
+    try:
+        return kind(id=request_id, **fields)
+    except ValidationError as exc:
+        raise p.ProtocolError(p.invalid_request(kind, request_id, exc)) from None
 
 
 def _salvage(line: bytes, exc: ValidationError) -> p.EventMessage | p.Error | None:

@@ -545,7 +545,13 @@ class Runner:
         status = await self._status(goal.id)
         fetches = await self.store.hub_fetches(goal.id)
         text = summary_text(
-            goal, experiments, status.compute_hours_used, utcnow(), goal.end_reason, fetches=fetches
+            goal,
+            experiments,
+            status.compute_hours_used,
+            utcnow(),
+            goal.end_reason,
+            tokens_used=status.tokens_used,
+            fetches=fetches,
         )
         return p.SummaryReply(status=status, ledger=experiments, text=text)
 
@@ -850,15 +856,18 @@ class Runner:
         running = next((e for e in reversed(experiments) if e.status == "running"), None) or next(
             (e for e in experiments if e.status == "queued"), None
         )
+        tokens_used = (await self.store.tokens_used([goal_id])).get(goal_id, 0)
         return p.GoalStatus(
             goal=goal,
             attempted=attempted,
             compute_hours_used=compute_used,
-            tokens_used=(await self.store.tokens_used([goal_id])).get(goal_id, 0),
+            tokens_used=tokens_used,
             best=best,
             running=running,
             pending_approvals=await self.store.pending_approvals(goal_id),
-            stop_status=goal_stop_status(goal, attempted, compute_used, best, utcnow()),
+            stop_status=goal_stop_status(
+                goal, attempted, compute_used, best, utcnow(), tokens_used=tokens_used
+            ),
         )
 
 
@@ -874,7 +883,14 @@ def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:
         best=ledger.best,
         running=ledger.running,
         pending_approvals=ledger.pending_approvals,
-        stop_status=goal_stop_status(goal, ledger.attempted, ledger.compute_hours_used, ledger.best, now),
+        stop_status=goal_stop_status(
+            goal,
+            ledger.attempted,
+            ledger.compute_hours_used,
+            ledger.best,
+            now,
+            tokens_used=ledger.tokens_used,
+        ),
     )
 
 

@@ -81,8 +81,11 @@ OsText = Annotated[str, AfterValidator(_no_nul)]  # passed to the OS: argv, path
 
 def _said(text: str) -> str:
     if not text.strip():
-        raise ValueError("is blank: it must say something")
+        raise ValueError(BLANK)
     return text
+
+
+BLANK = "is blank"  # problems() says what the field wants after it
 
 
 # What people read: a goal, a steer, a milestone's title, an agent's question, a report. Blank, it
@@ -378,7 +381,7 @@ class RunExperiment(Request):
     type: Literal["run_experiment"] = "run_experiment"
     goal_id: RowId
     command: list[OsText] = Field(min_length=1)
-    description: Words = Field(min_length=1, max_length=2000)
+    description: Words = Field(min_length=1, max_length=2000, description="the hypothesis this run tests")
     params: dict[str, Any] = Field(default_factory=dict)
     metric: str | None = None  # the headline metric; defaults to the goal's
     direction: Literal["maximize", "minimize"] | None = None
@@ -860,21 +863,56 @@ def parse_request(line: bytes) -> AnyRequest | Error:
         return Error(
             id=request_id, code="unknown_type", message=f"unknown type {kind[:40]!r}; known: {known}"
         )
+    model = REQUEST_MODELS[kind]
     try:
-        return cast(AnyRequest, REQUEST_MODELS[kind].model_validate(raw))
+        return cast(AnyRequest, model.model_validate(raw))
     except ValidationError as exc:
-        return Error(id=request_id, code="bad_request", message=f"invalid {kind}: {_problems(exc)}")
+        return invalid_request(model, request_id, exc)
 
 
-MAX_PROBLEMS = 5  # an error names the first few; the reply stays a short line whatever was sent
+def invalid_request(model: type[Request], request_id: Any, exc: ValidationError) -> Error:
+    """The `bad_request` error for a request that does not validate: what the runner replies, and
+    what a client says of a request it could not even build (RunnerClient.call)."""
+    kind = model.model_fields["type"].default
+    return Error(id=request_id, code="bad_request", message=f"invalid {kind}: {problems(exc, model)}")
 
 
-def _problems(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False, include_input=False)
-    named = [f"{_where(err['loc'])}: {err['msg']}" for err in errors[:MAX_PROBLEMS]]
-    if len(errors) > MAX_PROBLEMS:
-        named.append(f"and {len(errors) - MAX_PROBLEMS} more")
-    return "; ".join(named)
+MAX_PROBLEMS = 5  # fields named; the reply stays a short line whatever was sent
+_EMPTY = {"string_too_short", "too_short"}  # of a minimum length of 1
+
+
+def problems(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """pydantic's complaints as people read them, on one line: the first problem of each field
+    (`description: is empty: give the hypothesis this run tests; timeout_s: Input should be a valid
+    number`), without pydantic's input echo, error codes or documentation URL."""
+    firsts: dict[Any, str] = {}
+    for err in exc.errors(include_url=False, include_input=False):
+        field = err["loc"][0] if err["loc"] else None
+        if field not in firsts:
+            firsts[field] = f"{_where(err['loc'])}: {_plain(err, model, field)}"
+    named = list(firsts.values())
+    more = len(named) - MAX_PROBLEMS
+    return "; ".join(named[:MAX_PROBLEMS] + ([f"and {more} more"] if more > 0 else []))
+
+
+def _plain(err: Any, model: type[BaseModel] | None, field: Any) -> str:
+    """One problem in plain words: an empty, blank or missing field says what it wants (its
+    description), a validator's own words come without pydantic's 'Value error, '."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in _EMPTY and ctx.get("min_length") == 1:
+        said = "is empty"
+    elif kind == "missing":
+        said = "is missing"
+    elif kind == "value_error" and str(ctx.get("error")) == BLANK:
+        said = BLANK
+    elif kind == "value_error":
+        return str(ctx.get("error") or err["msg"])
+    else:
+        return str(err["msg"])
+    wanted = model.model_fields.get(field) if model is not None and isinstance(field, str) else None
+    if wanted is not None and wanted.description:
+        return f"{said}: give {wanted.description}"
+    return f"{said}: it must say something" if said == BLANK else said
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

@@ -104,9 +104,11 @@ def summary_text(
     now: datetime,
     end_reason: str | None = None,
     *,
+    tokens_used: int,
     fetches: Sequence[HubFetch] = (),
 ) -> str:
     best = best_experiment(experiments, goal.direction)
+    attempted = sum(e.counted for e in experiments)
     head = f"Goal #{goal.id} — {goal.state}" + (f" ({end_reason})" if end_reason else "")
     lines = [f"# {head}", "", f"> {goal.text}", ""]
     if best is not None:
@@ -127,7 +129,8 @@ def summary_text(
             f"**Target:** {goal.target:g} — {'reached' if target_reached(goal, best) else 'not reached'}"
         )
     lines += [
-        f"**Stop status:** {goal_stop_status(goal, sum(e.counted for e in experiments), compute_used, best, now)}",
+        f"**Stop status:** "
+        f"{goal_stop_status(goal, attempted, compute_used, best, now, tokens_used=tokens_used)}",
         f"**Compute used:** {compute_used:.4f} compute-hours",
         "",
         "## Ledger",
@@ -148,9 +151,12 @@ def final_report(
     end_reason: str,
     agent_words: str | None,
     *,
+    tokens_used: int,
     fetches: Sequence[HubFetch] = (),
 ) -> str:
-    text = summary_text(goal, experiments, compute_used, now, end_reason, fetches=fetches)
+    text = summary_text(
+        goal, experiments, compute_used, now, end_reason, tokens_used=tokens_used, fetches=fetches
+    )
     if agent_words:
         text += "\n\n## From the agent\n\n" + agent_words.strip()
     return text
@@ -164,9 +170,22 @@ def target_reached(goal: Goal, best: Experiment | None) -> bool:
 
 
 def goal_stop_status(
-    goal: Goal, attempted: int, compute_used: float, best: Experiment | None, now: datetime
+    goal: Goal,
+    attempted: int,
+    compute_used: float,
+    best: Experiment | None,
+    now: datetime,
+    *,
+    tokens_used: int,
 ) -> str:
-    """The goal's stop status: its budgets and its target; an ended goal's as it ended (its time
-    left does not run on, nor run out, after it)."""
+    """The goal's stop status: its budgets (the agent's tokens among them) and its target; an ended
+    goal's as it ended (its time left does not run on, nor run out, after it)."""
     at = goal.ended_at or now
-    return stop_status(goal.budget, attempted, compute_used, at, target_reached=target_reached(goal, best))
+    return stop_status(
+        goal.budget,
+        attempted,
+        compute_used,
+        at,
+        tokens_used=tokens_used,
+        target_reached=target_reached(goal, best),
+    )

@@ -86,11 +86,16 @@ class Seen:
 
 
 class FakeOpenAI:
-    def __init__(self, default: Scripted | None = None):
+    """`responses=False` is a server without the Responses API (Chat Completions only, as many
+    local servers are): /v1/responses is no route, answered 404 as any unknown path."""
+
+    def __init__(self, default: Scripted | None = None, *, responses: bool = True):
         self.script: deque[Scripted] = deque()
         self.default: Scripted = default or _finish_or_text
         self.requests: list[Seen] = []
         self.delay_s = 0.0  # added before every answer (to test timeouts)
+        self.models_delay_s = 0.0  # before the list of models (a server slow to answer at all)
+        self.responses = responses
         # Dialects of real servers: what /v1/models says of the model (vLLM: {"max_model_len": N}),
         # a llama.cpp-style /props when set, and llama-cpp-python's HTTP 500 for an assistant turn
         # whose content is null.
@@ -106,7 +111,8 @@ class FakeOpenAI:
     async def start(self, port: int = 0) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/responses", self._responses)
+        if self.responses:
+            app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/props", self._props)
         self._runner = web.AppRunner(app)
@@ -144,6 +150,7 @@ class FakeOpenAI:
         return body, item
 
     async def _models(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.models_delay_s)
         model = {"id": "fake-model", "object": "model", "owned_by": "fake", **self.model_fields}
         return web.json_response({"object": "list", "data": [model]})
 

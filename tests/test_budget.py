@@ -122,15 +122,32 @@ def test_an_ended_goals_stop_status_is_as_it_ended():
         created_at=ended,
         ended_at=ended,
     )
-    assert goal_stop_status(goal, 2, 0, None, NOW) == "stop condition not yet met: 2 attempted, 10m00s left"
+    assert (
+        goal_stop_status(goal, 2, 0, None, NOW, tokens_used=0)
+        == "stop condition not yet met: 2 attempted, 10m00s left"
+    )
     running = goal.model_copy(update={"state": "running", "ended_at": None})
-    assert goal_stop_status(running, 2, 0, None, NOW).startswith("stop condition met (deadline)")
+    assert goal_stop_status(running, 2, 0, None, NOW, tokens_used=0).startswith(
+        "stop condition met (deadline)"
+    )
 
 
 def test_stop_status_line():
     budget = Budget(max_experiments=24, deadline=NOW + timedelta(hours=6, minutes=12))
     assert stop_status(budget, 17, 0, NOW) == "stop condition not yet met: 17/24 attempted, 6h12m left"
     assert stop_status(budget, 24, 0, NOW).startswith("stop condition met (experiment count): 24/24")
+
+
+def test_a_token_budget_is_part_of_the_stop_status():
+    """Issue 36: a goal ended by its token budget said "stop condition not yet met"."""
+    budget = Budget(max_experiments=8, max_tokens=20_000)
+    assert stop_status(budget, 3, 0, NOW, tokens_used=12_345) == (
+        "stop condition not yet met: 3/8 attempted, 12.3k/20k tokens"
+    )
+    assert stop_status(budget, 3, 0, NOW, tokens_used=20_400) == (
+        "stop condition met (tokens): 3/8 attempted, 20.4k/20k tokens"
+    )
+    assert "tokens" not in stop_status(Budget(max_experiments=8), 3, 0, NOW, tokens_used=5_000)
 
 
 def test_budget_changes():

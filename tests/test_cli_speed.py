@@ -104,7 +104,7 @@ def points_file(count: int) -> str:
         ('{"name": "loss", "value": 1}\n\n{"name": "loss", "value": NaN}\n', "line 3: not a JSON object"),
         ('{"name": "loss", "value": 1e999}\n', "line 1: value: Input should be a finite number"),
         ("[1, 2]\n", 'line 1: expected an object like {"name": "loss", "value": 0.3}'),
-        ('{"name": "loss"}\n', "line 1: value: Field required"),
+        ('{"name": "loss"}\n', "line 1: value: is missing"),
         ('{"name": "loss", "value": "x"}\n', "line 1: value: Input should be a valid number"),
         ('{"name": "loss", "value": 1, "stp": 2}\n', "line 1: stp: Extra inputs are not permitted"),
         ("\n\n", "no points: the file has no JSON lines"),

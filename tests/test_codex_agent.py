@@ -43,12 +43,23 @@ AGENT = [sys.executable, "-m", "goaltender.agents.codex_agent"]
 @pytest.fixture
 async def fake(monkeypatch):
     """FakeOpenAI, and the environment that points the Codex agent at it."""
+    async for server in _endpoint(monkeypatch, FakeOpenAI()):
+        yield server
+
+
+@pytest.fixture
+async def chat_only(monkeypatch):
+    """A fake endpoint without the Responses API (Chat Completions only), for the Codex agent."""
+    async for server in _endpoint(monkeypatch, FakeOpenAI(responses=False)):
+        yield server
+
+
+async def _endpoint(monkeypatch, server: FakeOpenAI):
     if not CODEX_BIN.exists():
         pytest.fail(
             f"the Codex CLI is not installed at {CODEX_BIN}: run `make test`, which installs it "
             "(npm install @openai/codex into .codex-cli/)"
         )
-    server = FakeOpenAI()
     await server.start()
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
@@ -179,6 +190,10 @@ async def test_approved_and_rejected_commands_brief_skills_metrics_report(
         if isinstance(part, dict) and part.get("text", "").startswith("# AGENTS.md instructions for")
     ]
     assert agents_md and "STARGOAL-7781" in agents_md[0] and "Stop rule and budgets" in agents_md[0]
+    # ... and only there: the first prompt does not carry the brief a second time (issue 36).
+    sent = json.dumps(first)
+    assert sent.count("STARGOAL-7781") == 1 and sent.count("## Stop rule and budgets") == 1
+    assert "Work toward the goal in AGENTS.md" in sent
     assert "<skills_instructions>" in json.dumps(first) and "SKILLMARK-93" in json.dumps(first)
     assert "star-helper" in json.dumps(first)
     for name in list_skills():  # the project's skills, copied to .agents/skills by the agent
@@ -208,6 +223,24 @@ async def test_approved_and_rejected_commands_brief_skills_metrics_report(
     assert 30_000 < window <= 32_768  # GOALTENDER_CONTEXT_TOKENS reached Codex (it keeps a 5% margin)
     assert "command completed (exit 0" in log and "touch approved-marker" in log
     assert "command declined" in log
+
+
+async def test_a_brief_past_32_kib_reaches_codex_whole(start_runner, connect, fake):
+    """The brief reaches Codex only as AGENTS.md, which Codex cuts at 32 KiB unless told otherwise:
+    a long one (here a skill with 40 KB of description; a long diary handoff in practice) is sent
+    whole."""
+    runner = await start_runner(agents={"codex": AGENT})
+    skill = runner.settings.home / "skills" / "aaa-long-notes" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text(f"---\nname: aaa-long-notes\ndescription: {'notes ' * 7000}END-OF-NOTES\n---\nx\n")
+    fake.default = Turn(text="Read it all.\nGOAL COMPLETE")
+    client = await connect(runner)
+    goal_id = await submit(client, "read a long brief, max 1 experiments", agent="codex")
+    await events_until_report(client, goal_id, timeout=30)
+    brief = (workspace(runner, goal_id) / "AGENTS.md").read_text()
+    assert len(brief.encode()) > 40_000 and "END-OF-NOTES" in brief
+    sent = json.dumps(fake.requests[0].body)
+    assert "END-OF-NOTES" in sent and json.dumps(brief.rstrip()[-300:])[1:-1] in sent  # its very end
 
 
 async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
@@ -386,6 +419,40 @@ async def test_endpoint_failure_fails_the_goal_with_the_reason(start_runner, con
     assert group_members(server_pid) == []
 
 
+async def test_an_endpoint_without_the_responses_api_says_what_to_do(start_runner, connect, chat_only):
+    """Issue 36: Codex on a server that serves Chat Completions only failed with a 404 and no word
+    of what to do."""
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "no responses here, max 2 experiments", agent="codex")
+    events = await events_until_report(client, goal_id, timeout=60)
+    [failed] = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    advice = (
+        f"this endpoint has no Responses API ({chat_only.base_url}/responses answered 404), which Codex "
+        "needs: use the built-in agent, which speaks Chat Completions (`with openai` in the goal, "
+        "`--agent openai` on the command line)."
+    )
+    assert failed.title.startswith("Codex agent failed: this endpoint has no Responses API (")
+    assert failed.text.startswith(advice) and "unexpected status 404" in failed.text  # Codex's words too
+    assert advice in events[-1].data.text  # the report
+    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert [seen.path for seen in chat_only.requests] == []  # /responses is no route there: never served
+
+
+async def test_a_model_the_endpoint_does_not_serve_is_not_called_a_missing_api(start_runner, connect, fake):
+    """vLLM answers 404 on /v1/responses for a model it does not serve: that is the model's name."""
+    fake.add(Fail(404, message="The model `fake-model` does not exist."))
+    runner = await start_runner(agents={"codex": AGENT})
+    client = await connect(runner)
+    goal_id = await submit(client, "wrong model, max 2 experiments", agent="codex")
+    events = await events_until_report(client, goal_id, timeout=60)
+    [failed] = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
+    assert failed.text.startswith(
+        "the endpoint does not serve that model: set GOALTENDER_MODEL to one it lists."
+    )
+    assert "Responses API" not in failed.text and "does not exist" in failed.text
+
+
 FAKE_APP_SERVER = textwrap.dedent(
     """
     import json, sys
@@ -501,6 +568,7 @@ def test_settings_codex_home_and_done_detection(tmp_path, monkeypatch):
     assert (
         config["allow_login_shell"] is False and config["sandbox_workspace_write"]["network_access"] is True
     )
+    assert config["project_doc_max_bytes"] == 256 * 1024  # the whole brief: Codex cuts AGENTS.md at 32 KiB
     assert "approval_policy" not in config  # Codex 0.171 refuses "untrusted" there; it goes in thread/start
     write_codex_home(tmp_path / "home", codex_settings(monkeypatch, **env, GOALTENDER_CODEX_RETRIES="2"))
     provider = tomllib.loads((tmp_path / "home" / "config.toml").read_text())["model_providers"]["goaltender"]

@@ -7,6 +7,7 @@ import pytest
 
 from goaltender.display.facts import format_bar, format_duration, format_metric, format_params
 from goaltender.display.terminal import ConsoleThread
+from goaltender.runner import protocol as p
 from goaltender.storage.records import (
     Approval,
     ApprovalDecided,
@@ -344,13 +345,17 @@ def test_default_stream_is_stdout(capsys: pytest.CaptureFixture[str]) -> None:
 # ---- the status card ----
 
 
+def status(g: Goal, *, attempted: int = 0, compute_hours_used: float = 0.0, **kw) -> p.GoalStatus:
+    """The runner's status of `g`, as the demo's card is drawn from."""
+    return p.GoalStatus(
+        goal=g, attempted=attempted, compute_hours_used=compute_hours_used, stop_status="", **kw
+    )
+
+
 def test_render_card_bars() -> None:
     thread = ConsoleThread(stream=io.StringIO(), color=False)
     text = thread.render_card(
-        goal(),
-        attempted=3,
-        compute_hours_used=0.125,
-        best=experiment(),
+        status(goal(), attempted=3, compute_hours_used=0.125, best=experiment()),
         now=T0 + timedelta(seconds=92),
     )
     assert "\x1b" not in text
@@ -365,9 +370,7 @@ def test_render_card_bars() -> None:
 def test_render_card_no_limits_over_budget_and_no_best() -> None:
     thread = ConsoleThread(stream=io.StringIO(), color=False)
     g = goal(budget=Budget(max_experiments=4), target=None)
-    text = thread.render_card(
-        g, attempted=5, compute_hours_used=0.0, best=None, now=T0 + timedelta(seconds=30)
-    )
+    text = thread.render_card(status(g, attempted=5), now=T0 + timedelta(seconds=30))
     assert "30.0s (no limit)" in text
     assert "[##########] 5/4 over budget" in text
     assert "none yet" in text
@@ -381,15 +384,26 @@ def test_render_card_deadline_and_ended() -> None:
         ended_at=T0 + timedelta(minutes=5),
         end_reason="target reached",
     )
-    text = thread.render_card(g, attempted=2, compute_hours_used=0.0, best=None, now=T0 + timedelta(hours=1))
+    text = thread.render_card(status(g, attempted=2), now=T0 + timedelta(hours=1))
     assert "[#####-----] 5m00s / 10m00s" in text
     assert "finished" in text and "target reached" in text
+
+
+def test_render_card_shows_the_tokens_the_agent_spent() -> None:
+    """Issue 36: the tokens bar read 0 on every card, whatever the agent had spent."""
+    thread = ConsoleThread(stream=io.StringIO(), color=False)
+    g = goal(budget=Budget(max_tokens=20_000), state="finished", end_reason="token budget used")
+    text = thread.render_card(status(g, tokens_used=12_345), now=T0)
+    assert "tokens       [######----] 12.3k/20k" in text
+    # No token budget: the bar is there once the agent has spent any, without a limit.
+    text = thread.render_card(status(goal(), tokens_used=812), now=T0)
+    assert "tokens       812 (no limit)" in text
 
 
 def test_card_prints() -> None:
     stream = io.StringIO()
     thread = ConsoleThread(stream=stream, color=False)
-    thread.write(thread.render_card(goal(), attempted=0, compute_hours_used=0.0, best=None, now=T0))
+    thread.write(thread.render_card(status(goal()), now=T0))
     assert "experiments  [----------] 0/8" in stream.getvalue()
 
 

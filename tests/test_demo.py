@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 
@@ -135,43 +136,138 @@ def test_llm_demo_fails_fast_without_an_endpoint(tmp_path):
     assert done.returncode == 2 and "set GOALTENDER_MODEL" in done.stderr
 
 
+def llm_demo(fake, directory, agent: str, *goal: str, base_url: str = "") -> subprocess.CompletedProcess:
+    """`goaltender demo --yes --agent AGENT [GOAL]` against the fake endpoint (at its base URL,
+    unless another is given), as a user runs it."""
+    env = {
+        **os.environ,
+        "NO_COLOR": "1",
+        "OPENAI_BASE_URL": base_url or fake.base_url,
+        "GOALTENDER_MODEL": "fake-model",
+    }
+    env.pop("GOALTENDER_HOME", None)
+    return subprocess.run(
+        [sys.executable, "-m", "goaltender.cli", "demo", *goal, "--yes", "--agent", agent],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=directory,
+    )
+
+
 async def test_llm_demo_runs_against_the_endpoint_in_the_environment(tmp_path):
     """`goaltender demo --agent openai|codex` drives a goal on whatever endpoint the environment
-    names; here the fake server answers that there is nothing more to do, so each goal finishes."""
+    names; here the fake server answers that there is nothing more to do, so each goal finishes.
+    The card at the end shows the tokens the agent spent against the goal's token budget (it
+    showed 0 whatever they were: issue 36)."""
     from fake_openai import FakeOpenAI
+
+    from goaltender.demo import LLM_GOAL
 
     fake = FakeOpenAI()
     await fake.start()
     try:
-        env = {
-            **os.environ,
-            "NO_COLOR": "1",
-            "OPENAI_BASE_URL": fake.base_url,
-            "GOALTENDER_MODEL": "fake-model",
-        }
-        env.pop("GOALTENDER_HOME", None)
         for agent in ("openai", "codex"):
+            (tmp_path / agent).mkdir()
             done = await asyncio.to_thread(
-                subprocess.run,
-                [
-                    sys.executable,
-                    "-m",
-                    "goaltender.cli",
-                    "demo",
-                    "--yes",
-                    "--agent",
-                    agent,
-                    "--dir",
-                    str(tmp_path / agent),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=180,
-                env=env,
+                llm_demo, fake, tmp_path / agent, agent, f"{LLM_GOAL}, max 900k tokens"
             )
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
             assert "📋 Final report" in done.stdout and "Goal #1" in done.stdout
+            spent = re.search(r"\n +tokens +\[[#-]+\] (\S+)/900k\n", done.stdout)
+            assert spent and spent.group(1) != "0", done.stdout[-1500:]
         paths = {seen.path for seen in fake.requests}
         assert {"chat", "responses"} <= paths  # the built-in loop and Codex both asked the model
     finally:
         await fake.close()
+
+
+async def test_a_demo_whose_goal_failed_exits_non_zero_saying_why(tmp_path):
+    """Issue 36: it exited 0 whatever became of its goal."""
+    from fake_openai import Fail, FakeOpenAI
+
+    fake = FakeOpenAI(default=Fail(400, message="model exploded XYZ-36"))
+    await fake.start()
+    try:
+        done = await asyncio.to_thread(llm_demo, fake, tmp_path, "openai")
+    finally:
+        await fake.close()
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    [said] = done.stderr.splitlines()
+    assert said.startswith("goaltender demo: goal #1 failed: ") and "XYZ-36" in said, said
+
+
+# ---- the endpoint check before an LLM demo (issue 36) ----
+
+
+async def test_a_slow_endpoint_is_waited_for_not_called_unreachable(tmp_path):
+    """A server that takes 6 s to list its models (loading, busy) works: the demo runs on it. It
+    was called unreachable after 5 s."""
+    from fake_openai import FakeOpenAI
+
+    fake = FakeOpenAI()
+    fake.models_delay_s = 6.0
+    await fake.start()
+    try:
+        done = await asyncio.to_thread(llm_demo, fake, tmp_path, "openai")
+    finally:
+        await fake.close()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "📋 Final report" in done.stdout
+
+
+async def test_an_endpoint_past_the_checks_patience_is_said_slow_not_down(monkeypatch):
+    from fake_openai import FakeOpenAI
+
+    from goaltender.demo import endpoint_problem
+
+    fake = FakeOpenAI()
+    fake.models_delay_s = 5.0
+    await fake.start()
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
+    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    try:
+        problem = await endpoint_problem("openai", answer_s=1.0)
+    finally:
+        await fake.close()
+    assert problem == (
+        f"the endpoint at {fake.base_url} took the connection but sent no answer to "
+        f"{fake.base_url}/models within 1s: it is up, but slow or stuck (still loading its model?); "
+        "try again once it answers"
+    )
+
+
+async def test_a_base_url_without_v1_is_said_with_the_url_and_the_fix(tmp_path):
+    """A 404 passed the check, and the goal failed later on every request."""
+    from fake_openai import FakeOpenAI
+
+    fake = FakeOpenAI()
+    await fake.start()
+    root = fake.base_url.removesuffix("/v1")
+    try:
+        done = await asyncio.to_thread(llm_demo, fake, tmp_path, "openai", base_url=root)
+    finally:
+        await fake.close()
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        f"goaltender demo --agent openai: {root}/models answered 404 Not Found: OPENAI_BASE_URL is "
+        f"not the API's base URL (most servers serve it under /v1: {root}/v1?)"
+    ]
+    assert fake.requests == []  # no goal was started against it
+
+
+async def test_codex_on_an_endpoint_without_the_responses_api_is_told_to_use_openai(tmp_path):
+    from fake_openai import FakeOpenAI
+
+    fake = FakeOpenAI(responses=False)
+    await fake.start()
+    try:
+        done = await asyncio.to_thread(llm_demo, fake, tmp_path, "codex")
+    finally:
+        await fake.close()
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        f"goaltender demo --agent codex: this endpoint has no Responses API ({fake.base_url}/responses "
+        "answered 404), which Codex needs: use --agent openai (the built-in agent speaks Chat Completions)"
+    ]

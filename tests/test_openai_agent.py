@@ -732,6 +732,24 @@ async def test_bad_tool_arguments_go_back_to_the_model(start_runner, connect, fa
     assert unknown.startswith("error: there is no tool 'no_such_tool'") and "shell" in unknown
 
 
+async def test_a_request_the_runner_would_refuse_is_said_in_one_line(start_runner, connect, fake):
+    """Issue 36: run_experiment with an empty description came back to the model as pydantic's
+    multi-line dump with its documentation URL; it is the runner's one-line refusal now."""
+    fake.add(
+        Turn(tool_calls=[ToolCall("run_experiment", {"command": "true", "description": ""})]),
+        Turn(text="Understood."),
+    )
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    goal_id = await submit(client, "run nothing, max 1 experiments", agent="openai")
+    await events_until_report(client, goal_id, timeout=20)
+    [said] = tool_results(fake.requests[1].body)
+    assert said == (
+        "error: the runner refused run_experiment: bad_request: invalid run_experiment: "
+        "description: is empty: give the hypothesis this run tests"
+    )
+
+
 async def test_the_model_is_told_when_its_milestone_is_folded(start_runner, connect, fake):
     """Past the goal's rate (runner/folding.py) the milestone tool says the milestone was folded,
     in the runner's words, so the model posts less often; within it, "milestone posted"."""

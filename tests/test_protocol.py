@@ -120,6 +120,40 @@ def test_malformed_lines_are_described(line, code, echo_id):
     assert error.message
 
 
+@pytest.mark.parametrize("kind", sorted(p.REQUEST_MODELS))
+def test_every_requests_problems_are_one_line_one_per_field(kind):
+    """Issue 36: what a request lacks or has wrong is said as people read it, for every request:
+    one line, the first problem of each field, without pydantic's codes, input echo or URL."""
+    line = json.dumps({"type": kind, "id": 9, "unknown_field": [1, 2], "goal_id": -5}).encode()
+    error = p.parse_request(line)
+    assert isinstance(error, p.Error) and error.code == "bad_request" and error.id == 9
+    message = error.message
+    assert message.startswith(f"invalid {kind}: ") and "\n" not in message
+    for noise in ("pydantic", "http", "type=", "input_value", "Value error", "validation error"):
+        assert noise not in message, message
+    named = [problem.split(":")[0] for problem in message.removeprefix(f"invalid {kind}: ").split("; ")]
+    assert len(named) == len(set(named)), message  # a field once, however many problems it has
+    assert "unknown_field" in named or "and" in named[-1]
+
+
+def test_an_empty_or_blank_field_says_what_it_wants():
+    def said(**fields) -> str:
+        line = json.dumps({"type": "run_experiment", "id": 1, "goal_id": 1, "command": ["true"], **fields})
+        return p.parse_request(line.encode()).message
+
+    assert (
+        said(description="")
+        == "invalid run_experiment: description: is empty: give the hypothesis this run tests"
+    )
+    assert (
+        said(description=" \n")
+        == "invalid run_experiment: description: is blank: give the hypothesis this run tests"
+    )
+    assert said() == "invalid run_experiment: description: is missing: give the hypothesis this run tests"
+    steer = p.parse_request(b'{"type": "steer", "id": 2, "goal_id": 1, "text": "  "}').message
+    assert steer == "invalid steer: text: is blank: it must say something"
+
+
 async def _raw(path):
     reader, writer = await asyncio.open_unix_connection(str(path), limit=4 * p.MAX_LINE)
     return reader, writer

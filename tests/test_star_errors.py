@@ -311,7 +311,7 @@ def test_the_report_names_the_dominant_error_class():
         metric_name="exact_accuracy", metric_value=0.0, metrics=metrics, verified=True,
     )  # fmt: skip
     assert error_classes(best) == "off_by_one 2 (dominant), off_by_more 1, format 0"
-    report = summary_text(Goal(id=1, text="count stars"), [best], 0.0, utcnow())
+    report = summary_text(Goal(id=1, text="count stars"), [best], 0.0, utcnow(), tokens_used=0)
     assert "**Errors of the best:** off_by_one 2 (dominant)" in report
 
 

@@ -50,4 +50,8 @@ async def test_the_runner_stops_an_agent_past_its_token_budget(start_runner, con
     assert turns.count("turn") <= 6  # stopped at the fifth turn (or just after), not the tenth
     assert "token budget used" in events[-1].data.text
     card = str(status_card(status, "test-runner"))
-    assert "tokens" in card and "50.0k" in card
+    assert "tokens" in card and "50k/50k" in card
+    # Ended by its token budget, it says its stop condition was met by it (issue 36), in its
+    # status and in its final report alike.
+    assert status.stop_status == "stop condition met (tokens): 0/3 attempted, 50k/50k tokens"
+    assert f"**Stop status:** {status.stop_status}" in events[-1].data.text
