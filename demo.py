@@ -38,12 +38,11 @@ DEFAULT_GOAL = (
     "Train the star-count model to 98% exact accuracy on the fixed 64-example held-out split, "
     "budget 3m, max 10 experiments"
 )
+# The brief names star count's workload, knobs and eval command (agents/briefing.py), each agent in
+# its own terms: the goal says what a person would.
 LLM_GOAL = (
-    "Train the star-count CPU model to 95% exact accuracy on the fixed 64-example held-out split. "
-    "Run `python -m goaltender.environments.star_count.workload --help` for its knobs (train-size, "
-    "hidden, iters, lr, resolution); run every experiment through `goaltender experiment` with "
-    "--metric exact_accuracy and --eval 'python -m goaltender.environments.star_count.evaluate'. "
-    "Budget 10m, max 8 experiments"
+    "Train the star-count CPU model to 95% exact accuracy on the fixed 64-example held-out split, "
+    "budget 10m, max 8 experiments"
 )
 # The demo's cost threshold: runs estimated above twice the baseline's own time ask first (the
 # stride, ~2.5 times the baseline's cost), whatever the machine's speed: a threshold in seconds

@@ -124,7 +124,7 @@ FIRST_SKILL = "autoresearch"  # what a campaign reads first: it must fit the win
 DEFAULT_WINDOW = 128_000
 MAX_NUDGES = 3  # replies in a row without a tool call, each answered, before the agent gives up
 REPEATS_NOTED = 3  # the same call (tool and arguments) this many times in the last RECENT_CALLS
-RECENT_CALLS = 8
+RECENT_CALLS = 8  # all of them the same call: the model is stuck, and the goal fails
 MIN_REPLY_TOKENS = 64  # a turn that cannot leave the model this much of its token budget is not sent
 
 
@@ -592,6 +592,8 @@ class OpenAIAgent(GoalAgent):
         count = self.recent_calls.count(key)
         if count < REPEATS_NOTED:
             return ""
+        if count == RECENT_CALLS:
+            raise self._stopped(f"it was stuck, making the same {name} call {count} times in a row")
         log.info("turn %d: the same %s call %d times in the last %d", self.turn, name, count, RECENT_CALLS)
         return (
             f"\n\nnote: this is the same {name} call, with the same arguments, {count} times in your last "

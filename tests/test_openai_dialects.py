@@ -209,6 +209,15 @@ async def test_the_same_call_again_and_again_is_pointed_out(start_runner, connec
     assert "note: this is the same read_file call, with the same arguments, 3 times" in third
 
 
+async def test_a_model_stuck_on_one_call_fails_the_goal(start_runner, connect, model_server):
+    """SmolLM2 on llama.cpp wrote the same diary entry 44 times until the deadline."""
+    same = ToolCall("write_diary", {"text": "The plan is to run the baseline.", "handoff": True})
+    model_server.add(*[Turn(tool_calls=[same]) for _ in range(12)])
+    events, summary = await run_goal(start_runner, connect, "write in circles, max 1 experiments")
+    assert summary.status.goal.state == "failed" and len(model_server.requests) == 8
+    assert "stuck, making the same write_diary call 8 times in a row" in events[-1].data.text
+
+
 async def test_a_met_stop_rule_ends_the_loop_one_turn_later(start_runner, connect, model_server):
     """After `1/1 attempted` a model that does not call finish used to go on until the deadline."""
     model_server.add(*[Turn(tool_calls=[BASELINE]) for _ in range(6)])
