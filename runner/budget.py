@@ -66,7 +66,10 @@ class GoalSpec(BaseModel):
     experiment_timeout_s: float | None = None
     target: float | None = None
     runner: str | None = None
-    agent: str | None = None
+    agent: str | None = None  # a built-in agent or a `<name>-agent` the text names
+    # Every `with <word>` of the text, in order: the runner picks the first that names one of its
+    # configured agents (a box's own "staged" agent is named without "-agent").
+    agent_words: list[str] = []
     max_tokens: int | None = None  # "max 2M tokens", "token budget 500k"
     executor: str | None = None  # "via slurm", "via ray", "via local"
     gpus_per_experiment: int | None = None  # "2 GPUs each", "1 GPU per experiment"
@@ -187,6 +190,7 @@ def parse_goal_text(text: str) -> GoalSpec:
     if m := _PATTERNS["runner"].search(text):
         spec.runner = m.group(1) or m.group(2)
     spec.agent = _agent(text)
+    spec.agent_words = [m.group(1).lower() for m in _PATTERNS["with"].finditer(text)]
     if m := _PATTERNS["executor"].search(text):
         spec.executor = m.group(1).lower()
     if m := _PATTERNS["gpus"].search(text):

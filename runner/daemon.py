@@ -413,10 +413,18 @@ class Runner:
             spec = parse_goal_text(req.text)
         except GoalTextError as exc:
             raise Refused("bad_request", str(exc)) from None
-        agent = req.agent or spec.agent or self.settings.default_agent
+        named = next((word for word in spec.agent_words if word in self.settings.agents), None)
+        agent = req.agent or spec.agent or named or self.settings.default_agent
         if agent not in self.settings.agents:
             raise Refused(
                 "bad_request", f"unknown agent {agent!r}; this runner has: {', '.join(self.settings.agents)}"
+            )
+        if parse_stages(req.text) and agent == "sweep":  # it runs experiments, never a stage's work
+            raise Refused(
+                "bad_request",
+                "a staged goal needs an agent that can do each stage's work and pass its gates; the sweep "
+                "only runs experiments: say `with openai` or `with codex`"
+                + (f" (this runner has: {', '.join(self.settings.agents)})" if self.settings.agents else ""),
             )
         if spec.executor is not None:
             self.campaigns.check_executor(spec.executor)

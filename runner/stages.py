@@ -12,6 +12,7 @@ experiments until a person decides it.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -26,12 +27,29 @@ _NAME = r"[a-z][a-z0-9-]{0,39}"
 _STAGES = re.compile(rf"\bstages?\s*:\s*({_NAME}(?:\s*(?:,|->|→)\s*{_NAME}){{0,11}})", re.I)
 
 
+_NOT_STAGES = {
+    "max",
+    "maximum",
+    "budget",
+    "within",
+    "deadline",
+    "target",
+    "with",
+    "via",
+    "timeout",
+    "up",
+    "at",
+}
+
+
 def parse_stages(text: str) -> list[str]:
     """The stages a goal's words declare, in order (none: an unstaged goal)."""
     m = _STAGES.search(text)
     if m is None:
         return []
     names = [name.lower() for name in re.split(r"\s*(?:,|->|→)\s*", m.group(1).strip())]
+    # "stages: plan, campaign, max 2 experiments": the list ends where the budget's words begin.
+    names = list(itertools.takewhile(lambda name: name not in _NOT_STAGES, names))
     if len(names) == 1 and names[0] in TEMPLATES:
         return list(TEMPLATES[names[0]])
     return list(dict.fromkeys(names))  # each once, in order

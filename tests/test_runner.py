@@ -310,6 +310,41 @@ async def test_pause_holds_new_experiments_until_resume(start_runner, connect, t
     assert ("paused" in [s for _, s in states]) and started > resumed
 
 
+async def test_with_names_any_configured_agent(start_runner, connect, tmp_path):
+    """`with staged` used to run the default sweep: only built-in names and `<name>-agent` were read."""
+    agent = write_agent(tmp_path, "a.sh", "sleep 30\n")
+    runner = await start_runner(agents={"sweep": agent, "staged": agent, "openai": agent})
+    client = await connect(runner)
+    goal = await client.call(
+        p.SubmitGoal, p.GoalReply, text="tune lr with warmup, with staged, max 1 experiments"
+    )
+    assert goal.status.goal.agent == "staged"  # `with warmup` names no agent and is passed over
+    plain = await client.call(p.SubmitGoal, p.GoalReply, text="tune lr with warmup, max 1 experiments")
+    assert plain.status.goal.agent == "sweep"
+    with pytest.raises(
+        p.ProtocolError, match="unknown agent 'mine-agent'; this runner has: sweep, staged, openai"
+    ):
+        await client.call(p.SubmitGoal, p.GoalReply, text="x with mine-agent, max 1 experiments")
+    # A staged goal needs an agent that can pass its gates: never the sweep.
+    with pytest.raises(p.ProtocolError, match="a staged goal needs an agent that can do each stage's work"):
+        await client.call(
+            p.SubmitGoal, p.GoalReply, text="implement OAPL, max 2 experiments, stages: plan, campaign"
+        )
+    staged = await client.call(
+        p.SubmitGoal,
+        p.GoalReply,
+        text="implement OAPL with openai, max 2 experiments, stages: plan, campaign",
+    )
+    assert staged.status.goal.stages == ["plan", "campaign"]
+    # The list of stages ends where the budget's words begin.
+    both = await client.call(
+        p.SubmitGoal,
+        p.GoalReply,
+        text="implement OAPL, stages: plan, campaign, max 2 experiments, with openai",
+    )
+    assert both.status.goal.stages == ["plan", "campaign"] and both.status.goal.budget.max_experiments == 2
+
+
 async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
     agent = write_agent(tmp_path, "a.sh", "sleep 30\n")
     runner = await start_runner(agents={"a": agent})
