@@ -2,6 +2,7 @@
 #   make demo   — install into .venv, then run a whole star-count campaign in this terminal
 #   make test   — install into .venv, then lint, type-check and run the test suite (on every core)
 #   make gym-venv — the Python 3.12 venv with NeMo Gym 0.4.0 (make test builds it; see below)
+#   make llama-venv — llama.cpp's server and a 135M model for the real-model test (make test builds it)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 CODEX_VERSION := 0.171.0
 CODEX := .codex-cli/node_modules/.bin/codex
 
-.PHONY: demo test bench install clean check-wheel typecheck gym-venv
+.PHONY: demo test bench install clean check-wheel typecheck gym-venv llama-venv
 
 install: $(STAMP)
 
@@ -43,7 +44,18 @@ else
 	venv=$$(bash environments/star_count/gym_venv.sh) && ln -sfn "$$venv" .venv-gym
 endif
 
-test: $(STAMP) $(CODEX) gym-venv
+# tests/test_real_model.py runs the built-in agent against a real model: llama-cpp-python's server
+# with SmolLM2-135M, in a venv of its own built once into ~/.cache/goaltender (llama.cpp compiled
+# from source, ~2-5 min on 2 CPUs; it needs cmake and g++) and linked as .venv-llama.
+# GOALTENDER_SKIP_LLAMA=1 skips both the build and that test.
+llama-venv:
+ifeq ($(GOALTENDER_SKIP_LLAMA),1)
+	@echo "GOALTENDER_SKIP_LLAMA=1: no llama.cpp venv; tests/test_real_model.py will skip"
+else
+	venv=$$(bash tests/llama_venv.sh) && ln -sfn "$$venv" .venv-llama
+endif
+
+test: $(STAMP) $(CODEX) gym-venv llama-venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(MAKE) --no-print-directory typecheck
@@ -92,6 +104,7 @@ bench: $(STAMP) check-wheel
 	$(BIN)/python benchmarks/bench_slots.py
 	$(BIN)/python benchmarks/bench_search.py
 	$(BIN)/python benchmarks/bench_campaign.py
+	$(BIN)/python benchmarks/bench_prompt.py  # SmolLM2's token counts with .venv-llama (make llama-venv)
 
 clean:
-	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build .venv-gym  # the link; the Gym venv stays cached
+	rm -rf $(VENV) .venv-wheel .codex-cli goaltender-demo build .venv-gym .venv-llama  # the links; the venvs stay cached

@@ -30,6 +30,7 @@ SMALL = {
     "bench_slots": (["--goals", "2"], "makespan"),
     "bench_search": (["--workload", "text_sentiment", "--seeds", "1", "--max", "2"], "text_sentiment"),
     "bench_campaign": (["--turns", "1"], "training / campaign"),
+    "bench_prompt": (["--no-model"], "sum of the parts"),
 }
 
 

@@ -1,0 +1,92 @@
+"""The built-in agent against a real model: llama-cpp-python's server with SmolLM2-135M-Instruct
+(tests/llama_server.py; `make llama-venv` builds it), the real runner, the real agent process and
+the real `openai` client, with no fake between the agent and the model's weights.
+
+A 135M model chooses poorly, so the test judges the product's handling, not the research: the
+goal names the exact tool call to make (the star-count workload through run_experiment), and the
+test checks that the goal starts, that what the model returns becomes real tool calls, that the
+experiment lands in the ledger, and that the goal ends, saying why, within its budget (one
+experiment, a three-minute deadline, a cap of a few model turns).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import events_until_report, submit
+from llama_server import CONTEXT_TOKENS, MODEL_ALIAS, RealModel
+
+from goaltender.runner import protocol as p
+from goaltender.storage.records import AGENT_LOG, FinalReport
+
+AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
+WORKLOAD = "python -m goaltender.environments.star_count.workload"
+GOAL = (
+    f"Call run_experiment with command `{WORKLOAD}`, description `baseline` and metric "
+    "`exact_accuracy`. Max 1 experiments"
+)
+MAX_TURNS = 2  # the second turn carries the first one's tool call and result back to the server
+REQUEST_TIMEOUT_S = 150  # a turn whose arguments run on until the window is full takes ~2 min
+
+
+@pytest.fixture
+async def real_model(tmp_path, monkeypatch):
+    """The real server and its tap; the built-in agent pointed at it, its window the server's."""
+    async with RealModel.running(tmp_path / "llama") as model:
+        for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "EMPTY")
+        monkeypatch.setenv("GOALTENDER_MODEL", MODEL_ALIAS)
+        monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", str(CONTEXT_TOKENS))
+        monkeypatch.setenv("GOALTENDER_MAX_TURNS", str(MAX_TURNS))
+        monkeypatch.setenv("GOALTENDER_OPENAI_TIMEOUT_S", str(REQUEST_TIMEOUT_S))
+        monkeypatch.setenv("GOALTENDER_OPENAI_MAX_RETRIES", "0")
+        yield model
+
+
+async def test_a_goal_runs_on_a_real_model(start_runner, connect, real_model):
+    runner = await start_runner(agents=AGENTS)
+    client = await connect(runner)
+    started = time.monotonic()
+    goal_id = await submit(client, GOAL, agent="openai")
+    events = await events_until_report(client, goal_id, timeout=MAX_TURNS * REQUEST_TIMEOUT_S + 60)
+    took = time.monotonic() - started
+    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    goal = summary.status.goal
+    log = (Path(goal.workspace) / AGENT_LOG).read_text()
+    seen = f"agent.log:\n{log[-3000:]}\nthe model's turns:\n{real_model.transcript()}"
+
+    # The goal started and its agent asked the real model, with the tools, for a turn.
+    assert events[0].data.kind == "goal_accepted"
+    first = real_model.chats[0]
+    assert first.request is not None and first.request["model"] == MODEL_ALIAS
+    assert {t["function"]["name"] for t in first.request["tools"]} >= {"run_experiment", "finish"}
+    assert first.status == 200 and first.tool_calls, seen
+    # What the model returned became real tool calls: the agent ran and logged each.
+    [call] = first.tool_calls[:1]
+    assert f"turn 1: {call['function']['name']}(" in log, seen
+    # The experiment landed in the ledger, run and judged by the runner (whatever the model
+    # made of the command: a 135M model copies a command line from the brief, not the goal's).
+    assert len(summary.ledger) == 1, seen
+    [row] = summary.ledger
+    assert row.status in ("keep", "discard", "crash") and row.command, row
+    # The second turn carried the first one's call and its result back, and the server took it.
+    second = real_model.chats[1]
+    assert second.request is not None
+    assistant, *results = second.request["messages"][2:]  # after the brief and the first instruction
+    assert assistant["role"] == "assistant" and {m["role"] for m in results} == {"tool"}, seen
+    assert assistant["tool_calls"][0]["function"]["name"] == call["function"]["name"]
+    assert results[0]["content"].startswith(f"Experiment #{row.index}: {row.status}"), seen
+    assert second.status == 200, seen
+    # The goal ended, saying why, within its budget: the turn cap, one experiment.
+    report = events[-1].data
+    assert isinstance(report, FinalReport)
+    assert (goal.state, report.end_reason) == ("finished", "the agent finished"), f"{goal.end_reason}\n{seen}"
+    assert len(real_model.chats) <= MAX_TURNS and "GOALTENDER_MAX_TURNS" in report.text, report.text
+    print(
+        f"{len(real_model.chats)} model turns in {took:.0f} s; experiment #{row.index}: {row.status} {row.command}"
+    )
