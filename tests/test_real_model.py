@@ -6,7 +6,7 @@ A 135M model chooses poorly, so the test judges the product's handling, not the 
 goal names the exact tool call to make (the star-count workload through run_experiment), and the
 test checks that the goal starts, that what the model returns becomes real tool calls, that the
 experiment lands in the ledger, and that the goal ends, saying why, within its budget (one
-experiment, a three-minute deadline, a cap of a few model turns).
+experiment; the loop ends one turn after it meets the stop rule, well inside a cap of four turns).
 """
 
 from __future__ import annotations
