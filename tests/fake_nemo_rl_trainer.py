@@ -16,7 +16,8 @@ Each checkpoint also holds `fake_quality`: the held-out exact accuracy a fake ev
 (tests/fake_star_count_eval.py), from the steps so far, the learning rate, the training rows and
 LoRA (`quality()`); `fake.quality` pins it.
 `fake.hold_at=N fake.release_file=PATH` waits after step N until PATH exists (a test looks at the
-series meanwhile); `fake.exit_code` ends it with that code.
+series meanwhile); `fake.exit_code` ends it with that code; `fake.leave_behind=PATH` leaves a
+process behind that holds its stdout (as a dataloader worker or a Ray daemon may), its pid in PATH.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -255,6 +257,9 @@ def main() -> int:
             hold(fake)
         time.sleep(fake.get("step_seconds", 0))
     print("Max number of steps has been reached, stopping training early", flush=True)
+    if leave_behind := fake.get("leave_behind"):
+        left = subprocess.Popen(["sleep", "600"], stdout=sys.stdout, stderr=subprocess.DEVNULL)
+        Path(leave_behind).write_text(str(left.pid))
     return int(fake.get("exit_code", 0))
 
 

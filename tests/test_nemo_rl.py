@@ -8,8 +8,11 @@ below."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -147,6 +150,27 @@ async def test_sft_streams_series_and_names_the_best_checkpoint(start_runner, co
     assert not (workspace / "results").exists() and not (workspace / "logs").exists()
     report = summary.text
     assert "**Best checkpoint:** step_40 of experiment #1" in report and "checkpoints/step_40" in report
+
+
+async def test_a_process_the_trainer_leaves_does_not_hold_the_run(start_runner, connect, tmp_path):
+    """The trainer exits, a process it left holds its stdout for ten minutes: the run ends with
+    the trainer, its best checkpoint named (the launcher used to wait for the output to close)."""
+    agent = nemo_rl_agent(
+        tmp_path, "sft", SFT_CONFIG, "--", "fake.leave_behind=$GOALTENDER_WORKSPACE/left.pid"
+    )
+    runner = await start_runner(agents={"nemo": agent}, default_agent="nemo")
+    client = await connect(runner)
+    goal_id = await submit(client, "fine-tune with NeMo RL SFT, max 1 experiments")
+    workspace = runner.settings.workspaces / f"goal-{goal_id}"
+    try:
+        await events_until_report(client, goal_id, timeout=90)
+        (row,) = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        said = Path(row.log_path).read_text()
+        assert (row.status, row.metrics["best_checkpoint_step"]) == ("keep", 40), said
+        assert "the trainer exited, but a process it left holds its output: not waiting for it" in said
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((workspace / "left.pid").read_text()), signal.SIGKILL)
 
 
 async def test_without_tensorboard_the_output_is_read(start_runner, connect, tmp_path, monkeypatch):

@@ -43,6 +43,8 @@ from goaltender.training.stdout_metrics import StdoutMetrics
 from goaltender.training.tb_events import EventDirectory, Scalar
 
 POLL_S = 1.0  # how often the event files and the checkpoint directory are looked at
+DRAIN_S = 5.0  # after the trainer exits, how long its output may take to end
+EXIT_POLL_S = 0.05  # how soon the trainer's exit is seen
 BATCH = 2000  # metric points per LogMetrics request (well under the protocol's line limit)
 NOT_STREAMED = ("ray/",)  # GPU telemetry, per node and GPU: not training curves
 LOSS = "train/loss"
@@ -230,7 +232,7 @@ async def supervise(plan: RunPlan, link: RunnerLink | None, metric: str) -> tupl
     )
     assert proc.stdout is not None
     passing = asyncio.ensure_future(pass_through(proc.stdout, from_stdout))
-    exited = asyncio.ensure_future(proc.wait())
+    exited = asyncio.ensure_future(_exit_code(proc))
     read_any_events = False
 
     async def look() -> None:
@@ -247,12 +249,24 @@ async def supervise(plan: RunPlan, link: RunnerLink | None, metric: str) -> tupl
     while not exited.done():
         await asyncio.wait({exited}, timeout=POLL_S)
         await look()
-    await passing
+    # Its output ends with it, unless a process it left (a dataloader worker, a Ray daemon) holds
+    # its stdout: the run is over when the trainer is, whatever its descendants hold.
+    if not (await asyncio.wait({passing}, timeout=DRAIN_S))[0]:
+        passing.cancel()
+        say("the trainer exited, but a process it left holds its output: not waiting for it")
     await look()
     if events and not read_any_events:  # no event files after all (TensorBoard off in the config)
         say("no TensorBoard scalars were written: using the values in the trainer's output")
         await _report(progress.record(from_stdout.take()), link)
     return proc.returncode or 0, progress
+
+
+async def _exit_code(proc: asyncio.subprocess.Process) -> int:
+    """The trainer's exit code as soon as it exits. Not Process.wait(), which (Python 3.11) waits
+    for its output to close too: a process it left (a dataloader worker, a Ray daemon) may hold it."""
+    while proc.returncode is None:  # noqa: ASYNC110 (no event says it; only wait() does, late)
+        await asyncio.sleep(EXIT_POLL_S)
+    return proc.returncode
 
 
 async def _report(scalars: list[Scalar], link: RunnerLink | None) -> None:
