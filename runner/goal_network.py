@@ -144,7 +144,7 @@ class _Network:
     """One goal's namespace and what keeps it: the holder, the way out, the relays."""
 
     holder: subprocess.Popen
-    net_fd: int
+    net_fd: int | None  # None once closed
     user_fd: int | None  # the namespace's own user namespace; None: ours (a root runner)
     slirp: subprocess.Popen | None = None
     slirp_exit: int | None = None  # closed: slirp4netns exits
@@ -153,7 +153,14 @@ class _Network:
     def close(self) -> None:
         for relay in self.relays:
             relay.close()
-        for fd in (self.net_fd, self.user_fd, self.slirp_exit):
+        # Once: a second close would close whatever took the descriptors' numbers since.
+        fds, self.net_fd, self.user_fd, self.slirp_exit = (
+            (self.net_fd, self.user_fd, self.slirp_exit),
+            None,
+            None,
+            None,
+        )
+        for fd in fds:
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -226,6 +233,8 @@ class GoalNetworks:
         return self._entry(network)
 
     def _entry(self, network: _Network) -> tuple[list[str], tuple[int, ...]]:
+        if network.net_fd is None:
+            raise NetworkError("the goal's network is closed (it ended)")
         net = os.dup(network.net_fd)
         words = [self._nsenter, f"--net=/proc/self/fd/{net}"]
         fds = [net]
@@ -353,6 +362,8 @@ class GoalNetworks:
     def _way_out(self, network: _Network) -> None:
         """slirp4netns into the namespace: a tap device, an address, a default route, a resolver;
         never the box's loopback."""
+        if network.net_fd is None:
+            raise NetworkError("the goal's network is closed (it ended)")
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
         argv = ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"]

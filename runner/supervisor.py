@@ -306,7 +306,10 @@ class Launch:
         return code
 
     def close(self) -> None:
-        for fd in self.pass_fds:
+        """Close the descriptors the process was given, once: a second close would close whatever
+        took their numbers since (another socket's, a log's)."""
+        fds, self.pass_fds = self.pass_fds, ()
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 

@@ -340,7 +340,10 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
 
 async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, monkeypatch):
     monkeypatch.setenv("GOALTENDER_CONTEXT_TOKENS", "12000")
-    big = {"command": "python -c \"print('x' * 7000)\""}
+
+    def big(i: int) -> dict:  # a step of its own each time (the same call again and again is a loop)
+        return {"command": f"python -c \"print('x' * 7000)\"  # step {i}"}
+
     fake.add(
         Turn(
             tool_calls=[
@@ -350,7 +353,7 @@ async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, mo
                 ),
             ]
         ),
-        *[Turn(text=f"step {i}", tool_calls=[ToolCall("shell", big)]) for i in range(10)],
+        *[Turn(text=f"step {i}", tool_calls=[ToolCall("shell", big(i))]) for i in range(10)],
         finished("Compacted and done."),
     )
     runner = await start_runner(agents=AGENTS)

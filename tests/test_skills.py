@@ -232,7 +232,7 @@ def test_the_briefs_commands_are_real():
             *briefing.how_to_work("verbs"),
             *briefing.environment_lines(Goal(id=1, text="improve star count"), "verbs"),
             openai_agent.PREAMBLE,
-            codex_prompts.first_prompt("(the brief)"),
+            codex_prompts.first_prompt(),
         ]
     )
     assert {"doctor", "fetch", "preflight", "nemo-rl"} <= {m.group(1) for m in VERB_RE.finditer(text)}
