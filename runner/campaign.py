@@ -1247,9 +1247,13 @@ class Campaigns:
         """Enter a run that was stopped (its processes are gone). Its own task: what stopped it goes
         on at once, and a full disk holds only the row (written when there is room)."""
 
+        # What it printed before it ended (a launcher's best checkpoint, in its grace period) stays.
+        metrics = dict(used.summary) if used is not None else {}
+        value = metrics.get(experiment.metric_name) if experiment.metric_name else None
+
         async def close() -> None:
             try:
-                await self._finish(experiment, status, note, result=used)
+                await self._finish(experiment, status, note, result=used, value=value, metrics=metrics)
             except DiskFull:  # the runner is shutting down on a full disk
                 log.error(
                     "experiment #%d's row is not closed (%s: %s): the disk was still full at shutdown; "

@@ -508,9 +508,12 @@ async def run_supervised(
         timed_out = await timer  # returns at once now (or once its kill is done)
         await follow.drain(final=True)
     except asyncio.CancelledError:
-        # The runner is stopping this experiment: take its whole process group down with it.
+        # The runner is stopping this experiment: take its whole process group down with it, then
+        # read what it printed in its grace period (a launcher names its best checkpoint there).
         timer.cancel()
         await terminate_group(proc.pid, waiter, grace_s)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(follow.drain(final=True), grace_s)
         raise RunCancelled(measured(False)) from None
     except Exception as exc:
         log.exception("following pid %d failed: its process group is killed", proc.pid)

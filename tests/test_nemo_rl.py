@@ -173,6 +173,28 @@ async def test_a_process_the_trainer_leaves_does_not_hold_the_run(start_runner, 
             os.kill(int((workspace / "left.pid").read_text()), signal.SIGKILL)
 
 
+async def test_a_stopped_run_keeps_the_best_checkpoint_it_named(start_runner, connect, tmp_path):
+    """Stopped mid-run, the launcher names the best checkpoint so far in its grace period: the row
+    keeps it (it used to be a crash with no metrics)."""
+    agent = nemo_rl_agent(
+        tmp_path, "sft", SFT_CONFIG, "--", "fake.hold_at=20", "fake.release_file=$GOALTENDER_WORKSPACE/never"
+    )
+    runner = await start_runner(agents={"nemo": agent}, default_agent="nemo")
+    client = await connect(runner)
+    goal_id = await submit(client, "fine-tune with NeMo RL SFT, max 1 experiments")
+
+    async def two_checkpoints():
+        return len(await series(client, goal_id, "validation/val_loss")) >= 2
+
+    await eventually(two_checkpoints, timeout=60)
+    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    await events_until_report(client, goal_id, timeout=60)
+    (row,) = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    said = Path(row.log_path).read_text()
+    assert row.status == "crash" and row.metrics.get("best_checkpoint_step") == 20, said
+    assert (row.metric_name, row.metric_value) == ("validation/val_loss", row.metrics["validation/val_loss"])
+
+
 async def test_without_tensorboard_the_output_is_read(start_runner, connect, tmp_path, monkeypatch):
     """TensorBoard off (as without the `nemo` extra): the series come from NeMo RL's stdout blocks,
     and with no metric in training_info.json the best checkpoint is chosen by the series. The box's
