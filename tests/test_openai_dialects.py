@@ -10,7 +10,7 @@ import json
 
 from conftest import events_until_report, submit
 from fake_openai import Fail, ToolCall, Turn, finished
-from test_openai_agent import AGENTS, system_text, tool_results, user_texts
+from test_openai_agent import AGENTS, system_text, tool_results, user_texts, within_window
 
 from goaltender.runner import protocol as p
 
@@ -131,26 +131,13 @@ async def test_the_window_llama_cpp_states_sets_the_reply_size(start_runner, con
     assert model_server.requests[0].body["max_tokens"] == 16384 // 8
 
 
-def refuse_past(window: int, answer):
-    """Answer like vLLM for a server whose window nobody stated: HTTP 400 past `window` tokens."""
-
-    def check(body):
-        size = len(json.dumps(body["messages"])) // 4
-        if size > window:
-            return Fail(400, message=f"This model's maximum context length is {window} tokens. However, "
-                        f"your messages resulted in {size} tokens.")  # fmt: skip
-        return answer
-
-    return check
-
-
 async def test_a_refusal_as_too_long_shrinks_below_what_was_refused(start_runner, connect, model_server):
     """No window stated (128k assumed): the first refusal names 16k, and the agent compacts below it
     and goes on (it used to compact to 16k, an eighth of 128k, and fail the goal)."""
     window = 16000
     big = ToolCall("shell", {"command": "python -c \"print('x' * 12000)\""})
-    model_server.add(*[refuse_past(window, Turn(text=f"step {i}", tool_calls=[big])) for i in range(6)])
-    model_server.default = refuse_past(window, finished("Done SHRUNK-MARK."))
+    model_server.add(*[within_window(window, Turn(text=f"step {i}", tool_calls=[big])) for i in range(6)])
+    model_server.default = within_window(window, finished("Done SHRUNK-MARK."))
     events, summary = await run_goal(start_runner, connect, "outgrow a window, max 1 experiments", timeout=60)
     assert summary.status.goal.state == "finished" and "SHRUNK-MARK" in events[-1].data.text
     sizes = [len(json.dumps(r.body["messages"])) // 4 for r in model_server.requests]
