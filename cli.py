@@ -365,9 +365,11 @@ def _build_parser(only: str | None) -> tuple[argparse.ArgumentParser, list[str]]
         (NVML), free space on GOALTENDER_HOME's disk, cache routing, the NeMo RL checkout
         (NEMO_RL_DIR) and its venv, the nemo-gym venv (GOALTENDER_GYM_VENV), the hub or its
         mirror (or offline mode), the model endpoint, the runner and its sandbox, sshd for the
-        bot. Keys and tokens are never shown. Exit 1 when a check fails, else 0.""",
+        bot. Keys and tokens are never shown. Exit 1 when a check fails, else 0: a service may
+        gate its start on it (a hub out of reach with no mirror configured only warns).""",
     )
     cmd.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    cmd.add_argument("--strict", action="store_true", help="exit 1 when a check warns, too")
     cmd.add_argument(
         "--ssh-port", type=_port, default=22, help="the port the bot reaches sshd on (default 22)"
     )
@@ -1037,7 +1039,7 @@ def cmd_service(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from goaltender.runner.doctor import doctor
 
-    text, code = doctor(args.socket, as_json=args.json, ssh_port=args.ssh_port)
+    text, code = doctor(args.socket, as_json=args.json, ssh_port=args.ssh_port, strict=args.strict)
     sys.stdout.write(text)
     return code
 

@@ -8,10 +8,15 @@ filtered copy instead and says what it dropped.
 
 Counting: with the target model's processor when ``transformers`` is installed and the model is
 on this machine (a local path or the Hugging Face cache; nothing is downloaded), else an
-estimate (``estimate_tokens``): Qwen-VL image tokens from the processor's own resize rule
-(``smart_resize``), text at a conservative 3 UTF-8 bytes per token, plus the chat template's
-few tokens per message. The estimate errs high on purpose: too high costs padding, too low
-silently costs examples.
+estimate (``EstimateCounter``). Its image tokens are the Qwen-VL processor's own arithmetic: the
+image resized by ``smart_resize`` (each side to a multiple of ``patch * merge`` pixels, the area
+scaled into [min_pixels, max_pixels]), one token per ``patch * merge`` square, plus the
+``<|vision_start|>``/``<|vision_end|>`` markers: every star-count canvas (64 to 128 px, scaled
+up to 256 x 256) is 8 * 8 + 2 = 66 tokens on Qwen3-VL. The geometry (patch, merge, pixel bounds)
+is read from the model's ``preprocessor_config.json`` when it is on this machine, else known
+by the model's name. Text is estimated at a conservative 3 UTF-8 bytes per token, plus the chat
+template's few tokens per message: that part errs high on purpose (too high costs padding, too
+low silently costs examples).
 
 Rows may be NeMo RL ``openai_format`` (``{"messages": [...]}``, images as
 ``{"type": "image", "image": <path or data URL>}``) or NeMo Gym rows
@@ -59,27 +64,79 @@ class VisionGeometry:
     def pixels_per_token_side(self) -> int:
         return self.patch * self.merge
 
+    def describe(self) -> str:
+        return (
+            f"{self.name}: patch {self.patch}, merge {self.merge}, "
+            f"{self.min_pixels:,}-{self.max_pixels:,} pixels"
+        )
+
 
 # Qwen3-VL's preprocessor_config: patch 16, merge 2, size {shortest_edge: 65536, longest_edge: 16777216}.
 QWEN3_VL = VisionGeometry("qwen3-vl", patch=16, merge=2, min_pixels=65_536, max_pixels=16_777_216)
 # Qwen2/2.5-VL: patch 14, merge 2, min_pixels 56*56, max_pixels 28*28*16384.
 QWEN2_5_VL = VisionGeometry("qwen2.5-vl", patch=14, merge=2, min_pixels=3_136, max_pixels=12_845_056)
 
-# The only measured Qwen3-VL count we have (NeMo Gym's circle_count rollouts, Qwen3-VL-8B behind
-# vLLM): 2,044 input tokens for one 1000x1000 image plus ~190 characters of text. The 32-px grid
-# alone gives 961 image tokens, about half of that. Until a real processor count says otherwise,
-# the estimate takes the measurement's side and doubles grid tokens.
-IMAGE_TOKEN_CALIBRATION = 2.0
 VISION_MARKERS = 2  # <|vision_start|> ... <|vision_end|> around the image pads
 BYTES_PER_TOKEN = 3.0  # English runs ~4 bytes per token; answers like "\boxed{red: 3}" run denser
 MESSAGE_OVERHEAD = 5  # <|im_start|>role\n ... <|im_end|>\n
 REPLY_HEADER = 3  # <|im_start|>assistant\n: counted by vLLM's input tokens, and part of any SFT row
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
 
 
 def geometry_for(model: str | None) -> VisionGeometry:
-    """Qwen2/2.5-VL by name; everything else is treated as Qwen3-VL (the target model)."""
+    """The model's own geometry when its preprocessor_config.json is on this machine (a local
+    path, or a snapshot in the Hugging Face cache); else Qwen2/2.5-VL's by name, and Qwen3-VL's
+    (the target model) for everything else."""
     name = (model or "").lower().replace("_", "-")
-    return QWEN2_5_VL if ("qwen2.5-vl" in name or "qwen2-vl" in name) else QWEN3_VL
+    known = QWEN2_5_VL if ("qwen2.5-vl" in name or "qwen2-vl" in name) else QWEN3_VL
+    config = local_preprocessor_config(model) if model else None
+    return (
+        known if config is None else geometry_from_config(config, known, f"{model}'s {PREPROCESSOR_CONFIG}")
+    )
+
+
+def geometry_from_config(path: Path, fallback: VisionGeometry, name: str) -> VisionGeometry:
+    """A processor config's patch and merge sizes and pixel bounds, as transformers' Qwen2-VL image
+    processor reads them (``min_pixels``/``max_pixels`` over ``size``'s shortest and longest
+    edge); what it does not say is `fallback`'s. An unreadable file is `fallback`."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        size = config.get("size") if isinstance(config.get("size"), dict) else {}
+        return VisionGeometry(
+            name,
+            patch=int(config.get("patch_size") or fallback.patch),
+            merge=int(config.get("merge_size") or fallback.merge),
+            min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or fallback.min_pixels),
+            max_pixels=int(config.get("max_pixels") or size.get("longest_edge") or fallback.max_pixels),
+        )
+    except (OSError, ValueError, TypeError, AttributeError):
+        return fallback
+
+
+def local_preprocessor_config(model: str) -> Path | None:
+    """The model's preprocessor_config.json on this machine: in a directory it names, or in its
+    snapshot of the Hugging Face cache (HF_HUB_CACHE, else $HF_HOME/hub), main's first."""
+    local = Path(model).expanduser()
+    if local.is_dir():
+        found = local / PREPROCESSOR_CONFIG
+        return found if found.is_file() else None
+    repo = _hub_cache() / f"models--{model.replace('/', '--')}"
+    try:
+        main = (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        main = ""
+    snapshots = [repo / "snapshots" / main] if main else []
+    snapshots += sorted((repo / "snapshots").glob("*"))
+    return next((s / PREPROCESSOR_CONFIG for s in snapshots if (s / PREPROCESSOR_CONFIG).is_file()), None)
+
+
+def _hub_cache() -> Path:
+    if cache := os.environ.get("HF_HUB_CACHE"):
+        return Path(cache).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
+    return Path(home).expanduser() / "hub"
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
@@ -101,15 +158,16 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 def grid_tokens(width: int, height: int, geometry: VisionGeometry = QWEN3_VL) -> int:
-    """Image tokens by the processor's arithmetic alone (no calibration, no markers)."""
+    """The image's pad tokens, as the processor counts them: its resized sides over
+    ``patch * merge``, multiplied (grid_h * grid_w / merge**2 of its image_grid_thw)."""
     side = geometry.pixels_per_token_side
     h, w = smart_resize(height, width, side, geometry.min_pixels, geometry.max_pixels)
     return (h // side) * (w // side)
 
 
 def image_tokens(width: int, height: int, geometry: VisionGeometry = QWEN3_VL) -> int:
-    """Estimated tokens for one image, calibrated to the measured Qwen3-VL count (see above)."""
-    return math.ceil(grid_tokens(width, height, geometry) * IMAGE_TOKEN_CALIBRATION) + VISION_MARKERS
+    """Tokens one image costs in the prompt: its pads and the two markers around them."""
+    return grid_tokens(width, height, geometry) + VISION_MARKERS
 
 
 def text_tokens(text: str) -> int:
@@ -186,12 +244,14 @@ def open_image(ref: str, base_dir: Path | None = None) -> Any:
 
 
 class EstimateCounter:
-    """Tokens from image sizes and text lengths; needs only Pillow."""
+    """Tokens from image sizes and text lengths; needs only Pillow. Remembers the image sizes it
+    met and their tokens (``canvases``), which the preflight prints."""
 
     def __init__(self, geometry: VisionGeometry = QWEN3_VL, base_dir: Path | None = None):
         self.geometry = geometry
         self.base_dir = base_dir
         self.name = f"estimate ({geometry.name} geometry)"
+        self.canvases: dict[tuple[int, int], int] = {}
 
     def count(self, row: dict[str, Any]) -> int:
         messages = messages_of(row)
@@ -203,8 +263,18 @@ class EstimateCounter:
                     total += text_tokens(part.value)
                 else:
                     width, height = open_image(part.value, self.base_dir).size  # reads the header only
-                    total += image_tokens(width, height, self.geometry)
+                    tokens = image_tokens(width, height, self.geometry)
+                    self.canvases[width, height] = tokens
+                    total += tokens
         return total
+
+    def canvas_line(self) -> str:
+        """The tokens each image size costs, e.g. ``64x64: 66``."""
+        sizes = sorted(self.canvases, key=lambda wh: (wh[0] * wh[1], wh))
+        each = ", ".join(f"{w}x{h}: {self.canvases[w, h]}" for w, h in sizes)
+        return (
+            f"image tokens per canvas ({self.geometry.describe()}; pads + {VISION_MARKERS} markers): {each}"
+        )
 
 
 class ProcessorCounter:
@@ -414,6 +484,8 @@ def run(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
         return 2
     for _path, report in reports:
         print(report.summary(), file=out)
+    if isinstance(counter, EstimateCounter) and counter.canvases:
+        print(counter.canvas_line(), file=out)
     if args.drop:
         return _drop(reports, args.out_dir, out, err)
     return _refuse_if_over(reports, err)

@@ -4,7 +4,10 @@ Each check is a small function of the box (`Box`: the runner's settings, the env
 NVML reader, timeouts) that returns a `Verdict`: ok, warn or fail, what it saw, and the fix;
 `CHECKS`, a table, names them. The checks run side by side (each waits at most a few seconds on the network), are printed in the
 order of `CHECKS`, and everything shown passes through the runner's redactor: keys and tokens are
-said to be set, never shown. `goaltender doctor` exits 1 when any check fails, else 0.
+said to be set, never shown. `goaltender doctor` exits 1 when any check fails, else 0 (with
+`--strict`, 1 when any warns too): a `fail` is a box not ready, so a service may gate its start on
+the exit code; a `warn` is what some goals do without, e.g. the hub on a box with no way out to it
+and no mirror configured (goals use what is cached).
 
 What is looked at is what agents and experiments will get: the caches as `agent_env.cache_routing`
 routes them (each goal's own, and the shared hub cache), the model endpoint's variables as the LLM agents read them, the runner's own sandbox
@@ -14,6 +17,8 @@ probe. A check that cannot be made (a crash in it) is a fail that says so, not a
 from __future__ import annotations
 
 import asyncio
+import base64
+import errno
 import getpass
 import importlib.metadata
 import json
@@ -117,6 +122,7 @@ class Box:
     timeout_s: float = 5.0
     ssh_port: int = 22
     user_home: Path = field(default_factory=Path.home)
+    default_hub: str = DEFAULT_HUB  # the hub when HF_ENDPOINT names no mirror
 
     @property
     def big_disk(self) -> Path:
@@ -335,24 +341,69 @@ def check_hub(box: Box) -> Verdict:
                 "download the models first (goaltender fetch MODEL) where the hub is reachable",
             )
         return ok(detail)
-    endpoint = box.env.get("HF_ENDPOINT") or DEFAULT_HUB
-    url = f"{endpoint.rstrip('/')}/api/models/{HUB_PROBE_MODEL}"
+    mirror = box.env.get("HF_ENDPOINT")
+    endpoint = mirror or box.default_hub
+    url, login = _without_login(f"{endpoint.rstrip('/')}/api/models/{HUB_PROBE_MODEL}")
     token_var = _hub_token_var(box)
-    headers = {"Authorization": f"Bearer {box.env[token_var]}"} if token_var else {}
+    # As huggingface_hub sends them: the address's user:password as basic auth, else the token.
+    if login is not None:
+        headers = {"Authorization": "Basic " + base64.b64encode(login.encode()).decode("ascii")}
+    else:
+        headers = {"Authorization": f"Bearer {box.env[token_var]}"} if token_var else {}
     fix = "set HF_ENDPOINT to a mirror this box reaches, or HF_HUB_OFFLINE=1 with the models already in the cache"
     try:
         status, _ = _http_get(url, headers, box.timeout_s)
     except OSError as exc:
+        if mirror is None and _no_network(exc):  # a closed box, not a broken set-up: goals still run
+            return warn(
+                f"no way out to {url_shown(endpoint)} from this box ({_reason(exc)}): goals fetch only "
+                f"what is cached; {token}",
+                "if the box is offline by design, set HF_HUB_OFFLINE=1 with the models cached (goaltender "
+                f"fetch where the hub is reachable); else open the way to {url_shown(endpoint)}, or set "
+                "HF_ENDPOINT to a mirror",
+            )
         return fail(f"cannot reach {url_shown(endpoint)} ({_reason(exc)}); {token}", fix)
     if status in (401, 403):
-        why = "refused the token" if headers else "wants a token"
-        return fail(
-            f"{url_shown(endpoint)} {why} (HTTP {status})",
-            "set HF_TOKEN to a token the hub accepts",
-        )
+        return _hub_refused(url_shown(endpoint), status, login is not None, bool(headers))
     if status >= 500:
         return fail(f"{url_shown(endpoint)} answers HTTP {status}; {token}", fix)
     return ok(f"{url_shown(endpoint)} answers (HTTP {status}); {token}")
+
+
+def _hub_refused(endpoint: str, status: int, with_login: bool, with_token: bool) -> Verdict:
+    if with_login:
+        return fail(
+            f"{endpoint} refused the user:password@ in HF_ENDPOINT's address (HTTP {status}; not shown)",
+            "correct the login in HF_ENDPOINT's address",
+        )
+    if with_token:
+        return fail(
+            f"{endpoint} refused the token (HTTP {status})", "set HF_TOKEN to a token the hub accepts"
+        )
+    return fail(
+        f"{endpoint} wants a login (HTTP {status}); no HF_TOKEN is set and HF_ENDPOINT's address has no "
+        "user:password@",
+        "give it the login it wants: user:password@ in HF_ENDPOINT's address, or a token in HF_TOKEN",
+    )
+
+
+def _without_login(url: str) -> tuple[str, str | None]:
+    """`url` without its user:password@, and that login decoded ("user:password"), if it had one:
+    urllib would take it for part of the host name."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    login = f"{urllib.parse.unquote(parts.username or '')}:{urllib.parse.unquote(parts.password or '')}"
+    return url_shown(url), login
+
+
+def _no_network(exc: OSError) -> bool:
+    """Whether `exc` says this box has no way out (no name resolution, no route, nothing
+    answering, or silence), rather than a hub answering wrongly (a TLS failure, say)."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, socket.gaierror | TimeoutError | ConnectionRefusedError):
+        return True
+    return getattr(reason, "errno", None) in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.ENETDOWN)
 
 
 def check_model_endpoint(box: Box) -> Verdict:
@@ -577,8 +628,10 @@ def run_checks(box: Box, checks: Mapping[str, Check] = CHECKS) -> list[Finding]:
     ]
 
 
-def doctor(socket_path: Path | None = None, *, as_json: bool = False, ssh_port: int = 22) -> tuple[str, int]:
-    """`goaltender doctor`'s output and exit code (1 when a check fails)."""
+def doctor(
+    socket_path: Path | None = None, *, as_json: bool = False, ssh_port: int = 22, strict: bool = False
+) -> tuple[str, int]:
+    """`goaltender doctor`'s output and exit code (1 when a check fails; `strict`: or warns)."""
     try:
         settings = RunnerSettings(socket=socket_path) if socket_path else RunnerSettings()
     except Exception as exc:  # a bad GOALTENDER_* variable or config file: nothing else can be checked
@@ -586,7 +639,8 @@ def doctor(socket_path: Path | None = None, *, as_json: bool = False, ssh_port: 
         findings = [Finding("config", "fail", _one_line(str(exc)), fix)]
     else:
         findings = run_checks(Box(settings, dict(os.environ), ssh_port=ssh_port))
-    code = 1 if any(f.status == "fail" for f in findings) else 0
+    failing = ("fail", "warn") if strict else ("fail",)
+    code = 1 if any(f.status in failing for f in findings) else 0
     if as_json:
         return json.dumps([asdict(f) for f in findings], indent=2) + "\n", code
     counts = {status: sum(f.status == status for f in findings) for status in ("ok", "warn", "fail")}

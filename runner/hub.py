@@ -14,11 +14,18 @@ before it starts, and a big one reports milestones: at its start, then at each q
 download itself; a repo folder in the cache with a link out of it is refused first (the download
 would write through it). Every failure becomes FetchFailed, one line saying what happened and
 what to do: a gated repo, no such repo or revision, the hub unreachable, offline and not cached, a
-full disk, a refused token. Messages name HF_TOKEN, never its value.
+full disk, a refused token, a mirror's own login, a server error, --include patterns that match
+no file. Messages name HF_TOKEN, never its value.
+
+The library is kept quiet (its retry warnings would be dozens of lines for one failure; the
+failure's own line says it all; HF_HUB_VERBOSITY=warning shows them again), and its retries on
+server errors are bounded (ServerErrors): a request answered 5xx is tried SERVER_ERROR_TRIES
+times, then the fetch ends, where the library alone would retry each file for ~23 s.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -27,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
-from huggingface_hub import constants, set_client_factory, snapshot_download
+from huggingface_hub import HfApi, constants, set_client_factory, snapshot_download
 from huggingface_hub.errors import (
     DisabledRepoError,
     DryRunError,
@@ -41,7 +48,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.file_download import DryRunFileInfo, repo_folder_name
-from huggingface_hub.utils import filter_repo_objects, get_token
+from huggingface_hub.utils import filter_repo_objects, get_token, hf_raise_for_status
+from huggingface_hub.utils import logging as hub_logging
 from huggingface_hub.utils import tqdm as HubBar
 from huggingface_hub.utils._http import default_client_factory
 
@@ -55,6 +63,11 @@ from goaltender.storage.space import free_space, is_disk_full, probe_after_failu
 
 MILESTONE_BYTES = 100 * 1000 * 1000
 """Downloads this big report their progress as milestones; smaller ones only their result."""
+SERVER_ERROR_TRIES = 3
+"""A request the hub answers 5xx is tried this often in all (the library waits 1 s, then 2 s)."""
+FILES_SHOWN = 8
+"""Files of the repo named when --include matches none of them."""
+INVALID_TOKEN = "Invalid credentials in Authorization header"  # the hub's words for a token it does not know
 
 Report = Callable[[str, str], None]  # (title, details): a milestone
 E = TypeVar("E", bound=BaseException)
@@ -76,6 +89,8 @@ def fetch(
 ) -> HubFetch:
     """Download the snapshot `spec` names (or find it in the cache) and say what it holds.
     `keep_free`: bytes the cache's disk must still have free afterwards (the runner's reserve)."""
+    _quiet_library()
+    SERVER_ERRORS.reset()
     set_client_factory(_client_with_timeouts)
     try:
         return _fetch(spec, report, milestone_bytes, keep_free)
@@ -87,12 +102,57 @@ def fetch(
         raise FetchFailed(why) from exc
 
 
+def _quiet_library() -> None:
+    """huggingface_hub's warnings off (its retries, "No files matched"): a failure is said in one
+    line, by explain. HF_HUB_VERBOSITY, when set, is the operator's to keep."""
+    if not os.environ.get("HF_HUB_VERBOSITY"):
+        hub_logging.set_verbosity_error()
+
+
 def _client_with_timeouts() -> httpx2.Client:
     """huggingface_hub's HTTP client, with a timeout on every request: some of its calls (the repo
-    info) pass none, and a hub that accepts a connection and never answers would hang the fetch."""
+    info) pass none, and a hub that accepts a connection and never answers would hang the fetch;
+    and with its retries on server errors bounded (ServerErrors)."""
     client = default_client_factory()
-    client.event_hooks = {**client.event_hooks, "request": [*client.event_hooks["request"], _fill_timeouts]}
+    hooks = client.event_hooks
+    client.event_hooks = {
+        **hooks,
+        "request": [*hooks.get("request", []), _fill_timeouts],
+        "response": [*hooks.get("response", []), SERVER_ERRORS.check],
+    }
     return client
+
+
+class ServerErrors:
+    """Bounds the library's retries on 5xx answers. It retries a file's metadata request 5 times
+    (1, 2, 4, 8, 8 s apart), for each file at once: a hub whose file store is down made one fetch
+    print 34 lines over 24 s. Here a request is let through SERVER_ERROR_TRIES times; its next 5xx
+    raises the library's own error (so no retry follows), and so does every 5xx after that in the
+    fetch: the hub is failing, the other files need not wait their turn to find out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._tries: collections.Counter[tuple[str, str]] = collections.Counter()
+            self._given_up = False
+
+    def check(self, response: httpx2.Response) -> None:
+        if response.status_code < 500:
+            return
+        request = (response.request.method, str(response.request.url))
+        with self._lock:
+            self._tries[request] += 1
+            self._given_up = self._given_up or self._tries[request] >= SERVER_ERROR_TRIES
+            give_up = self._given_up
+        if give_up:
+            response.read()  # a streamed download's body: the server's words are in it
+            hf_raise_for_status(response)
+
+
+SERVER_ERRORS = ServerErrors()
 
 
 def _fill_timeouts(request: httpx2.Request) -> None:
@@ -115,6 +175,8 @@ def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int, keep_free: int
         progress.total = sum(f.file_size or 0 for f in wanted)
         _check_room(spec, progress.total, keep_free)
         progress.begin(len(wanted))
+    if plan == [] and spec.include:  # the hub says what the repo holds: none of it matches
+        raise FetchFailed(_matches_nothing(spec, _repo_files(spec), "it holds"))
     path = Path(
         snapshot_download(
             spec.repo,
@@ -126,6 +188,8 @@ def _fetch(spec: FetchSpec, report: Report, milestone_bytes: int, keep_free: int
         )
     )
     files, size = _contents(path, spec.include)
+    if not files and spec.include:  # served from the cache (the hub not asked): nothing there matches
+        raise FetchFailed(_matches_nothing(spec, _snapshot_files(path), "its cached snapshot holds"))
     return HubFetch(
         repo=spec.repo,
         repo_type=spec.repo_type,
@@ -207,13 +271,42 @@ def _existing(path: Path) -> Path:
 def _contents(snapshot: Path, include: tuple[str, ...]) -> tuple[int, int]:
     """(files, bytes) of the snapshot, only those `include` matches (others may be cached from an
     earlier fetch)."""
+    sizes = _snapshot_files(snapshot)
+    kept = list(filter_repo_objects(sizes, allow_patterns=list(include) or None))
+    return len(kept), sum(sizes[name] for name in kept)
+
+
+def _snapshot_files(snapshot: Path) -> dict[str, int]:
+    """Each file of a snapshot folder (none when it does not exist) and its size."""
     sizes: dict[str, int] = {}
     for folder, _, names in os.walk(snapshot):
         for name in names:
             file = Path(folder) / name
             sizes[file.relative_to(snapshot).as_posix()] = file.stat().st_size  # through the blob link
-    kept = list(filter_repo_objects(sizes, allow_patterns=list(include) or None))
-    return len(kept), sum(sizes[name] for name in kept)
+    return sizes
+
+
+def _repo_files(spec: FetchSpec) -> list[str] | None:
+    """The repo's files as the hub lists them (None: it did not say)."""
+    try:
+        return HfApi().list_repo_files(spec.repo, repo_type=spec.repo_type, revision=spec.revision)
+    except (HfHubHTTPError, httpx2.HTTPError, OSError):
+        return None
+
+
+def _matches_nothing(spec: FetchSpec, files: Any, holder: str) -> str:
+    """--include matched no file: the patterns, and a few files that are there to choose from."""
+    patterns = " ".join(repr(pattern) for pattern in spec.include)
+    at = spec.revision or constants.DEFAULT_REVISION
+    said = f"no file of {spec.what} ({at}) matches --include {patterns}"
+    names = sorted(files or ())
+    if files is None:
+        return f"{said} (the hub did not list its files)"
+    if not names:
+        return f"{said}: {holder} no files"
+    shown = ", ".join(names[:FILES_SHOWN]) + (", …" if len(names) > FILES_SHOWN else "")
+    count = f"{len(names)} file{'' if len(names) == 1 else 's'}"
+    return f"{said}: {holder} {count}: {shown}"
 
 
 # ---- progress ----
@@ -287,6 +380,8 @@ def explain(exc: BaseException, spec: FetchSpec) -> str | None:
     what = f"{spec.repo_type} {spec.repo}"
     at = f" at {spec.revision}" if spec.revision else ""
     hub = endpoint()
+    if (refused := _refusal(exc)) is not None:
+        return _refused(refused, what)
     if isinstance(exc, GatedRepoError):
         return f"{what} is gated: {_gated_advice(spec)}"
     if isinstance(exc, RepositoryNotFoundError):
@@ -332,15 +427,94 @@ def explain(exc: BaseException, spec: FetchSpec) -> str | None:
 def _http_failure(exc: HfHubHTTPError, what: str) -> str:
     status = exc.response.status_code if exc.response is not None else None
     if status == 401:
+        return _refused(exc, what)
+    if status == 403:
+        return f"{endpoint()} refused access to {what} (HTTP 403{_words(exc)}) with {_credentials_sent(exc)}"
+    if status is not None and status >= 500:
         return (
-            f"{endpoint()} refused the token in HF_TOKEN (401: invalid or expired); an operator "
+            f"{endpoint()} failed (HTTP {status}{_words(exc)}) on {_target(exc)} while fetching {what}; "
+            "try again later"
+        )
+    return f"{endpoint()} answered HTTP {status} for {what}: {_first_line(exc)}"
+
+
+def _refusal(exc: BaseException) -> HfHubHTTPError | None:
+    """A 401 in `exc`'s causes that is not the hub's word on a repo (private, missing or gated:
+    its X-Error-Code says so): the endpoint refused the credentials it was sent, or wants some. A
+    mirror's login in front of it (a proxy's basic auth) answers so, and huggingface_hub takes
+    such a 401 on an https API address for "repository not found"."""
+    answered = _cause(exc, HfHubHTTPError)
+    if answered is None or answered.response is None or answered.response.status_code != 401:
+        return None
+    if answered.response.headers.get("X-Error-Code") in ("RepoNotFound", "GatedRepo"):
+        return None
+    return answered
+
+
+def _refused(exc: HfHubHTTPError, what: str) -> str:
+    """A 401: the hub refusing a token it does not know, or a mirror wanting its own login."""
+    if _authorization(exc) == "Bearer" and exc.response.headers.get("X-Error-Message") == INVALID_TOKEN:
+        return (
+            f"{endpoint()} refused the token in {_token_source()} (401: invalid or expired); an operator "
             "replaces it in the runner's environment"
         )
-    if status == 403:
-        return f"{endpoint()} refused access to {what} (403) with the token in HF_TOKEN"
-    if status is not None and status >= 500:
-        return f"{endpoint()} failed (HTTP {status}) while fetching {what}; try again later"
-    return f"{endpoint()} answered HTTP {status} for {what}: {_first_line(exc)}"
+    return (
+        f"{endpoint()} ({_endpoint_source()}) refused the request for {what} (HTTP 401{_words(exc)}) "
+        f"with {_credentials_sent(exc)}: give it the login it wants, as user:password@ in HF_ENDPOINT's "
+        "address or a token in HF_TOKEN"
+    )
+
+
+def _request(exc: HfHubHTTPError) -> httpx2.Request | None:
+    try:
+        return exc.response.request if exc.response is not None else None
+    except RuntimeError:  # a response made without one
+        return None
+
+
+def _authorization(exc: HfHubHTTPError) -> str | None:
+    """The scheme of the credentials the failed request carried (Bearer, Basic), if any."""
+    request = _request(exc)
+    header = request.headers.get("Authorization", "") if request is not None else ""
+    return header.split(" ", 1)[0] or None
+
+
+def _credentials_sent(exc: HfHubHTTPError) -> str:
+    """What the request carried, by name, never by value."""
+    scheme = _authorization(exc)
+    if scheme == "Basic":
+        return "the user:password@ in HF_ENDPOINT's address (not shown)"
+    if scheme == "Bearer":
+        return f"the token in {_token_source()} (not shown)"
+    return "no credentials (HF_TOKEN is not set, HF_ENDPOINT's address has no user:password@)"
+
+
+def _token_source() -> str:
+    """Where huggingface_hub took the token it sends: the environment, else a login's file."""
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        if os.environ.get(name, "").strip():
+            return name
+    return f"the login's token file {constants.HF_TOKEN_PATH}"
+
+
+def _words(exc: HfHubHTTPError) -> str:
+    """The server's own words on the failure (X-Error-Message or its JSON error), if it said any."""
+    said = (exc.server_message or "").strip().splitlines()
+    if said and not said[0].startswith("<"):  # a proxy's HTML page is no words
+        return f": {said[0][:200]}"
+    challenge = exc.response.headers.get("WWW-Authenticate", "") if exc.response is not None else ""
+    return f", asking for a {challenge.split(' ', 1)[0]} login" if challenge else ""
+
+
+def _target(exc: HfHubHTTPError) -> str:
+    """What the failed request asked for: a file of the repo, or the API's address."""
+    request = _request(exc)
+    if request is None:
+        return "a request"
+    path = request.url.path
+    if "/resolve/" in path:  # /{repo}/resolve/{revision}/{file}
+        return "file " + path.split("/resolve/", 1)[1].partition("/")[2]
+    return f"{request.method} {path}"
 
 
 def _gated_advice(spec: FetchSpec) -> str:

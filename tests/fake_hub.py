@@ -17,6 +17,7 @@ HF_ENDPOINT pointing here.
 
 Endpoints:
   GET /api/{models|datasets}/{owner}/{name}/revision/{rev}     repo info: id, sha (the commit), siblings
+  GET /api/{models|datasets}/{owner}/{name}                    the same, of main
   GET /api/{models|datasets}/{owner}/{name}/tree/{commit}      the files: path, size, oid (and lfs)
   HEAD, GET /{owner}/{name}/resolve/{rev}/{path}               a file (datasets: /datasets/{owner}/…)
       with X-Repo-Commit and ETag; files over 1 MB are "LFS" ones: X-Linked-Etag (their sha256)
@@ -24,6 +25,16 @@ Endpoints:
 
 `hub.busy = N`: the next N file downloads (GET /resolve/) answer 429 Too Many Requests, which
 huggingface_hub retries after logging the URL it asked.
+
+`hub.files_down = 503`: every file request (HEAD and GET /resolve/) answers that status, with the
+hub's X-Error-Message and JSON error (`hub.files_down_words`); the API still answers (a storage
+backend in trouble). `hub.down = 503`: every request does.
+
+`hub.login = ("user", "password")`: the mirror's own login in front of it, as a proxy with basic
+auth does: a request without those credentials answers 401 with `WWW-Authenticate: Basic` and the
+proxy's HTML page, whatever token it carries (the hub's own 401 says "Invalid credentials in
+Authorization header" in X-Error-Message). With it, the hub reads no token: the Authorization
+header is the login's.
 
 Errors carry the hub's X-Error-Code and X-Error-Message, which huggingface_hub turns into its own
 exceptions: RepoNotFound (401 without a valid token: the hub does not say whether a private repo
@@ -34,6 +45,7 @@ EntryNotFound, and 401 "Invalid credentials in Authorization header" for a token
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import threading
 from collections.abc import Coroutine
@@ -78,6 +90,9 @@ class FakeHub:
         self.held = 0  # file downloads that have waited on hold()
         self._gate: asyncio.Event | None = None  # set: downloads go on (None: never held)
         self.busy = 0  # file downloads still to answer 429 (each is retried)
+        self.files_down: int | None = None  # a status every file request gets (HEAD and GET)
+        self.files_down_words = "storage backend unavailable"
+        self.login: tuple[str, str] | None = None  # the mirror's own basic auth, in front of the hub
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -130,6 +145,7 @@ class FakeHub:
     async def _listen(self) -> None:
         app = web.Application()
         kinds = "{kind:models|datasets}"
+        app.router.add_get(f"/api/{kinds}/{{owner}}/{{name}}", self._info)  # main's: doctor's probe
         app.router.add_get(f"/api/{kinds}/{{owner}}/{{name}}/revision/{{rev}}", self._info)
         app.router.add_get(f"/api/{kinds}/{{owner}}/{{name}}/tree/{{rev}}", self._tree)
         app.router.add_get("/datasets/{owner}/{name}/resolve/{rev}/{path:.+}", self._file)
@@ -227,8 +243,15 @@ class FakeHub:
         info = request.match_info
         token = _bearer(request)
         self.requests.append(Seen(request.method, request.path, token is not None))
+        if self.login is not None:
+            if _basic(request) != self.login:
+                return None, None, _login_required()
+            token = None  # the Authorization header was the login's
         if self.down is not None:
             return None, None, web.json_response({"error": "down for maintenance"}, status=self.down)
+        if files_too and self.files_down is not None:
+            words = self.files_down_words
+            return None, None, _error(self.files_down, None, words)
         if token is not None and token not in self.tokens:
             return None, None, _error(401, None, "Invalid credentials in Authorization header")
         is_dataset = info.get("kind") == "datasets" or request.path.startswith("/datasets/")
@@ -239,9 +262,10 @@ class FakeHub:
         if repo is None or (repo.private and not allowed):
             status = 404 if token is not None else 401
             return None, None, _error(status, "RepoNotFound", "Repository not found")
-        commit = repo.revisions.get(info["rev"], info["rev"] if info["rev"] in repo.commits else None)
+        rev = info.get("rev", "main")
+        commit = repo.revisions.get(rev, rev if rev in repo.commits else None)
         if commit is None:
-            return None, None, _error(404, "RevisionNotFound", f"Invalid rev id: {info['rev']}")
+            return None, None, _error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
         if files_too and repo.gated and not allowed:
             message = (
                 f"Access to model {repo_id} is restricted. You must have access to it and be authenticated."
@@ -255,6 +279,25 @@ def _bearer(request: web.Request) -> str | None:
     if not header.startswith("Bearer "):
         return None
     return header.removeprefix("Bearer ").strip() or None
+
+
+def _basic(request: web.Request) -> tuple[str, str] | None:
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Basic "):
+        return None
+    user, _, password = base64.b64decode(header.removeprefix("Basic ")).decode().partition(":")
+    return user, password
+
+
+def _login_required() -> web.Response:
+    """What nginx answers a request without its basic auth: an HTML page, no hub headers."""
+    page = "<html><head><title>401 Authorization Required</title></head><body>401 Authorization Required</body></html>"
+    return web.Response(
+        status=401,
+        text=page,
+        content_type="text/html",
+        headers={"WWW-Authenticate": 'Basic realm="mirror"'},
+    )
 
 
 def _error(status: int, code: str | None, message: str, commit: str | None = None) -> web.Response:

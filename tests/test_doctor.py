@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from fake_hub import FakeHub
 from fake_openai import FakeOpenAI
 
 from goaltender.runner import doctor
@@ -336,6 +337,77 @@ async def test_hub_up_refusing_unreachable_and_offline(tmp_path):
     finally:
         await hub.close()
         await refusing.close()
+
+
+MIRROR_PASSWORD = "Pl4nted-doctor-mirror-pass"
+
+
+async def test_a_mirror_behind_a_login_is_reached_with_it_and_it_never_shows(tmp_path):
+    """HF_ENDPOINT=http://user:password@host: doctor asked for the host `user:password@host` (and
+    said "cannot reach … (Name or service not known)"); huggingface_hub sends the login as basic
+    auth, and so does doctor now."""
+    mirror = FakeHub()
+    mirror.add_repo("openai-community/gpt2", {"config.json": b"{}"})
+    mirror.login = ("ana", MIRROR_PASSWORD)
+    mirror.start()
+    home = {"GOALTENDER_HOME": str(tmp_path / "home"), "GOALTENDER_GYM_VENV": str(tmp_path / "none")}
+    with_login = mirror.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@")
+    try:
+        _, up = await run_doctor(box_env(tmp_path, HF_ENDPOINT=with_login, HF_TOKEN=HF_TOKEN, **home))
+        assert line(up, "hub") == f"ok   hub: {mirror.url} answers (HTTP 200); HF_TOKEN set (not shown)"
+        assert [seen.path for seen in mirror.requests] == ["/api/models/openai-community/gpt2"]
+
+        wrong = mirror.url.replace("http://", "http://ana:not-it@")
+        code, refused = await run_doctor(box_env(tmp_path, HF_ENDPOINT=wrong, **home))
+        assert code == 1 and line(refused, "hub") == (
+            f"fail hub: {mirror.url} refused the user:password@ in HF_ENDPOINT's address (HTTP 401; not "
+            "shown) — fix: correct the login in HF_ENDPOINT's address"
+        )
+        code, wants = await run_doctor(box_env(tmp_path, HF_ENDPOINT=mirror.url, **home))
+        assert code == 1 and line(wants, "hub").startswith(
+            f"fail hub: {mirror.url} wants a login (HTTP 401); no HF_TOKEN is set"
+        )
+        for output in (up, refused, wants):
+            assert MIRROR_PASSWORD not in output and "not-it" not in output and HF_TOKEN not in output
+    finally:
+        mirror.stop()
+
+
+async def test_a_closed_network_is_a_warning_a_service_can_start_on(tmp_path):
+    """No way out (a network namespace of its own: loopback only) and no mirror configured: the
+    hub check failed, so `goaltender doctor` exited 1 and could not gate a service's start."""
+    user_home = tmp_path / "user"
+    user_home.mkdir()
+    env = box_env(
+        user_home,
+        GOALTENDER_HOME=str(tmp_path / "home"),
+        GOALTENDER_MIN_FREE_MB="64",
+        GOALTENDER_GYM_VENV=str(tmp_path / "no-gym-venv"),
+    )
+    closed = ["bwrap", "--dev-bind", "/", "/", "--unshare-net", "--", GOALTENDER, "doctor", "--json"]
+
+    def doctor_offline(*args: str) -> tuple[int, list[dict]]:
+        done = subprocess.run([*closed, *args], env=env, capture_output=True, text=True, timeout=120)
+        return done.returncode, json.loads(done.stdout)
+
+    code, findings = doctor_offline()
+    [hub] = [f for f in findings if f["name"] == "hub"]
+    assert hub["status"] == "warn" and hub["detail"].startswith(
+        "no way out to https://huggingface.co from this box ("
+    )
+    assert "goals fetch only what is cached; no HF_TOKEN" in hub["detail"]
+    assert "HF_HUB_OFFLINE=1" in hub["fix"] and "HF_ENDPOINT" in hub["fix"]
+    assert [f for f in findings if f["status"] == "fail"] == [] and code == 0
+    strict, _ = doctor_offline("--strict")  # a warning fails it
+    assert strict == 1
+
+
+def test_a_mirror_out_of_reach_still_fails(tmp_path):
+    box = make_box(tmp_path)
+    dead = f"http://127.0.0.1:{dead_port()}"
+    box.env = {**box.env, "HF_ENDPOINT": dead}
+    assert doctor.check_hub(box).status == "fail"  # configured: not ready
+    assert doctor.check_hub(make_box(tmp_path, default_hub=dead)).status == "warn"  # the hub's: offline
 
 
 # ---- disk and caches ----

@@ -6,6 +6,7 @@ the token never shows."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import http.server
@@ -23,6 +24,7 @@ from dataclasses import astuple
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx2
 import psutil
 import pytest
 from conftest import BIN, events_until_report, eventually, submit, write_agent
@@ -187,7 +189,110 @@ def test_a_hub_that_is_down_says_so(hub, tmp_path):
     hub.down = 503
     out = fetch(hub, tmp_path, "org/tiny")
     assert one_line_failure(out) == (
-        f"goaltender: {hub.url} failed (HTTP 503) while fetching model org/tiny; try again later\n"
+        f"goaltender: {hub.url} failed (HTTP 503: down for maintenance) on GET "
+        "/api/models/org/tiny/revision/main while fetching model org/tiny; try again later\n"
+    )
+
+
+TINY_FILES = [
+    "config.json",
+    "docs/README.md",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+]
+
+
+def test_a_server_error_on_the_files_is_one_line_after_a_few_tries(hub, tmp_path):
+    """The hub's API answers, its file store does not (HEAD and GET …/resolve/ answer 503): the
+    library alone retried each file 5 times over 24 s and printed 34 lines."""
+    from goaltender.runner.hub import SERVER_ERROR_TRIES
+
+    hub.files_down = 503
+    out = fetch(hub, tmp_path, "org/tiny")
+    said = one_line_failure(out)
+    prefix = f"goaltender: {hub.url} failed (HTTP 503: storage backend unavailable) on file "
+    suffix = " while fetching model org/tiny; try again later\n"
+    assert said.startswith(prefix) and said.endswith(suffix), said
+    assert said.removeprefix(prefix).removesuffix(suffix) in TINY_FILES
+    tries = collections.Counter(seen.path for seen in hub.requests if "/resolve/" in seen.path)
+    assert tries and max(tries.values()) <= SERVER_ERROR_TRIES, tries  # the library alone: 6 each
+    assert not (tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots").exists()
+
+    # The library's lines come back on request (HF_HUB_VERBOSITY), still bounded.
+    verbose = fetch(hub, tmp_path, "org/tiny", HF_HUB_VERBOSITY="warning")
+    assert verbose.returncode == 1 and "HTTP Error 503 thrown while requesting HEAD" in verbose.stderr
+    assert verbose.stderr.endswith(suffix)
+
+
+def test_a_mirror_s_own_login_is_not_blamed_on_hf_token(hub, tmp_path):
+    """A mirror behind a proxy's basic auth answers 401 before the hub sees the request: the
+    fetch said the token in HF_TOKEN was refused, whether one was set or not."""
+    hub.login = ("ana", MIRROR_PASSWORD)
+    refused = (
+        f"goaltender: {hub.url} (HF_ENDPOINT) refused the request for model org/tiny (HTTP 401, asking "
+        "for a Basic login) with {sent}: give it the login it wants, as user:password@ in HF_ENDPOINT's "
+        "address or a token in HF_TOKEN\n"
+    )
+    none = fetch(hub, tmp_path, "org/tiny")
+    assert one_line_failure(none) == refused.format(
+        sent="no credentials (HF_TOKEN is not set, HF_ENDPOINT's address has no user:password@)"
+    )
+    token = fetch(hub, tmp_path, "org/tiny", HF_TOKEN=TOKEN)
+    assert one_line_failure(token) == refused.format(sent="the token in HF_TOKEN (not shown)")
+    wrong = fetch(hub, tmp_path, "org/tiny", HF_ENDPOINT=hub.url.replace("http://", "http://ana:nope-nope@"))
+    assert one_line_failure(wrong) == refused.format(
+        sent="the user:password@ in HF_ENDPOINT's address (not shown)"
+    )
+    right = fetch(
+        hub, tmp_path, "org/tiny", HF_ENDPOINT=hub.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@")
+    )
+    assert right.returncode == 0, right.stderr
+    for out in (none, token, wrong, right):
+        printed = out.stdout + out.stderr
+        assert "hf_" not in printed and MIRROR_PASSWORD not in printed and "nope-nope" not in printed
+
+
+def test_an_https_mirror_s_login_is_not_taken_for_a_missing_repo():
+    """On an https address huggingface_hub reads any 401 of the API as "repository not found"
+    (the fake hub is http): a 401 without the hub's X-Error-Code is the mirror's own."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    from goaltender.runner import hub
+
+    url = "https://mirror.example/api/models/org/tiny/revision/main"
+    request = httpx2.Request("GET", url)
+    page = httpx2.Response(
+        401, request=request, headers={"WWW-Authenticate": 'Basic realm="m"'}, text="<html>401</html>"
+    )
+    with pytest.raises(hub.HfHubHTTPError) as raised:
+        hf_raise_for_status(page)
+    assert type(raised.value).__name__ == "RepositoryNotFoundError"
+    said = hub.explain(raised.value, hub.FetchSpec("org/tiny"))
+    assert (
+        said is not None
+        and "refused the request for model org/tiny (HTTP 401, asking for a Basic login)" in said
+    )
+    # The hub's own answer for a private or missing repo stays what it is.
+    missing = httpx2.Response(401, request=request, headers={"X-Error-Code": "RepoNotFound"}, json={})
+    with pytest.raises(hub.HfHubHTTPError) as raised:
+        hf_raise_for_status(missing)
+    assert hub.explain(raised.value, hub.FetchSpec("org/tiny")).startswith("no model org/tiny on ")
+
+
+def test_include_patterns_that_match_nothing_fail_naming_what_is_there(hub, tmp_path):
+    """It exited 0 and printed a snapshot path that did not exist."""
+    out = fetch(hub, tmp_path, "org/tiny", "--include", "*.gguf", "weights/*")
+    assert one_line_failure(out) == (
+        "goaltender: no file of model org/tiny (main) matches --include '*.gguf' 'weights/*': it holds "
+        f"4 files: {', '.join(TINY_FILES)}\n"
+    )
+    assert hub.count("GET", "/resolve/") == 0
+    # Offline, from what the cache holds.
+    assert fetch(hub, tmp_path, "org/tiny", "--include", "*.json").returncode == 0
+    cached = fetch(hub, tmp_path, "org/tiny", "--include", "*.gguf", HF_HUB_OFFLINE="1")
+    assert one_line_failure(cached) == (
+        "goaltender: no file of model org/tiny (main) matches --include '*.gguf': its cached snapshot "
+        "holds 1 file: config.json\n"
     )
 
 
@@ -238,10 +343,11 @@ MIRROR_PASSWORD = "Pl4nted-mirror-pass"
 
 def test_a_mirror_s_password_is_never_printed(hub, tmp_path):
     """HF_ENDPOINT with user:password@ (a mirror behind basic auth): huggingface_hub's retry lines
-    and its errors quote the URL they asked, and `goaltender fetch` printed them as they were."""
+    (shown with HF_HUB_VERBOSITY) and its errors quote the URL they asked, and `goaltender fetch`
+    printed them as they were."""
     with_password = hub.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@")
     hub.busy = 2  # two downloads answered 429 and retried: the library says so, with the URL
-    out = fetch(hub, tmp_path, "org/tiny", HF_ENDPOINT=with_password)
+    out = fetch(hub, tmp_path, "org/tiny", HF_ENDPOINT=with_password, HF_HUB_VERBOSITY="warning")
     hub.down = 429  # and a failure that quotes the URL in its one line
     failed = fetch(hub, tmp_path, "org/data", "--type", "dataset", HF_ENDPOINT=with_password)
     for printed in (out.stdout + out.stderr, failed.stderr):

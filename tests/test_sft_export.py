@@ -163,29 +163,79 @@ def test_image_files_mode_writes_pngs_by_absolute_path(tmp_path):
 # ----------------------------------------------------------------------------- the estimate
 
 
-def test_estimate_matches_the_measured_qwen3_vl_count():
-    # NeMo Gym's circle_count rollouts (Qwen3-VL-8B via vLLM): 2,044 input tokens for this prompt
-    # and a 1000x1000 image.
-    row = {
-        "responses_create_params": {
-            "input": [
-                {
-                    "role": "system",
-                    "content": "You are a visual assistant. Count the number of circles of the specified "
-                    "color in the image. Output your final answer in \\boxed{} format, e.g. \\boxed{3}.",
-                },
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "input_image", "image_url": png_data_url(1000, 1000), "detail": "auto"},
-                        {"type": "input_text", "text": "How many cyan circles are in the image?"},
-                    ],
-                },
-            ]
-        }
-    }
-    estimate = preflight.EstimateCounter().count(row)
-    assert abs(estimate - 2044) / 2044 < 0.05, estimate
+def test_image_tokens_are_the_processors_arithmetic():
+    """Qwen3-VL's processor (patch 16, merge 2): an image costs (resized side / 32) squared pads
+    and its two markers. The estimate used to double the pads (a serving-side count of another
+    model): 130 per star-count canvas where the processor gives 66."""
+    # Star-count canvases are scaled up to min_pixels (256 x 256): 8 * 8 pads each.
+    for side in DEFAULT_CONFIG.resolutions:
+        assert preflight.image_tokens(side, side, preflight.QWEN3_VL) == 64 + 2
+    assert preflight.image_tokens(288, 288) == 9 * 9 + 2  # over min_pixels: as it is
+    assert preflight.image_tokens(300, 300) == 9 * 9 + 2  # 300 rounds to 288
+    assert preflight.image_tokens(640, 480) == 20 * 15 + 2
+    assert preflight.image_tokens(1000, 1000) == 31 * 31 + 2  # 1000 rounds to 992
+    assert preflight.image_tokens(2000, 2000) == 62 * 62 + 2  # 62.5 rounds to even, as Python's round
+    assert preflight.image_tokens(1000, 1000, preflight.QWEN2_5_VL) == 36 * 36 + 2  # 28 px: 1008
+
+
+def test_the_real_export_counts_exactly(small_export, capsys):
+    """Seed 0's row: system 139 + user text 47 + answer 11 (3 bytes a token, rounded up), its
+    96 px canvas 66, 5 a message for the chat template's framing."""
+    row = read_jsonl(small_export / "train.jsonl")[0]
+    assert row["seed"] == 0 and make_example(0).width == 96
+    assert preflight.EstimateCounter().count(row) == 139 + 47 + 11 + 66 + 3 * 5 == 278
+    argv = ["--data", str(small_export / "train.jsonl"), "--max-seq-len", "1024", "--estimate"]
+    assert preflight.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "train.jsonl: n=32 max=279 p95=279 over_limit=0 (limit 1024; estimate (qwen3-vl geometry))",
+        "image tokens per canvas (qwen3-vl: patch 16, merge 2, 65,536-16,777,216 pixels; pads + 2 "
+        "markers): 64x64: 66, 96x96: 66, 128x128: 66",
+    ]
+
+
+def test_drop_at_a_tight_limit_keeps_the_rows_that_fit(small_export, tmp_path, capsys):
+    """Every train row is 278 or 279 tokens: at a limit of 280 all fit (the doubled image estimate
+    made them 342 and 343, and --drop dropped every one)."""
+    argv = ["--data", str(small_export / "train.jsonl"), "--max-seq-len", "280", "--estimate"]
+    assert preflight.main([*argv, "--drop", "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"train.jsonl: dropped 0 of 32; wrote 32 rows to {tmp_path / 'train.filtered.jsonl'}" in out
+    assert (tmp_path / "train.filtered.jsonl").read_text() == (small_export / "train.jsonl").read_text()
+    at_279 = ["--data", str(small_export / "train.jsonl"), "--max-seq-len", "279", "--estimate"]
+    assert preflight.main(at_279) == 1  # the 279s would be masked (NeMo RL masks at >=)
+
+
+def test_the_geometry_comes_from_the_models_own_config(tmp_path, monkeypatch):
+    """preprocessor_config.json, in a model directory or the hub cache's snapshot, as
+    transformers reads it: min_pixels/max_pixels over size's shortest and longest edge."""
+    model = tmp_path / "my-vl"
+    model.mkdir()
+    config = {"patch_size": 14, "merge_size": 2, "min_pixels": 200_704, "size": {"longest_edge": 1_003_520}}
+    (model / "preprocessor_config.json").write_text(json.dumps(config))
+    geometry = preflight.geometry_for(str(model))
+    assert (geometry.patch, geometry.merge, geometry.min_pixels, geometry.max_pixels) == (
+        14,
+        2,
+        200_704,
+        1_003_520,
+    )
+    assert preflight.image_tokens(64, 64, geometry) == 16 * 16 + 2  # scaled up to 448 x 448
+
+    # Qwen3-VL-2B-Instruct's, as `goaltender fetch` leaves it in the cache.
+    cache = tmp_path / "hub"
+    repo = cache / "models--Qwen--Qwen3-VL-2B-Instruct"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    qwen3 = {"patch_size": 16, "merge_size": 2, "size": {"longest_edge": 16777216, "shortest_edge": 65536}}
+    (repo / "snapshots" / "abc123" / "preprocessor_config.json").write_text(json.dumps(qwen3))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    found = preflight.geometry_for("Qwen/Qwen3-VL-2B-Instruct")
+    assert found.name == "Qwen/Qwen3-VL-2B-Instruct's preprocessor_config.json"
+    assert (found.patch, found.merge, found.min_pixels, found.max_pixels) == (16, 2, 65_536, 16_777_216)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    assert preflight.geometry_for("Qwen/Qwen3-VL-2B-Instruct") is preflight.QWEN3_VL  # known by name
 
 
 def test_processor_geometry_by_hand():
@@ -236,7 +286,9 @@ def test_preflight_refuses_an_oversized_example(tmp_path, capsys):
     assert code == 1
     assert out.startswith("train.jsonl: n=4 max=") and "over_limit=1 (limit 1024" in out
     assert "REFUSED" in err and "1 of 4 examples have >= 1024 tokens" in err
-    assert "line 3 (seed 3): 7" in err  # 62 * 62 grid tokens, doubled: 7,690 and more
+    assert (
+        "line 3 (seed 3): 4058 tokens" in err
+    )  # 62 * 62 + 2 for its 2000 px canvas, 212 of text and framing
     assert "zero loss" in err and "--drop" in err
     assert not (tmp_path / "train.filtered.jsonl").exists()
 
@@ -269,10 +321,11 @@ def test_preflight_summary_per_split_through_the_cli(small_export, capsys):
     for p in paths:
         argv += ["--data", p]
     assert cli.main(argv) == 0
-    lines = capsys.readouterr().out.splitlines()
+    *lines, canvases = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["train.jsonl", "validation.jsonl", "heldout.jsonl"]
     assert lines[0].startswith("train.jsonl: n=32 ") and lines[2].startswith("heldout.jsonl: n=64 ")
     assert all("over_limit=0" in line for line in lines)
+    assert canvases.startswith("image tokens per canvas (qwen3-vl: ") and canvases.endswith("128x128: 66")
 
 
 def test_preflight_bad_input_is_exit_2(tmp_path, capsys):
