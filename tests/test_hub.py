@@ -29,7 +29,7 @@ import psutil
 import pytest
 from conftest import BIN, events_until_report, eventually, submit, write_agent
 from fake_hub import FakeHub
-from fake_openai import FakeOpenAI, ToolCall, Turn, finished
+from fake_openai import ToolCall, Turn, finished
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -553,26 +553,17 @@ async def test_a_goals_fetches_past_its_rate_are_folded_and_kept(
     )
 
 
-async def test_the_built_in_agent_fetches_with_its_tool(hub, start_runner, connect, monkeypatch):
+async def test_the_built_in_agent_fetches_with_its_tool(
+    hub, start_runner, connect, model_server, monkeypatch
+):
     runner_environment(monkeypatch, hub)
-    model = FakeOpenAI()
-    await model.start()
-    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
-    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    model = model_server
     call = {"repo": "org/data", "repo_type": "dataset", "include": ["train.*"]}
     model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", call)]), finished("Fetched; nothing more to do."))
-    try:
-        runner = await start_runner(
-            agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
-        )
-        client = await connect(runner)
-        goal_id = await submit(client, "fetch the training split, max 1 experiments", agent="openai")
-        events = await events_until_report(client, goal_id)
-    finally:
-        await model.close()
+    runner = await start_runner(agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]})
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch the training split, max 1 experiments", agent="openai")
+    events = await events_until_report(client, goal_id)
     [fetched] = [e.data.fetch for e in events if isinstance(e.data, HubFetched)]
     assert (fetched.repo, fetched.repo_type, fetched.files) == ("org/data", "dataset", 1)
     [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
@@ -918,20 +909,16 @@ def test_a_spec_reaches_the_download_as_it_was_asked(repo, revision, include, re
     assert (args.json, args.keep_free, args.goal_id) == (True, 5, None)
 
 
-async def test_the_model_provider_never_gets_a_mirror_s_password(hub, start_runner, connect, monkeypatch):
+async def test_the_model_provider_never_gets_a_mirror_s_password(
+    hub, start_runner, connect, model_server, monkeypatch
+):
     """Inside a goal, the fetch tool's result (the library's retry lines quote the URL, in the
     runner's download) and a command's output (`printenv HF_ENDPOINT`, or the URL with its slashes escaped as JSON may
     write them) went to the model provider as they were."""
     runner_environment(monkeypatch, hub)
     monkeypatch.setenv("HF_ENDPOINT", hub.url.replace("http://", f"http://ana:{MIRROR_PASSWORD}@"))
     hub.busy = 2
-    model = FakeOpenAI()
-    await model.start()
-    for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
-    monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
+    model = model_server
     model.add(
         Turn(
             tool_calls=[
@@ -942,15 +929,10 @@ async def test_the_model_provider_never_gets_a_mirror_s_password(hub, start_runn
         ),
         finished("Fetched; nothing more to do."),
     )
-    try:
-        runner = await start_runner(
-            agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
-        )
-        client = await connect(runner)
-        goal_id = await submit(client, "fetch tiny, max 1 experiments", agent="openai")
-        await events_until_report(client, goal_id)
-    finally:
-        await model.close()
+    runner = await start_runner(agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]})
+    client = await connect(runner)
+    goal_id = await submit(client, "fetch tiny, max 1 experiments", agent="openai")
+    await events_until_report(client, goal_id)
     sent = json.dumps([r.body for r in model.requests])
     assert MIRROR_PASSWORD not in sent and "ana:" not in sent
     fetched, printed, escaped = [
@@ -1064,27 +1046,18 @@ def test_a_hub_that_misbehaves_says_so_in_one_line(mode, why, tmp_path):
     assert "hf_" not in out.stderr
 
 
-async def test_the_agent_does_not_wait_forever_for_a_fetch(start_runner, connect, monkeypatch):
-    model = FakeOpenAI()
-    await model.start()
+async def test_the_agent_does_not_wait_forever_for_a_fetch(start_runner, connect, model_server, monkeypatch):
+    model = model_server
     with not_a_hub("silent") as hub:
         runner_environment(monkeypatch, hub)
         monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "600")  # the fetch itself would wait 10 minutes
         monkeypatch.setenv("GOALTENDER_FETCH_TIMEOUT_S", "2")
-        for var in ("GOALTENDER_OPENAI_BASE_URL", "GOALTENDER_OPENAI_API_KEY", "GOALTENDER_COMMAND_POLICY"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setenv("OPENAI_BASE_URL", model.base_url)
-        monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
-        monkeypatch.setenv("GOALTENDER_MODEL", "fake-model")
         model.add(Turn(tool_calls=[ToolCall("fetch_from_hub", {"repo": "org/tiny"})]), finished("Gave up."))
-        try:
-            runner = await start_runner(
-                agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
-            )
-            client = await connect(runner)
-            goal_id = await submit(client, "fetch from a silent hub, max 1 experiments", agent="openai")
-            await events_until_report(client, goal_id, timeout=30)
-        finally:
-            await model.close()
+        runner = await start_runner(
+            agents={"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
+        )
+        client = await connect(runner)
+        goal_id = await submit(client, "fetch from a silent hub, max 1 experiments", agent="openai")
+        await events_until_report(client, goal_id, timeout=30)
     [result] = [m["content"] for m in model.requests[1].body["messages"] if m["role"] == "tool"]
     assert result.startswith("timed out after 2s (GOALTENDER_FETCH_TIMEOUT_S): stopped waiting")
