@@ -155,21 +155,20 @@ class ChatEndpoint:
                     raise self._refused(exc.status_code, words, repeated) from exc
                 last_words, why = words, f"HTTP {exc.status_code}: {words}"
                 delay = _retry_after(exc.response)
+                malformed = False
             except openai.APIConnectionError as exc:  # also APITimeoutError
-                why, delay = _error_text(exc), None
+                why, delay, malformed = _error_text(exc), None, False
             except TimeoutError:
-                why, delay = (
-                    f"no complete answer within {self.timeout_s:g}s (GOALTENDER_OPENAI_TIMEOUT_S)",
-                    None,
-                )
+                why = f"no complete answer within {self.timeout_s:g}s (GOALTENDER_OPENAI_TIMEOUT_S)"
+                delay, malformed = None, False
             except (MalformedReply, json.JSONDecodeError) as exc:
                 why = (
                     str(exc) if isinstance(exc, MalformedReply) else f"a reply that is not valid JSON ({exc})"
                 )
-                delay = None
+                delay, malformed = None, True
             failures += 1
             if failures > self.max_retries:
-                raise self._gave_up(why)
+                raise self._gave_up(why, malformed)
             self.log.info("retrying the request (%d of %d): %s", failures, self.max_retries, why)
             await asyncio.sleep(delay if delay is not None else min(8.0, 0.5 * 2 ** (failures - 1)))
 
@@ -203,10 +202,11 @@ class ChatEndpoint:
             f"The server said: {words}\nModel {self.model}; not retried: retrying cannot change this answer.",
         )
 
-    def _gave_up(self, why: str) -> EndpointFailure:
-        """Why the endpoint could not answer, once the retries are used up."""
+    def _gave_up(self, why: str, malformed: bool) -> EndpointFailure:
+        """Why the endpoint could not answer, once the retries are used up: it answered with
+        something unusable (`malformed`), or not at all."""
         after = f"after {self.max_retries} retries; model {self.model}"
-        if why.startswith(("a reply", "a choice", "a tool call")):
+        if malformed:
             return EndpointFailure(
                 f"Model endpoint returned {one_line(why, WORDS_IN_TITLE)}: {self.shown}", after
             )
@@ -220,24 +220,21 @@ class ChatEndpoint:
         """The server's context window and where it said so: vLLM's /v1/models `max_model_len`
         (and `context_length` / `context_window`, as some proxies name it), llama.cpp's /props
         `n_ctx`. None when it does not say (OpenAI, llama-cpp-python, Ollama)."""
-        import aiohttp
+        import openai
 
-        base = str(self.client.base_url).rstrip("/")
-        headers = {"Authorization": f"Bearer {self.client.api_key}"}
-        timeout = aiohttp.ClientTimeout(total=5.0)
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
-            for url, read in (
-                (f"{base}/models", self._window_in_models),
-                (f"{base.removesuffix('/v1')}/props", _window_in_props),
-            ):
-                try:
-                    async with http.get(url) as answer:
-                        found = read(await answer.json(content_type=None)) if answer.status == 200 else None
-                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    self.log.info("could not read %s: %s", url_shown(url), exc or type(exc).__name__)
-                    continue
-                if found:
-                    return found, url.removeprefix(base.removesuffix("/v1"))
+        client = self.client.with_options(timeout=5.0)  # its key and headers; a short wait
+        base = str(client.base_url).rstrip("/")
+        for url, read in (
+            (f"{base}/models", self._window_in_models),
+            (f"{base.removesuffix('/v1')}/props", _window_in_props),
+        ):
+            try:
+                found = read(await client.get(url, cast_to=object))
+            except (openai.APIError, ValueError) as exc:
+                self.log.info("could not read %s: %s", url_shown(url), exc or type(exc).__name__)
+                continue
+            if found:
+                return found, url.removeprefix(base.removesuffix("/v1"))
         return None
 
     def _window_in_models(self, body: Any) -> int | None:

@@ -209,7 +209,6 @@ class OpenAIAgent(GoalAgent):
         self.input_total = 0
         self.output_total = 0
         self.token_limit: int | None = None  # the goal's token budget, from the runner's summary
-        self.stop_status = ""  # the runner's latest word on the stop rule
         self.measured: tuple[int, int] | None = None  # (messages counted, tokens) from the last usage
         # What a request costs beyond its messages (the tool schemas, the chat template), measured
         # as the last usage minus our estimate of the messages sent; the schemas' estimate at first.
@@ -339,7 +338,9 @@ class OpenAIAgent(GoalAgent):
                 if choice.finish_reason == "length":
                     self._say("Your reply hit the output limit; go on, more briefly, with a tool call.")
                 else:
-                    self._say(NUDGE.format(status=self.stop_status or "see the brief for the stop rule"))
+                    self._say(
+                        NUDGE.format(status=self.verbs.stop_status or "see the brief for the stop rule")
+                    )
                 continue
             quiet = 0
             for call_id, name, arguments in calls:
@@ -347,11 +348,11 @@ class OpenAIAgent(GoalAgent):
                 self.messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
             if self.finished:
                 return "the model called finish"
-            if stop_met(self.stop_status):
+            if stop_met(self.verbs.stop_status):
                 if told_stop:
-                    return f"the stop rule was met ({self.stop_status})"
+                    return f"the stop rule was met ({self.verbs.stop_status})"
                 told_stop = True
-                self._say(STOP_MET_NOTE.format(status=self.stop_status))
+                self._say(STOP_MET_NOTE.format(status=self.verbs.stop_status))
         raise self._stopped(f"it reached the turn cap ({self.cfg.max_turns}, GOALTENDER_MAX_TURNS)")
 
     def _stopped(self, how: str) -> AgentFailure:
@@ -359,7 +360,7 @@ class OpenAIAgent(GoalAgent):
         return AgentFailure(
             "The agent stopped without finishing",
             f"The model never called finish: {how}, with the campaign still open "
-            f"({self.stop_status or 'no experiment yet'}).{last}",
+            f"({self.verbs.stop_status or 'no experiment yet'}).{last}",
         )
 
     def _say(self, text: str) -> None:
@@ -500,7 +501,7 @@ class OpenAIAgent(GoalAgent):
     async def _summary(self) -> p.SummaryReply:
         summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
         self.token_limit = summary.status.goal.budget.max_tokens
-        self.stop_status = summary.status.stop_status
+        self.verbs.stop_status = summary.status.stop_status
         return summary
 
     async def _handoff(self) -> str | None:
@@ -579,8 +580,6 @@ class OpenAIAgent(GoalAgent):
             raise
         except Exception as exc:  # a tool failure is the model's business, never the loop's
             result = f"error: {name} failed: {type(exc).__name__}: {exc}"
-        if self.verbs.stop_status:
-            self.stop_status = self.verbs.stop_status
         # A skill is instructions, useless cut: it may take half the window (_check_fit made room).
         limit = self.window * 2 if name == "load_skill" else self.cfg.output_limit(self.window)
         return truncate_middle(result, limit, self.secrets) + self._repeated(name, arguments)

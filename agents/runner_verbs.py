@@ -69,7 +69,7 @@ class RunnerVerbs:
         self.secrets = secrets
         self.steers: list[str] = []  # every message from people so far, oldest first
         self.report_text = ""  # the model's words for the final report
-        self.stop_status = ""  # the runner's word on the stop rule after the latest experiment
+        self.stop_status = ""  # the runner's latest word on the stop rule (an experiment's, a summary's)
 
     def tools(self, *, models: bool = True) -> list[Tool[Any]]:
         """The verbs as tools; NeMo RL and the hub only for a goal that trains or fetches models
@@ -97,10 +97,7 @@ class RunnerVerbs:
         ok, note = await self.gate(text, "experiment")
         if not ok:
             return note
-        reply = await self.runner.call(
-            p.RunExperiment,
-            p.ExperimentReply,
-            goal_id=self.goal_id,
+        return note + await self._experiment(
             command=argv,
             description=args.description,
             params=args.params,
@@ -109,8 +106,6 @@ class RunnerVerbs:
             timeout_s=args.timeout_s or None,
             eval_command=_argv(args.eval_command)[0] if args.eval_command else None,
         )
-        self.stop_status = reply.stop_status
-        return note + experiment_text(reply)
 
     async def nemo_rl(self, args: NemoRl) -> str:
         try:
@@ -131,10 +126,7 @@ class RunnerVerbs:
         ok, note = await self.gate(shlex.join(run.command()), "experiment")
         if not ok:
             return note
-        reply = await self.runner.call(
-            p.RunExperiment,
-            p.ExperimentReply,
-            goal_id=self.goal_id,
+        return note + await self._experiment(
             command=run.command(),
             description=args.description or run.description(),
             params=run.params(),
@@ -143,8 +135,12 @@ class RunnerVerbs:
             timeout_s=args.timeout_s or None,
             eval_command=run.eval_command,
         )
+
+    async def _experiment(self, **fields: Any) -> str:
+        """Run one experiment through the runner; its ledger row as the model is told it."""
+        reply = await self.runner.call(p.RunExperiment, p.ExperimentReply, goal_id=self.goal_id, **fields)
         self.stop_status = reply.stop_status
-        return note + experiment_text(reply)
+        return experiment_text(reply)
 
     async def post_milestone(self, args: Milestone) -> str:
         said = await self.milestone(args.title, args.text)

@@ -189,8 +189,8 @@ def parse_goal_text(text: str) -> GoalSpec:
     spec.target = _target(text)
     if m := _PATTERNS["runner"].search(text):
         spec.runner = m.group(1) or m.group(2)
-    spec.agent = _agent(text)
     spec.agent_words = [m.group(1).lower() for m in _PATTERNS["with"].finditer(text)]
+    spec.agent = _agent(spec.agent_words)
     if m := _PATTERNS["executor"].search(text):
         spec.executor = m.group(1).lower()
     if m := _PATTERNS["gpus"].search(text):
@@ -259,13 +259,10 @@ def _target(text: str) -> float | None:
     return None
 
 
-def _agent(text: str) -> str | None:
-    """`with sweep`, `with codex`, `with openai`, or `with <name>-agent`."""
-    for m in _PATTERNS["with"].finditer(text):
-        name = m.group(1).lower()
-        if name in _AGENTS or (name.endswith("-agent") and name != "-agent"):
-            return name
-    return None
+def _agent(words: list[str]) -> str | None:
+    """Of a text's `with <word>`s, the first naming an agent by itself: `with sweep`, `with codex`,
+    `with openai`, or `with <name>-agent`."""
+    return next((w for w in words if w in _AGENTS or (w.endswith("-agent") and w != "-agent")), None)
 
 
 def explicit_budget(spec: GoalSpec, now: datetime, default_timeout_s: float | None) -> Budget:

@@ -419,12 +419,13 @@ class Runner:
             raise Refused(
                 "bad_request", f"unknown agent {agent!r}; this runner has: {', '.join(self.settings.agents)}"
             )
-        if parse_stages(req.text) and agent == "sweep":  # it runs experiments, never a stage's work
+        stages = parse_stages(req.text)
+        if stages and agent == "sweep":  # it runs experiments, never a stage's work
             raise Refused(
                 "bad_request",
                 "a staged goal needs an agent that can do each stage's work and pass its gates; the sweep "
-                "only runs experiments: say `with openai` or `with codex`"
-                + (f" (this runner has: {', '.join(self.settings.agents)})" if self.settings.agents else ""),
+                f"only runs experiments: say `with openai` or `with codex` (this runner has: "
+                f"{', '.join(self.settings.agents)})",
             )
         if spec.executor is not None:
             self.campaigns.check_executor(spec.executor)
@@ -442,7 +443,7 @@ class Runner:
                     workspace_root=self.settings.workspaces,
                     executor=spec.executor,
                     gpus_per_experiment=spec.gpus_per_experiment,
-                    stages=parse_stages(req.text),
+                    stages=stages,
                     submit_key=key,
                 )
             )

@@ -33,6 +33,7 @@ would split an option in two, so it is refused.
 from __future__ import annotations
 
 import compileall
+import functools
 import glob
 import logging
 import os
@@ -241,7 +242,7 @@ class Sandbox:
         for path in dict.fromkeys(p.resolve() for p in readable if p.exists()):
             if _under(path, hidden) and not _under(path, writable):
                 mounts.append((path, False, ["--ro-bind", str(path), str(path)]))
-        for path in dict.fromkeys(p.resolve() for p in runner_install() if p.exists()):
+        for path in runner_install():
             if _under(path, [*hidden, *writable]):  # shown, and never writable: the runner runs it
                 mounts.append((path, False, ["--ro-bind", str(path), str(path)]))
         operator_socket = settings.socket_path.resolve()
@@ -265,12 +266,14 @@ class Sandbox:
         return [device for device in found if not _GPU_NODE.fullmatch(device) or device in own]
 
 
-def runner_install() -> list[Path]:
+@functools.cache
+def runner_install() -> tuple[Path, ...]:
     """The runner's own Python and code, which agents and runs use too (their PATH finds its
     `python` and `goaltender` first: runner/agent_env.py): its venv, the interpreter that venv
-    links to, its interpreter's and scripts' directories, and the goaltender package."""
+    links to, its interpreter's and scripts' directories, and the goaltender package; resolved,
+    once (each launch asks)."""
     own = [Path(sys.prefix), Path(sys.base_prefix), *map(Path, runner_bin_directories())]
-    return [*own, Path(goaltender.__file__).parent]
+    return tuple(dict.fromkeys(p.resolve() for p in [*own, Path(goaltender.__file__).parent] if p.exists()))
 
 
 def hidden_credentials(settings: RunnerSettings) -> list[Path]:

@@ -133,7 +133,6 @@ async def test_a_sweep_thread_reads_like_a_colleague_wrote_it(fake, make_bot, st
 
 STOPPED_AGENT = """
 goaltender experiment -d "long run" --metric acc -- sleep 120 &
-sleep 1
 goaltender ask "Run the big one?" --detail "~2 GPU-hours"
 sleep 120
 """
