@@ -46,13 +46,14 @@ endif
 
 # tests/test_real_model.py runs the built-in agent against a real model: llama-cpp-python's server
 # with SmolLM2-135M, in a venv of its own built once into ~/.cache/goaltender (llama.cpp compiled
-# from source, ~2-5 min on 2 CPUs; it needs cmake and g++) and linked as .venv-llama.
+# from source, ~2-5 min on 2 CPUs; it needs a C++ compiler, and without one the test skips) and
+# linked as .venv-llama.
 # GOALTENDER_SKIP_LLAMA=1 skips both the build and that test.
 llama-venv:
 ifeq ($(GOALTENDER_SKIP_LLAMA),1)
 	@echo "GOALTENDER_SKIP_LLAMA=1: no llama.cpp venv; tests/test_real_model.py will skip"
 else
-	venv=$$(bash tests/llama_venv.sh) && ln -sfn "$$venv" .venv-llama
+	venv=$$(bash tests/llama_venv.sh) && if [ -n "$$venv" ]; then ln -sfn "$$venv" .venv-llama; fi
 endif
 
 test: $(STAMP) $(CODEX) gym-venv llama-venv

