@@ -227,13 +227,15 @@ class Redactor:
         self._pieces = [value for value in longest_first if len(value) > MIN_EDGE_PIECE]
         self._needles = _Needles(longest_first)
         # The same secrets over bytes: a file's, a decoded view's, and where a log may be cut (`uncut`).
+        # Their escaped forms too, found as they are: after a stray backslash (`\\` then `\ud800…`)
+        # no JSON reading decodes them, yet a reader that starts one byte on would.
         self._bytes = re.compile(
-            b"|".join(
-                [re.escape(_as_bytes(value)) for value in longest_first] + [g.encode() for _, g in _SHAPES]
-            ),
+            b"|".join([re.escape(form) for form in encoded] + [g.encode() for _, g in _SHAPES]),
             re.DOTALL,
         )
-        self._byte_markers = {_as_bytes(value): marker.encode() for value, marker in self._markers.items()}
+        self._byte_markers = {
+            form: self._markers[value].encode() for value in longest_first for form in _encoded_forms(value)
+        }
         #: Bytes a secret may span on either side of a point: `uncut` looks that far around it. A
         #: secret written with an escape for each character spans up to six times its length.
         self.reach = max([SHAPE_REACH, *(6 * len(_as_bytes(value)) for value in longest_first)])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import approval_prompts, events_until_report, eventually, submit, write_agent
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from goaltender.runner import protocol as p
@@ -65,6 +65,7 @@ def test_a_secret_never_survives_redaction(secret, before, after):
 
 @settings(deadline=None)
 @given(secret=secret_text, before=st.binary(max_size=40), after=st.binary(max_size=40))
+@example(secret="\U00010000" + "0" * 7, before=b"\\", after=b"")  # its escape after a stray backslash
 def test_a_secret_never_survives_in_a_file(secret, before, after):
     """redact_file: bytes of any kind around a secret, raw or JSON-escaped; what has none is untouched."""
     redactor = Redactor([("MY_SECRET", secret)])
