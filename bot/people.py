@@ -2,7 +2,7 @@
 (kind "slack", the id, the name Slack shows), so that text written for people and agents says
 "Alice" rather than "slack:U0ALICE", while the runner's audit trail keeps the exact id.
 
-Slack itself still shows people as mentions: each name looked up is remembered (render.KNOWN_NAMES),
+Slack itself still shows people as mentions: each name looked up is remembered (mrkdwn.KNOWN_NAMES),
 and the runner's text that names someone by it ("stopped by Alice") is rendered with `<@U…>`.
 
 Names come from users.info (the profile's display name, else the real name, else the user name),
@@ -18,7 +18,7 @@ import time
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from goaltender.bot import render
+from goaltender.bot import mrkdwn
 from goaltender.runner import protocol as p
 
 log = logging.getLogger("goaltender.bot")
@@ -54,7 +54,7 @@ class People:
         name = shown_name(info)
         if name:
             self._names[user] = (name, time.monotonic())
-            render.learn_name(name, user)  # so that Slack shows it as a mention again
+            mrkdwn.learn_name(name, user)  # so that Slack shows it as a mention again
         return name
 
     async def learn(self, users: list[str]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from conftest import blocks_text, write_agent
 from fake_slack import ALICE
 
-from goaltender.bot import render
+from goaltender.bot import mrkdwn, render
 from goaltender.storage.records import Approval, FinalReport, MilestoneReported, utcnow
 
 ID_WORDS = "UNET3 and U2NET beat W2V1024; cc U0CAROL slack:U0DAN <@U0CAROL> <@W0TEAM1|team>"
@@ -113,7 +113,7 @@ def test_an_approval_prompt_always_keeps_its_buttons(question, detail):
     assert [b["type"] for b in blocks[-2:]] == ["actions", "context"] and render.APPROVAL_HINT in str(
         blocks[-1]
     )
-    assert len(blocks) <= render.MAX_BLOCKS and sum(map(render._block_chars, blocks)) <= render.MAX_TOTAL
+    assert len(blocks) <= mrkdwn.MAX_BLOCKS and sum(map(mrkdwn.block_chars, blocks)) <= mrkdwn.MAX_TOTAL
     assert "detail truncated here" in str(blocks)
     shown = blocks[0]["text"]["text"]
     assert shown.endswith(render.escape(question)) or (shown.endswith("…") and len(question) > 2000)

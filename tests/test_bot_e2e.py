@@ -28,7 +28,7 @@ from daemons import Daemon
 from fake_slack import ALICE, BOB, FakeSlack
 from ssh_box import SSHBox
 
-from goaltender.bot import render
+from goaltender.bot import mrkdwn, render
 from goaltender.bot.config import BotSettings
 from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, parse
 from goaltender.bot.thread import NAMES_A_RUN
@@ -378,7 +378,7 @@ async def test_star_count_goal_over_ssh(fake, make_bot, star_box, caplog):
         return approval if approval.state != "pending" else None
 
     approval = await fake.wait_for(decided, 30)
-    assert (approval.state, render.slack_user(approval.decided_by)) == ("approved", ALICE)
+    assert (approval.state, mrkdwn.slack_user(approval.decided_by)) == ("approved", ALICE)
     await fake.wait_for(lambda: "Approved" in blocks_text(prompt) and not prompt.action_ids(), 15)
     assert "<@U0ALICE>" in blocks_text(prompt)
 
@@ -509,7 +509,7 @@ async def test_bot_killed_and_restarted_mid_campaign(fake, star_box, tmp_path, m
         approval = next(
             e.data.approval for e in await goal_events(runner, 1) if e.data.kind == "approval_decided"
         )
-        assert (approval.state, render.slack_user(approval.decided_by)) == ("approved", ALICE)
+        assert (approval.state, mrkdwn.slack_user(approval.decided_by)) == ("approved", ALICE)
 
         async with approving(fake, general, card.ts):
             # Killed again wherever the campaign is when the first result is logged.
@@ -630,7 +630,7 @@ async def test_redelivered_slack_events_act_once(fake, make_bot, star_box):
     assert len(acks[ALICE]) == 1 and "goal #1" in acks[ALICE][0].lower()
     assert len(acks[BOB]) == 1 and "goal #2" in acks[BOB][0].lower()
     steers = [e.data.message for e in await goal_events(runner, 1) if isinstance(e.data, SteerReceived)]
-    assert [(render.slack_user(m.author), m.text) for m in steers] == [(ALICE, "freeze resolution")]
+    assert [(mrkdwn.slack_user(m.author), m.text) for m in steers] == [(ALICE, "freeze resolution")]
     inbox = await runner.store.db.fetchall("SELECT text FROM inbox")
     assert [row["text"] for row in inbox] == ["freeze resolution"]
     eyes = [c for c in fake.calls("reactions.add") if c.params.get("timestamp") == steer.ts]

@@ -22,7 +22,7 @@ from fake_slack import ALICE, BOB
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goaltender.bot import render
+from goaltender.bot import mrkdwn, render
 from goaltender.runner import protocol as p
 from goaltender.runner.folding import GoalPosts, PostRate
 from goaltender.storage.records import (
@@ -180,7 +180,7 @@ def test_a_fold_names_the_first_and_latest_titles_and_fits_slack():
     text = json.dumps(post, ensure_ascii=False)
     assert post["text"].startswith("1,990 milestones and 1 fetch folded")
     assert all(
-        len(block["text"]["text"]) <= render.SECTION_MAX for block in post["blocks"] if "text" in block
+        len(block["text"]["text"]) <= mrkdwn.SECTION_MAX for block in post["blocks"] if "text" in block
     )
     assert "step 0 x" in text and "step 1989 &lt;!channel&gt; &amp; co" in text and "<!channel>" not in text
     assert "more …" in text and "Titles cut to fit Slack" in text and "events 13–2003" in text
