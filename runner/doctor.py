@@ -12,6 +12,11 @@ and no mirror configured (goals use what is cached).
 What is looked at is what agents and experiments will get: the caches as `agent_env.cache_routing`
 routes them (each goal's own, and the shared hub cache), the model endpoint's variables as the LLM agents read them, the runner's own sandbox
 probe. A check that cannot be made (a crash in it) is a fail that says so, not a traceback.
+
+One module past 600 lines on purpose: it is the table and a dozen checks of a dozen lines or so,
+independent of each other, with the few helpers they share (an HTTP GET without redirects, a
+subprocess with a timeout, the hub's and NeMo RL's paths). Split by area, the table would import
+from every part and each part back from it, for no check that reads any easier.
 """
 
 from __future__ import annotations

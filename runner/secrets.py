@@ -41,6 +41,11 @@ otherwise be re-formed around a replacement marker).
 the runner's, minus every variable the Redactor treats as secret, every SLACK_* variable and the
 configured secrets — except the names in `GOALTENDER_GRANTS` (granted values are still redacted on
 the way out).
+
+One module past 600 lines on purpose: every way a secret is written (as it is, JSON-escaped,
+percent-escaped, quoted twice) must be known the same way to the needle check, the regexes, the
+decoded readings and `uncut`; apart, a form added to one and not the others would leak. What stands
+alone, the Hyperscan pass, is runner/literal_scan.py.
 """
 
 from __future__ import annotations
@@ -53,7 +58,6 @@ import logging
 import os
 import re
 import sys
-import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -62,11 +66,7 @@ from typing import Any
 import pydantic_core
 
 from goaltender.runner.config import RunnerSettings
-
-try:
-    import hyperscan
-except ImportError:  # no wheel for this machine (pyproject.toml): the needles are looked for one by one
-    hyperscan = None  # type: ignore[assignment]
+from goaltender.runner.literal_scan import LiteralScanner
 
 log = logging.getLogger("goaltender.runner")
 
@@ -318,9 +318,9 @@ class Redactor:
         return self._chunk_scanner.finds_any(data) or _percent_escaped(data) or _in_a_url(data)
 
     @functools.cached_property
-    def _chunk_scanner(self) -> _LiteralScanner | None:
+    def _chunk_scanner(self) -> LiteralScanner | None:
         """The needles and where a JSON escape may start, in one Hyperscan database."""
-        return _LiteralScanner.of(
+        return LiteralScanner.of(
             [*(_as_bytes(needle) for needle in _leaves(self._needles.tree)), *_JSON_ESCAPE_STARTS]
         )
 
@@ -422,9 +422,9 @@ class Redactor:
         return self._line.search(line) is not None
 
     @functools.cached_property
-    def _line_scanner(self) -> _LiteralScanner | None:
+    def _line_scanner(self) -> LiteralScanner | None:
         """The line needles and an escaped backslash, in one Hyperscan database."""
-        return _LiteralScanner.of([*_leaves(self._line_needles.tree), b"\\\\"])
+        return LiteralScanner.of([*_leaves(self._line_needles.tree), b"\\\\"])
 
     def _edge_piece(self, head: str, tail: str) -> bool:
         """Could redact_edges find a piece of a secret at the start of `head` or the end of `tail`?"""
@@ -594,10 +594,10 @@ def _in_a_url(data: bytes) -> bool:
 
 
 @functools.cache
-def _escape_scanners() -> tuple[_LiteralScanner, _LiteralScanner] | None:
+def _escape_scanners() -> tuple[LiteralScanner, LiteralScanner] | None:
     """Hyperscan for where a JSON escape may start, and for %XX (None: not here)."""
-    json_starts = _LiteralScanner.of(_JSON_ESCAPE_STARTS)
-    percent = _LiteralScanner.of_expressions([_PERCENT_ESCAPE.pattern])
+    json_starts = LiteralScanner.of(_JSON_ESCAPE_STARTS)
+    percent = LiteralScanner.of_expressions([_PERCENT_ESCAPE.pattern])
     return (json_starts, percent) if json_starts is not None and percent is not None else None
 
 
@@ -618,7 +618,7 @@ class _Needles:
             return (form(piece), tuple(form(member) for member in members))
 
         self.tree = (*values, *(form(node) for node in _SHAPE_NEEDLE_TREE))
-        self._scanner = _LiteralScanner.of(_as_bytes(needle) for needle in _leaves(self.tree))
+        self._scanner = LiteralScanner.of(_as_bytes(needle) for needle in _leaves(self.tree))
 
     @property
     def scans_bytes(self) -> bool:
@@ -650,70 +650,6 @@ def _any_in(nodes: tuple[Any, ...], haystack: Any) -> bool:
         else node[0] in haystack and _any_in(node[1], haystack)
         for node in nodes
     )
-
-
-def _database(expressions: list[bytes], *, literal: bool) -> Any:
-    """A compiled Hyperscan block-mode database that stops at a block's first match."""
-    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(
-        expressions=expressions,
-        ids=list(range(len(expressions))),
-        flags=hyperscan.HS_FLAG_SINGLEMATCH,
-        literal=literal,
-    )
-    return database
-
-
-class _LiteralScanner:
-    """Hyperscan over a set of byte strings: does a block hold any of them?"""
-
-    def __init__(self, database: Any):
-        self._database = database
-        self._scratch = threading.local()  # a scan's scratch space is used by one thread at a time
-
-    @classmethod
-    def of(cls, needles: Iterable[bytes]) -> _LiteralScanner | None:
-        """A scanner for `needles`, or None where Hyperscan is not installed or cannot run here."""
-        if hyperscan is None:
-            return None
-        literals = sorted(set(needles))
-        # As patterns of escaped bytes: Hyperscan's regex compiler scans a set of literals faster
-        # (4.9 GB/s on a training log here) than its literal compiler does (3.2); the literal one
-        # is the fallback, for a needle the regex compiler will not take.
-        patterns = [b"".join(b"\\x%02x" % byte for byte in literal) for literal in literals]
-        error: Exception | None = None
-        for expressions, literal in ((patterns, False), (literals, True)):
-            try:
-                return cls(_database(expressions, literal=literal))
-            except hyperscan.HyperscanError as exc:  # e.g. a CPU without the instructions it needs
-                error = exc
-        log.warning("Hyperscan cannot compile the redaction needles (%s); using str search", error)
-        return None
-
-    @classmethod
-    def of_expressions(cls, expressions: list[bytes]) -> _LiteralScanner | None:
-        """A scanner for regular expressions (Hyperscan's dialect), or None as `of` says."""
-        if hyperscan is None:
-            return None
-        try:
-            return cls(_database(expressions, literal=False))
-        except hyperscan.HyperscanError as exc:
-            log.warning("Hyperscan cannot compile the redaction's escape check (%s); using re", exc)
-            return None
-
-    def finds_any(self, data: bytes) -> bool:
-        scratch = getattr(self._scratch, "space", None)
-        if scratch is None:
-            scratch = self._scratch.space = hyperscan.Scratch(self._database)
-        try:
-            self._database.scan(data, match_event_handler=_stop_at_first, scratch=scratch)
-        except hyperscan.ScanTerminated:
-            return True
-        return False
-
-
-def _stop_at_first(*match: object) -> bool:
-    return True  # a true answer ends the scan: one match is enough
 
 
 def _encoded_forms(value: str) -> set[bytes]:

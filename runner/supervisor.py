@@ -17,6 +17,10 @@ It is read a bounded chunk at a time, in a worker thread, so the runner's memory
 with a run's output and the event loop keeps answering through a burst. And whatever goes wrong
 while it is followed, the run's timeout stands and its process group is not abandoned: a fault of
 the runner's own kills the group and measures it (SupervisionFailed).
+
+One module past 600 lines on purpose: starting a group, following its output and ending it share
+the one state that must never be lost between them (the group, its log's handle and offset, the
+timeout), and each step's failure is handled by the others (a fault while following kills the group).
 """
 
 from __future__ import annotations
