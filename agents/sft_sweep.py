@@ -35,8 +35,8 @@ from typing import Any
 import yaml
 
 from goaltender.agents.bootstrap import AgentFailure, Misconfigured
-from goaltender.agents.sweep import SweepTask
 from goaltender.agents.sweep import asks_for_sft as asks_for_sft
+from goaltender.agents.sweep_planner import SweepTask
 from goaltender.environments import preflight
 from goaltender.environments.star_count import export
 from goaltender.training import launch

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from goaltender.agents.sweep import Planner, Row, SweepTask, star_count_task
+from goaltender.agents.sweep_planner import Planner, Row, SweepTask, star_count_task
 from goaltender.environments import text_sentiment
 from goaltender.environments.star_count import workload as star_workload
 from goaltender.runner import noise

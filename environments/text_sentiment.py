@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from goaltender.agents.sweep import SweepTask
+    from goaltender.agents.sweep_planner import SweepTask
 
 POSITIVE = ["good", "great", "fine", "lovely", "superb", "solid", "fun", "moving", "sharp", "warm"]
 NEGATIVE = ["bad", "awful", "dull", "weak", "poor", "clumsy", "flat", "tedious", "messy", "cold"]
@@ -185,7 +185,7 @@ def run(config: dict[str, Any], emit: Any = print) -> dict[str, Any]:
 
 def task() -> SweepTask:
     """The sweep agent's view of this workload (`--task goaltender.environments.text_sentiment:task`)."""
-    from goaltender.agents.sweep import SweepTask, module_command
+    from goaltender.agents.sweep_planner import SweepTask, module_command
 
     return SweepTask(
         name="text_sentiment",

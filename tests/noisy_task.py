@@ -3,7 +3,7 @@ point or two per knob step (tests put this folder on PYTHONPATH for the sweep ag
 
 import sys
 
-from goaltender.agents.sweep import SweepTask
+from goaltender.agents.sweep_planner import SweepTask
 
 #: Runs of x above ASKED_AFTER_X wait for the file ANSWERED in their working directory (the goal's
 #: workspace): the low-signal prompt comes after the run of x = 3, and a test that answers it makes

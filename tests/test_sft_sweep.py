@@ -18,7 +18,7 @@ from conftest import events_until_report, submit, write_agent
 from goaltender.agents import sft_sweep
 from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.sft_sweep import FIRST_SFT, UNTRAINED
-from goaltender.agents.sweep import Planner, Row
+from goaltender.agents.sweep_planner import Planner, Row
 from goaltender.runner import protocol as p
 from goaltender.storage.records import MilestoneReported
 

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from toy_task import TASK
 
-from goaltender.agents.sweep import Constraints, CostThreshold, Planner, Row, SweepTask
+from goaltender.agents.sweep import CostThreshold
+from goaltender.agents.sweep_planner import Constraints, Planner, Row, SweepTask
 
 SWEEP = [sys.executable, "-m", "goaltender.agents.sweep"]
 
@@ -158,7 +159,7 @@ def test_the_star_count_sweep_starts_without_the_workloads_libraries():
 
 
 def test_the_star_count_task_is_the_workloads_own_knobs():
-    from goaltender.agents.sweep import star_count_task
+    from goaltender.agents.sweep_planner import star_count_task
     from goaltender.environments.star_count import workload
 
     task = star_count_task()

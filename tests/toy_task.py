@@ -2,7 +2,7 @@
 
 import sys
 
-from goaltender.agents.sweep import SweepTask
+from goaltender.agents.sweep_planner import SweepTask
 
 SLEEP_S = 1.0
 
