@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import os
 import sys
 
 from goaltender.cli import talk
@@ -37,8 +38,6 @@ def print_status(status: p.GoalStatus) -> None:
 
 class Submit(Command):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        import os
-
         parser.add_argument("text")
         parser.add_argument(
             "--owner", default=os.environ.get("USER"), help="default: $USER, else who you are"
@@ -113,10 +112,10 @@ class Summary(Command):
 
 class DoneRequest(Command):
     """A verb that sends one request the runner answers with `done`, and prints its message:
-    `request` is the request's type, `fields` its fields by argument name."""
+    `request` is the request's type, `fields` its fields (each the argument of the same name)."""
 
     request = ""
-    fields: dict[str, str] = {}  # noqa: RUF012 (read only)
+    fields: tuple[str, ...] = ()
 
     def check(self, args: argparse.Namespace) -> None:
         """What to refuse before the runner is asked, beyond what the model refuses."""
@@ -126,7 +125,7 @@ class DoneRequest(Command):
 
         self.check(args)
         kind = p.REQUEST_MODELS[self.request]
-        fields = talk.checked(kind, **{field: getattr(args, attr) for field, attr in self.fields.items()})
+        fields = talk.checked(kind, **{field: getattr(args, field) for field in self.fields})
 
         async def body(runner: RunnerClient) -> None:
             print((await runner.call(kind, p.Done, **fields)).message)
@@ -136,7 +135,7 @@ class DoneRequest(Command):
 
 class Steer(DoneRequest):
     request = "steer"
-    fields = {"goal_id": "goal_id", "text": "text", "author": "author"}  # noqa: RUF012
+    fields = ("goal_id", "text", "author")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("goal_id", type=ID)
@@ -149,7 +148,7 @@ class Steer(DoneRequest):
 
 class Budget(DoneRequest):
     request = "change_budget"
-    fields = {"goal_id": "goal_id", "change": "change"}  # noqa: RUF012
+    fields = ("goal_id", "change")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("goal_id", type=ID)
@@ -161,7 +160,7 @@ class Budget(DoneRequest):
 
 class Pause(DoneRequest):
     request = "pause"
-    fields = {"goal_id": "goal_id"}  # noqa: RUF012
+    fields = ("goal_id",)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("goal_id", type=ID)
@@ -173,7 +172,7 @@ class Resume(Pause):
 
 class Stop(DoneRequest):
     request = "stop"
-    fields = {"goal_id": "goal_id", "reason": "reason"}  # noqa: RUF012
+    fields = ("goal_id", "reason")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("goal_id", type=ID)
