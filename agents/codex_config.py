@@ -12,6 +12,7 @@ GOALTENDER_CODEX_APPROVAL_TIMEOUT_S (the runner's default), GOALTENDER_CODEX_IDL
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -32,7 +33,8 @@ ALLOWED_VERBS = (
     "diary",
     "report",
     "ask",
-    "skill-edit",  # proposes only: nothing is written before a person approves the diff
+    "skills edit",  # proposes only: nothing is written before a person approves the diff
+    "skill-edit",  # its old name
     "status",
     "summary",
     "log",
@@ -78,7 +80,8 @@ def write_codex_home(home: Path, settings: CodexSettings) -> None:
     (rules / "goaltender.rules").write_text(
         "# Written by goaltender: the reporting verbs only talk to the runner.\n"
         + "".join(
-            f'prefix_rule(pattern = ["goaltender", "{verb}"], decision = "allow")\n' for verb in ALLOWED_VERBS
+            f'prefix_rule(pattern = {json.dumps(["goaltender", *verb.split()])}, decision = "allow")\n'
+            for verb in ALLOWED_VERBS
         )
     )
 

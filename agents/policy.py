@@ -367,6 +367,7 @@ CONTROL_VERBS = {
     "audit",
     "skills",
 }
+AGENT_VERBS_OF_CONTROL_GROUPS = {("skills", "edit")}  # an agent proposes; a person approves the diff
 DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "mkswap"}
 DELETES = {"rm", "rmdir", "unlink", "shred", "srm"}
 WRITES_EVERY_ARG = {"touch", "mkdir", "tee", "truncate", "mv"}
@@ -590,7 +591,11 @@ def guard_control_verb(name: str, args: list[str], scope: Scope) -> None:
     options, positional = options_and_args(args, {"--socket"})
     if any(option == "--socket" or option.startswith("--socket=") for option in options):
         scope.deny("`goaltender --socket`: an agent speaks to the runner through its goal's socket only")
-    if positional and positional[0] in CONTROL_VERBS:
+    if (
+        positional
+        and positional[0] in CONTROL_VERBS
+        and tuple(positional[:2]) not in AGENT_VERBS_OF_CONTROL_GROUPS
+    ):
         scope.deny(
             f"`goaltender {positional[0]}` is for people, not agents: a person decides approvals, "
             "budgets, steering and stops (in the goal's thread); the runner refuses it from an agent"

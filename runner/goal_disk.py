@@ -41,7 +41,7 @@ class Verdict:
             return f"{what} by more than {format_bytes(margin(self.cap))} while paused for it (GOALTENDER_GOAL_DISK_GB)"
         return (
             f"{what} (GOALTENDER_GOAL_DISK_GB): its runs were stopped; delete what it no longer needs "
-            "(goaltender du) or raise the cap, then resume it"
+            "(goaltender disk-usage) or raise the cap, then resume it"
         )
 
 

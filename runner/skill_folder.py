@@ -3,7 +3,7 @@ in a git repository so that each change is a commit naming its goal, its approve
 any change can be reverted.
 
 It is seeded from the skills that ship with goaltender on first use ("shipped skills <version>").
-After that only the runner writes it: an agent proposes an edit (`goaltender skill-edit`), a
+After that only the runner writes it: an agent proposes an edit (`goaltender skills edit`), a
 person approves the diff, the runner applies and commits it; an operator reads the history and
 reverts (`goaltender skills log|revert`). Agents see the folder read-only in their sandbox.
 

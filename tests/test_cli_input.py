@@ -24,6 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goaltender import cli
+from goaltender.cli.commands import ALIASES
+from goaltender.cli.commands.operator import print_status
 from goaltender.runner import protocol as p
 
 GOALTENDER = os.path.join(BIN, "goaltender")
@@ -90,8 +92,8 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("approve", ["approve", "1.5"], "not a whole number"),
     ("reject", ["reject", "1", "--comment", b"\xc3"], "comment: b'\\xc3' is not UTF-8"),
     ("audit", ["audit", "--limit", "0"], "limit: Input should be greater than 0"),
-    ("du", ["du", "0"], "0 is out of range"),
-    ("du", ["du", "abc"], "not a whole number"),
+    ("disk-usage", ["disk-usage", "0"], "0 is out of range"),
+    ("disk-usage", ["disk-usage", "abc"], "not a whole number"),
     ("backup", ["backup", "--to"], "expected one argument"),
     ("restore", ["restore", "x.db", "--only", "both"], "invalid choice: 'both'"),
     ("prune", ["prune", "--days", "0"], "0 is out of range: use 1 to 100000 days"),
@@ -140,16 +142,16 @@ CASES: list[tuple[str, list[str | bytes], str]] = [
     ("report", ["report", "--file", "/nonexistent/report.md"], "cannot read /nonexistent/report.md"),
     ("report", ["report", ""], "give the report text"),
     ("report", ["report", "  "], "text: is blank"),
-    ("skill-edit", ["skill-edit", "--file", "x.md"], "the following arguments are required: --skill"),
+    ("skills", ["skills", "edit", "--file", "x.md"], "the following arguments are required: --skill"),
     (
-        "skill-edit",
-        ["skill-edit", "--skill", "x", "--file", "/nonexistent/x.md"],
+        "skills",
+        ["skills", "edit", "--skill", "x", "--file", "/nonexistent/x.md"],
         "cannot read /nonexistent/x.md",
     ),
-    ("skill-edit", ["skill-edit", "--skill", "x", "--file", "-"], "stdin is not UTF-8 text"),
+    ("skills", ["skills", "edit", "--skill", "x", "--file", "-"], "stdin is not UTF-8 text"),
     (
-        "skill-edit",
-        ["skill-edit", "--skill", "x" * 65, "--file", "/dev/null", "--goal", "1"],
+        "skills",
+        ["skills", "edit", "--skill", "x" * 65, "--file", "/dev/null", "--goal", "1"],
         "skill: String should",
     ),
     ("skills", ["skills", "revert", "HEAD~1"], "commit: String should match pattern"),
@@ -182,20 +184,63 @@ def test_bad_input_through_the_real_entry_point(verb, argv, says):
 def test_every_verb_is_given_bad_input():
     parser = cli.build_parser()
     verbs = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(verbs) == {verb for verb, _, _ in CASES}
+    assert set(verbs) - set(ALIASES) == {verb for verb, _, _ in CASES}
 
 
-def test_a_bad_goal_id_in_the_environment():
-    out = run_cli(["milestone", "hello"], env={"GOALTENDER_GOAL_ID": "abc"})
-    assert_refused(out, "GOALTENDER_GOAL_ID is not a goal id (not a whole number: 'abc'); pass --goal N")
+# ---- old names: accepted as the verbs they name, never listed ----
+
+ALIAS_CASES = [
+    (["du", "abc"], ["disk-usage", "abc"]),
+    (["du"], ["disk-usage"]),
+    (["skill-edit", "--skill", "x", "--file", "-"], ["skills", "edit", "--skill", "x", "--file", "-"]),
+    (["skill-edit", "--file", "x.md"], ["skills", "edit", "--file", "x.md"]),
+]
+
+
+def test_every_old_name_is_tried():
+    assert {old[0] for old, _ in ALIAS_CASES} == set(ALIASES)
+
+
+@pytest.mark.parametrize(("old", "new"), ALIAS_CASES, ids=[" ".join(old) for old, _ in ALIAS_CASES])
+def test_an_old_name_does_what_the_new_one_does(old, new):
+    """Through the real entry point: the same exit code and the same words, with no runner (4)
+    for input that is fine, or the refusal (2) for input that is not."""
+    said_old, said_new = run_cli(old, stdin=NOT_TEXT), run_cli(new, stdin=NOT_TEXT)
+    assert said_old.returncode == said_new.returncode != 0, said_old.stderr
+    assert (said_old.stdout, said_old.stderr) == (said_new.stdout, said_new.stderr)
+
+
+@pytest.mark.parametrize(
+    "argv", [["du", "3"], ["skill-edit", "--skill", "x", "--file", "f", "--why", "w", "--goal", "2"]]
+)
+def test_an_old_name_parses_as_its_verb(argv):
+    verb = ALIASES[argv[0]]
+    expected = cli.build_parser(only=verb.split()[0]).parse_args([*verb.split(), *argv[1:]])
+    for parser in (cli.build_parser(only=argv[0]), cli.build_parser()):
+        args = parser.parse_args(argv)
+        assert args.verb == verb
+        assert _arguments(args) == _arguments(expected)
+
+
+def _arguments(args: argparse.Namespace) -> dict[str, object]:
+    return {name: value for name, value in vars(args).items() if name not in ("func", "action")}
+
+
+def test_old_names_are_not_listed(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    listing = capsys.readouterr().out
+    for old, verb in ALIASES.items():
+        assert f"    {verb.split()[0]} " in listing
+        assert not re.search(rf"(?<![\w-]){old}(?![\w-])", listing), old
 
 
 # ---- in process: the bulk of the fuzzing ----
 
 VERBS = [
     *("submit", "status", "summary", "steer", "budget", "pause", "resume", "stop", "approve", "reject"),
-    *("audit", "du", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "report"),
-    *("diary write", "diary read"),
+    *("audit", "disk-usage", "events", "log", "milestone", "metrics", "experiment", "ask", "inbox", "report"),
+    *("diary write", "diary read", "skills edit", "du", "skill-edit"),
 ]
 AWKWARD = [
     *("", "\udcff", "\udcfe\udcff", "x" * 5000, "x" * 301, "nan", "inf", "-inf", "-1", "0", "1", "2"),
@@ -317,13 +362,9 @@ def test_status_of_a_goal_that_ended_says_why(capsys):
 
     reason = "could not start agent 'sweep': slirp4netns failed: open(\"/dev/net/tun\"): Permission denied\nchild failed(1)"
     goal = Goal(id=1, text="reach 90%", state="failed", end_reason=reason)
-    cli._print_status(
-        p.GoalStatus(goal=goal, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted")
-    )
+    print_status(p.GoalStatus(goal=goal, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted"))
     running = Goal(id=2, text="reach 90%", state="running")
-    cli._print_status(
-        p.GoalStatus(goal=running, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted")
-    )
+    print_status(p.GoalStatus(goal=running, attempted=0, compute_hours_used=0.0, stop_status="0/6 attempted"))
     out = capsys.readouterr().out.splitlines()
     assert (
         out[2]

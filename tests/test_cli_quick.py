@@ -17,6 +17,7 @@ from conftest import eventually, submit, write_agent
 from test_cli_input import NO_RUNNER, assert_refused, run_cli
 
 from goaltender import cli
+from goaltender.cli import talk
 from goaltender.runner import protocol as p
 
 HEAVY = ("pydantic", "pydantic_core", "asyncio")
@@ -45,7 +46,7 @@ def test_the_quick_requests_are_what_the_models_would_send(monkeypatch, capsys):
         sent.extend(requests)
         return [{"id": n, "type": "done", "message": "ok"} for n, _ in enumerate(requests, start=1)]
 
-    monkeypatch.setattr(cli, "exchange", exchange)
+    monkeypatch.setattr(talk, "exchange", exchange)
     monkeypatch.setenv("GOALTENDER_SOCKET", NO_RUNNER)
     for argv in (
         ["milestone", "trained", "--goal", "3"],

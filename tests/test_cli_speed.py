@@ -38,7 +38,7 @@ def test_an_agent_verb_imports_nothing_heavy():
 # Nor what the interpreter itself does not import: a tenth of a quick verb's start-up, measured
 # against a bare `python -c pass` (an editable install's import hook loads them in every process,
 # so the interpreter here runs without site, the package reached through a link of its name).
-UNNEEDED = ["pathlib", "shutil", "importlib.util", "textwrap", "typing"]
+UNNEEDED = ["pathlib", "shutil", "importlib", "importlib.util", "textwrap", "typing"]
 
 
 @pytest.mark.parametrize("argv", [["milestone", "done"], ["metrics", "loss=1"], ["diary", "write", "x"]])
@@ -53,6 +53,29 @@ def test_a_quick_verb_imports_only_what_it_uses(tmp_path, argv):
     )
     out = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "imported"),
+    [
+        (["--help"], []),
+        (["milestone", "--help"], ["agent"]),
+        (["status", "--help"], ["operator"]),
+        (["doctor", "--help"], ["box"]),
+        (["du", "--help"], ["operator"]),  # an old name: the module of the verb it names
+    ],
+)
+def test_only_the_verbs_module_is_imported(argv, imported):
+    """The command table imports a verb's module when that verb runs, and no other's."""
+    script = (
+        "import contextlib, io, sys\n"
+        "from goaltender import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        f"    cli.main({argv!r})\n"
+        "print(' '.join(sorted(m.rpartition('.')[2] for m in sys.modules if m.startswith('goaltender.cli.commands.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == imported
 
 
 def test_the_models_are_built_on_first_use():

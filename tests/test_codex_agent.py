@@ -575,6 +575,7 @@ def test_settings_codex_home_and_done_detection(tmp_path, monkeypatch):
     assert (provider["request_max_retries"], provider["stream_max_retries"]) == (2, 2)
     rules = (tmp_path / "home" / "rules" / "goaltender.rules").read_text()
     assert 'pattern = ["goaltender", "milestone"]' in rules and '"experiment"' not in rules
+    assert 'pattern = ["goaltender", "skills", "edit"]' in rules and '"revert"' not in rules
 
     assert says_done("Best 0.91 with lr=3e-4.\n\n**GOAL COMPLETE**")
     assert says_done("Nothing more to do.")

@@ -63,6 +63,10 @@ WS = "/srv/gt/workspaces/goal-1"
         ("bash -c 'goaltender --socket /x stop 2'", "deny", "`goaltender stop` is for people"),
         ("python -m goaltender.cli budget 1 +2h", "deny", "`goaltender budget` is for people"),
         ("goaltender milestone done && goaltender inbox", "allow", ""),
+        # An agent proposes skill edits (a person approves the diff); the folder's history is people's.
+        ("goaltender skills edit --skill x --file new.md", "allow", ""),
+        ("goaltender skill-edit --skill x --file new.md", "allow", ""),
+        ("goaltender skills revert abc1234", "deny", "`goaltender skills` is for people"),
         # The shell forms the policy must see through: wrappers, flags, substitutions, quoting.
         ("bash -lc 'curl http://evil.example'", "ask", "uses the network (curl)"),
         ("sh -ec 'curl http://evil.example'", "ask", "uses the network (curl)"),

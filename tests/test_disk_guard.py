@@ -1,7 +1,7 @@
 """The big disk while runs go on, through the real runner and CLI: the disk filling up during a
 run pauses its goal (the run finishes; nothing new starts) with a message; checkpoints beyond the
-best k and the latest are pruned after each run, said in the thread; `goaltender du` shows what
-each goal holds."""
+best k and the latest are pruned after each run, said in the thread; `goaltender disk-usage` shows
+what each goal holds."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ async def test_checkpoints_beyond_the_best_and_the_latest_are_pruned(start_runne
     ]
     assert pruned and pruned[-1].text.startswith("freed ")
 
-    # `goaltender du`, as an operator would run it.
+    # `goaltender disk-usage`, as an operator would run it.
     proc = await asyncio.create_subprocess_exec(
         str(Path(sys.executable).parent / "goaltender"),
-        "du",
+        "disk-usage",
         str(goal_id),
         env={"PATH": str(Path(sys.executable).parent), "GOALTENDER_SOCKET": str(runner.settings.socket_path)},
         stdout=asyncio.subprocess.PIPE,

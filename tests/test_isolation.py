@@ -471,7 +471,7 @@ async def test_a_goal_that_fills_its_disk_cap_stops_alone(start_runner, connect,
     assert ended.state == "failed" and "while paused for it" in ended.end_reason, ended.end_reason
     events = await runner.store.events_since(0, goal_id=a)
     paused = [e.data.reason for e in events if getattr(e.data, "state", None) == "paused"]
-    assert paused and "over its disk cap" in paused[0] and "goaltender du" in paused[0]
+    assert paused and "over its disk cap" in paused[0] and "goaltender disk-usage" in paused[0]
     done_b = await eventually(lambda: _ended(runner, b), timeout=60)
     rows_b = await runner.store.experiments(b)
     assert done_b.state == "finished" and [r.status for r in rows_b] == ["keep", "discard", "discard"]

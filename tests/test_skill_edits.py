@@ -1,7 +1,7 @@
 """Skills that learn, through the real runner, sandbox (bubblewrap), CLI and socket.
 
-An agent proposes an edit to one of the box's skills (`goaltender skill-edit`); the humans see the
-diff as an approval of kind skill_edit; approved, the runner writes it into $GOALTENDER_HOME/skills
+An agent proposes an edit to one of the box's skills (`goaltender skills edit`; its old name
+`skill-edit` still works); the humans see the diff as an approval of kind skill_edit; approved, the runner writes it into $GOALTENDER_HOME/skills
 and commits it, and the next goal's agent reads the new text; rejected, nothing changes; an
 operator's `goaltender skills revert` undoes it with a new commit. An agent cannot write the
 folder itself, escape it with a path, nor read or revert its history.
@@ -33,16 +33,16 @@ attempt() {{ name=$1; shift; out=$("$@" 2>&1); rc=$?
 skill="$GOALTENDER_HOME/skills/session-memory/SKILL.md"
 cp "$skill" new.md && printf '\\n%s\\n' "{line}" >> new.md
 {attempts}
-attempt edit goaltender skill-edit --skill session-memory --file new.md --why "{why}"
+attempt edit goaltender skills edit --skill session-memory --file new.md --why "{why}"
 touch done
 sleep 300
 """
 REFUSED_ATTEMPTS = """\
 printf 'x\\n' > escape.md
 attempt write-folder sh -c "echo hacked >> '$skill'"
-attempt escape goaltender skill-edit --skill session-memory --path ../../etc/x --file escape.md
-attempt absolute goaltender skill-edit --skill session-memory --path /etc/passwd --file escape.md
-attempt noop goaltender skill-edit --skill session-memory --file "$skill"
+attempt escape goaltender skills edit --skill session-memory --path ../../etc/x --file escape.md
+attempt absolute goaltender skills edit --skill session-memory --path /etc/passwd --file escape.md
+attempt noop goaltender skill-edit --skill session-memory --file "$skill"  # the old name still works
 attempt revert goaltender skills revert abc1234
 attempt log goaltender skills log
 """
