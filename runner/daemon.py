@@ -1,15 +1,16 @@
 """The runner daemon: what each protocol request does, and the daemon's life (start, serve, stop).
 
 A Runner owns runner.db (the goals, the event log, the ledger), the goals' campaigns
-(runner/campaign.py: agents, supervised experiments, approvals, deadlines) and the Unix sockets
-(runner/server.py: connections, the handshake, the event stream). The handlers below answer the
-bot, the demo console and the agents, each with who asks: the server has already refused what that
-principal may not ask (runner/trust.py), and names given in `by` / `author` / `owner` are recorded
-as that principal vouching for them. `hello`, `subscribe` and `ack` belong to the connection and
-are answered by the server.
+(runner/campaign.py: agents and deadlines; experiments, approvals, the disk guard and stage gates
+each in a module of its own) and the Unix sockets (runner/server.py: connections, the handshake,
+the event stream). A goal's status is read by the one SQL path a list of goals uses
+(RunnerStore.ledgers). The handlers below answer the bot, the demo console and the agents, each
+with who asks: the server has already refused what that principal may not ask (runner/trust.py),
+and names given in `by` / `author` / `owner` are recorded as that principal vouching for them.
+`hello`, `subscribe` and `ack` belong to the connection and are answered by the server.
 
 On a full disk every request is answered. Stop, pause and resume are carried out and answered at
-once (runner/campaign.py writes them when there is room, and the status shows them meanwhile); an
+once (runner/goal_records.py writes them when there is room, and the status shows them meanwhile); an
 agent's milestone, metrics, diary entry, report or fetch record is taken and written in its goal's
 order when there is room; what would change runner.db otherwise (a new goal, a steer, a budget, a
 decision, an agent's question) is refused at once with `disk_full`, changing nothing.
@@ -51,7 +52,7 @@ from goaltender.runner.logs import RUNNER_TEXT, configure_logging, say
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable, runner_endpoint
 from goaltender.runner.operators import Operators, open_socket_to
-from goaltender.runner.report import best_experiment, goal_stop_status, summary_text
+from goaltender.runner.report import goal_stop_status, summary_text
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
 from goaltender.runner.secrets import Redactor, redact_output
 from goaltender.runner.server import Handler, Refused, SocketServer
@@ -209,7 +210,7 @@ class Runner:
         await asyncio.to_thread(compile_package)  # before any agent starts, too (runner/sandbox.py)
         build_models()  # before it serves, not inside its first goal
         await self.campaigns.recover()
-        self.campaigns.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
+        self.campaigns.disk.wait_for_space_on_writes()  # from now on a full disk pauses goals, not the runner
         if self.mirror:
             self.mirror.start()
         self._pruning = asyncio.ensure_future(self._prune_forever())
@@ -399,7 +400,7 @@ class Runner:
     # ---- operator requests ----
 
     async def _on_submit_goal(self, req: p.SubmitGoal, who: Principal) -> p.Reply:
-        if space := self.campaigns.low_space():  # it could run no experiment
+        if space := self.campaigns.disk.low_space():  # it could run no experiment
             raise Refused(
                 "disk_full",
                 f"no room for a new goal: disk full: {space}, under the {self.settings.min_free_mb:g} MB "
@@ -428,7 +429,7 @@ class Runner:
                 f"{', '.join(self.settings.agents)})",
             )
         if spec.executor is not None:
-            self.campaigns.check_executor(spec.executor)
+            self.campaigns.experiments.executors.check(spec.executor)
         budget = req.budget or explicit_budget(spec, utcnow(), self.settings.experiment_timeout_s)
         try:
             goal = await self._now(
@@ -455,7 +456,7 @@ class Runner:
         return p.GoalReply(status=await self._status(goal.id))
 
     async def _on_steer(self, req: p.Steer, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         author = who.said(req.author)
         try:
             change = apply_budget_change(goal.budget, req.text, utcnow())
@@ -473,7 +474,7 @@ class Runner:
         self.campaigns.arm_deadline(await self._now(self.store.update_budget(goal.id, budget, reason)))
 
     async def _on_change_budget(self, req: p.ChangeBudget, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         try:
             change = apply_budget_change(goal.budget, req.change, utcnow())
         except GoalTextError as exc:
@@ -487,7 +488,7 @@ class Runner:
         return p.Done(message=f"budget changed: {change[1]}")
 
     async def _on_stop(self, req: p.Stop, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         reason = f"stopped by {who.said(req.by)}" + (f": {req.reason.strip()}" if req.reason.strip() else "")
         if await self.campaigns.end_goal(goal.id, "stopped", reason):
             return p.Done(message=f"goal #{goal.id} {reason}; final report written")
@@ -497,30 +498,30 @@ class Runner:
         )
 
     async def _on_pause(self, req: p.Pause, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
-        for_disk = await self.campaigns.paused_for_disk(goal.id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
+        for_disk = await self.campaigns.disk.paused_for_disk(goal.id)
         if goal.state == "paused" and not for_disk:
             return p.Done(message=f"goal #{goal.id} is already paused")
-        self.campaigns.forget_disk_pause(goal.id)  # it no longer resumes by itself
-        self.campaigns.hold_experiments(goal.id)
+        self.campaigns.disk.forget_pause(goal.id)  # it no longer resumes by itself
+        self.campaigns.holds.hold(goal.id)
         if for_disk:
             reason = f"paused by {who.said(req.by)} (it was paused for a full disk)"
             said = f"goal #{goal.id} {reason}; it stays paused until resumed"
         else:
             reason = f"paused by {who.said(req.by)}"
             said = f"goal #{goal.id} paused: the current experiment finishes, no new one starts"
-        recorded = await self.campaigns.change_state(goal.id, "paused", reason)
+        recorded = await self.campaigns.records.change_state(goal.id, "paused", reason)
         return p.Done(message=said + ("" if recorded else WRITTEN_LATER))
 
     async def _on_resume(self, req: p.Resume, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         if goal.state != "paused":
             return p.Done(message=f"goal #{goal.id} is not paused ({goal.state})")
-        self.campaigns.forget_disk_pause(goal.id)  # resumed by hand, disk or not
+        self.campaigns.disk.forget_pause(goal.id)  # resumed by hand, disk or not
         pending = await self.store.pending_approvals(goal.id)
         state: GoalState = "waiting_for_approval" if pending else "running"
-        recorded = await self.campaigns.change_state(goal.id, state, f"resumed by {who.said(req.by)}")
-        self.campaigns.release_experiments(goal.id)
+        recorded = await self.campaigns.records.change_state(goal.id, state, f"resumed by {who.said(req.by)}")
+        self.campaigns.holds.release(goal.id)
         return p.Done(message=f"goal #{goal.id} resumed" + ("" if recorded else WRITTEN_LATER))
 
     async def _on_decide(self, req: p.Decide, who: Principal) -> p.Reply:
@@ -534,35 +535,27 @@ class Runner:
         if not decided_now:
             by = f" by {approval.decided_by}" if approval.decided_by else ""
             raise Refused("conflict", f"approval #{approval.id} was already {approval.state}{by}")
-        self.campaigns.deliver_decision(approval)
+        self.campaigns.approvals.deliver(approval)
         return p.DecisionReply(approval=approval)
 
     async def _on_status(self, req: p.Status, who: Principal) -> p.Reply:
         if req.goal_id is not None:
-            await self.campaigns.goal(req.goal_id)
+            await self.campaigns.records.goal(req.goal_id)
             return p.StatusReply(goals=[await self._status(req.goal_id)])
         # A handful of queries for all the goals together: a long history costs no query per goal.
         goals = await self.store.list_goals(active_only=req.active_only, limit=req.limit, before=req.before)
         ledgers = await self.store.ledgers([goal.id for goal in goals])
         now = utcnow()
-        goals = [self.campaigns.as_it_stands(goal) for goal in goals]
+        goals = [self.campaigns.records.as_it_stands(goal) for goal in goals]
         return p.StatusReply(goals=[_goal_status(goal, ledgers[goal.id], now) for goal in goals])
 
     async def _on_summary(self, req: p.Summary, who: Principal) -> p.Reply:
-        goal = await self.campaigns.goal(req.goal_id)
+        goal = await self.campaigns.records.goal(req.goal_id)
         experiments = await self.store.experiments(goal.id)
-        status = await self._status(goal.id)
+        ledger, now = (await self.store.ledgers([goal.id]))[goal.id], utcnow()
         fetches = await self.store.hub_fetches(goal.id)
-        text = summary_text(
-            goal,
-            experiments,
-            status.compute_hours_used,
-            utcnow(),
-            goal.end_reason,
-            tokens_used=status.tokens_used,
-            fetches=fetches,
-        )
-        return p.SummaryReply(status=status, ledger=experiments, text=text)
+        text = summary_text(goal, experiments, ledger, now, goal.end_reason, fetches=fetches)
+        return p.SummaryReply(status=_goal_status(goal, ledger, now), ledger=experiments, text=text)
 
     async def _on_get_log(self, req: p.GetLog, who: Principal) -> p.Reply:
         if (location := await self.store.log_location(req.experiment_id)) is None:
@@ -611,7 +604,7 @@ class Runner:
         experiment = await self.store.get_experiment(req.experiment_id)
         if experiment is None:
             raise Refused("not_found", f"no experiment #{req.experiment_id}")
-        goal = await self.campaigns.goal(experiment.goal_id)
+        goal = await self.campaigns.records.goal(experiment.goal_id)
         path = Path(experiment.log_path).parent / req.name
         try:  # in the agent's workspace: never read through a link it left there
             data = read_beneath(Path(goal.workspace), path, 0, p.MAX_ARTIFACT_BYTES + 1)
@@ -639,9 +632,11 @@ class Runner:
 
     async def _on_disk_usage(self, req: p.DiskUsage, who: Principal) -> p.Reply:
         goals = (
-            [await self.campaigns.goal(req.goal_id)]
+            [await self.campaigns.records.goal(req.goal_id)]
             if req.goal_id
-            else [self.campaigns.as_it_stands(goal) for goal in await self.store.list_goals(limit=200)]
+            else [
+                self.campaigns.records.as_it_stands(goal) for goal in await self.store.list_goals(limit=200)
+            ]
         )
 
         def measure() -> list[p.GoalDisk]:
@@ -654,13 +649,15 @@ class Runner:
             return sorted(found, key=lambda g: -g.total)
 
         return p.DiskUsageReply(
-            free=self.campaigns.free_space().free_bytes, goals=await asyncio.to_thread(measure)
+            free=self.campaigns.disk.free_space().free_bytes, goals=await asyncio.to_thread(measure)
         )
 
     async def _on_audit(self, req: p.Audit, who: Principal) -> p.Reply:
         entries = await self.store.audit_entries(req.goal_id, req.limit)
         if not entries and req.goal_id is not None:
-            await self.campaigns.goal(req.goal_id)  # a goal id mistyped is said so, not "(no entries)"
+            await self.campaigns.records.goal(
+                req.goal_id
+            )  # a goal id mistyped is said so, not "(no entries)"
         return p.AuditReply(entries=entries)
 
     async def _on_skill_log(self, req: p.SkillLog, who: Principal) -> p.Reply:
@@ -680,7 +677,7 @@ class Runner:
         return p.Done(message=f"reverted {req.commit} ({subject}) as commit {commit}")
 
     async def _on_put_input(self, req: p.PutInput, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         try:
             data = base64.b64decode(req.data, validate=True)
         except binascii.Error:
@@ -710,9 +707,9 @@ class Runner:
     # ---- agent verbs ----
 
     async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         milestone = MilestoneReported(title=req.title, text=req.text, curves=req.curves)
-        _, event, folded = await self.campaigns.post(goal.id, milestone, "a milestone")
+        _, event, folded = await self.campaigns.records.post(goal.id, milestone, "a milestone")
         # On a full disk it is written in its turn when there is room.
         said = f"milestone taken: {_TAKEN}" if event is None else f"milestone logged (event {event.seq})"
         return p.Done(message=said + (self._folded(goal.id) if folded else ""))
@@ -726,13 +723,13 @@ class Runner:
         )
 
     async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         if req.experiment_id is not None:
             experiment = await self.store.get_experiment(req.experiment_id)
             if experiment is None or experiment.goal_id != goal.id:  # not a way into another goal's run
                 raise Refused("not_found", f"goal #{goal.id} has no experiment #{req.experiment_id}")
         write = functools.partial(self.store.add_metrics, goal.id, req.experiment_id, req.points)
-        written, _ = await self.campaigns.write_in_turn(goal.id, write, "metric points")
+        written, _ = await self.campaigns.records.write_in_turn(goal.id, write, "metric points")
         if not written:
             return p.Done(message=f"{len(req.points)} metric point(s) taken: {_TAKEN}")
         limit = goal.budget.max_tokens
@@ -746,7 +743,7 @@ class Runner:
     async def _on_read_inbox(self, req: p.ReadInbox, who: Principal) -> p.Reply:
         """Unread messages are marked read as they are given. On a full disk they are given
         unmarked, and not given again: the first read when there is room marks them."""
-        goal_id = (await self.campaigns.goal(req.goal_id)).id
+        goal_id = (await self.campaigns.records.goal(req.goal_id)).id
         given = self._given_unread.get(goal_id, 0)
         try:
             with self.store.refuse_when_full():
@@ -761,21 +758,21 @@ class Runner:
         return p.InboxReply(messages=messages)
 
     async def _on_write_diary(self, req: p.WriteDiary, who: Principal) -> p.Reply:
-        await self.campaigns.goal(req.goal_id)
+        await self.campaigns.records.goal(req.goal_id)
         write = functools.partial(self.store.write_diary, req.goal_id, req.kind, req.text)
-        _, entry = await self.campaigns.write_in_turn(req.goal_id, write, "a diary entry")
+        _, entry = await self.campaigns.records.write_in_turn(req.goal_id, write, "a diary entry")
         if entry is None:
             return p.Done(message=f"diary entry taken ({req.kind}): {_TAKEN}")
         return p.Done(message=f"diary entry {entry.id} written ({entry.kind})")
 
     async def _on_read_diary(self, req: p.ReadDiary, who: Principal) -> p.Reply:
-        await self.campaigns.goal(req.goal_id)
+        await self.campaigns.records.goal(req.goal_id)
         return p.DiaryReply(entries=await self.store.read_diary(req.goal_id, last=req.last, kind=req.kind))
 
     async def _on_submit_report(self, req: p.SubmitReport, who: Principal) -> p.Reply:
-        await self.campaigns.goal(req.goal_id)
+        await self.campaigns.records.goal(req.goal_id)
         write = functools.partial(self.store.set_agent_report, req.goal_id, req.text)
-        written, _ = await self.campaigns.write_in_turn(req.goal_id, write, "the report")
+        written, _ = await self.campaigns.records.write_in_turn(req.goal_id, write, "the report")
         if not written:
             return p.Done(message=f"report text taken: {_TAKEN}; it goes into the final report")
         return p.Done(message="report text stored; it goes into the final report")
@@ -783,19 +780,23 @@ class Runner:
     async def _on_fetch(self, req: p.Fetch, who: Principal) -> p.Reply:
         """Download into the shared hub cache, outside the sandbox (runner/fetches.py); the
         milestones and the record go to the goal."""
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         spec = FetchSpec(req.repo, req.repo_type, req.revision, tuple(req.include))
         if problem := await asyncio.to_thread(spec_problem, spec):
             raise Refused("bad_request", problem)
 
         async def milestone(title: str, text: str) -> None:
-            await self.campaigns.post(goal.id, MilestoneReported(title=title, text=text), "a fetch milestone")
+            await self.campaigns.records.post(
+                goal.id, MilestoneReported(title=title, text=text), "a fetch milestone"
+            )
 
         try:
             fetched = await self.campaigns.fetches.fetch(goal.id, spec, milestone)
         except FetchFailed as failed:
             return p.FetchReply(failure=str(failed))
-        _, event, folded = await self.campaigns.post(goal.id, HubFetched(fetch=fetched), "a fetch record")
+        _, event, folded = await self.campaigns.records.post(
+            goal.id, HubFetched(fetch=fetched), "a fetch record"
+        )
         if event is None:
             said = f"fetch taken for goal #{goal.id}'s ledger: {_TAKEN}"
         else:
@@ -803,29 +804,29 @@ class Runner:
         return p.FetchReply(fetch=fetched, message=said + (self._folded(goal.id) if folded else ""))
 
     async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
-        goal = await self.campaigns.active_goal(req.goal_id)
-        approval = await self.campaigns.ask(
+        goal = await self.campaigns.records.active_goal(req.goal_id)
+        approval = await self.campaigns.approvals.ask(
             goal, req.kind, req.question, req.detail, req.timeout_s, agent_asks=True
         )
         return p.DecisionReply(approval=approval)
 
     async def _on_stage_done(self, req: p.StageDone, who: Principal) -> p.Reply:
-        approval, goal = await self.campaigns.end_stage(req)
+        approval, goal = await self.campaigns.gates.end_stage(req)
         return p.StageReply(approval=approval, goal=goal)
 
     async def _on_cross_check(self, req: p.CrossCheck, who: Principal) -> p.Reply:
-        return await self.campaigns.cross_check(req)
+        return await self.campaigns.gates.cross_check(req)
 
     async def _on_skill_edit(self, req: p.SkillEdit, who: Principal) -> p.Reply:
         """Show the humans the diff, and on their approval apply and commit it."""
-        goal = await self.campaigns.active_goal(req.goal_id)
+        goal = await self.campaigns.records.active_goal(req.goal_id)
         try:
             edit = await asyncio.to_thread(self.skills.propose, req.skill, req.path, req.content)
         except SkillEditError as exc:
             raise Refused("bad_request", str(exc)) from None
         question = f"Goal #{goal.id}'s agent proposes a skill edit to `{edit.where}`. Apply it?"
         detail = (f"Why: {req.why}\n\n" if req.why else "") + diff_for_people(edit.diff)
-        approval = await self.campaigns.ask(
+        approval = await self.campaigns.approvals.ask(
             goal, "skill_edit", question, detail, req.timeout_s, agent_asks=True
         )
         if approval.state != "approved":
@@ -852,32 +853,15 @@ class Runner:
             return await asyncio.to_thread(self.skills.apply, edit, message)
 
     async def _on_run_experiment(self, req: p.RunExperiment, who: Principal) -> p.Reply:
-        finished, new_best = await self.campaigns.run_experiment(req)
+        finished, new_best = await self.campaigns.experiments.run(req)
         status = await self._status(req.goal_id)
         return p.ExperimentReply(experiment=finished, new_best=new_best, stop_status=status.stop_status)
 
     async def _status(self, goal_id: int) -> p.GoalStatus:
-        goal = await self.campaigns.goal(goal_id)
-        experiments = await self.store.experiments(goal_id)
-        attempted = sum(e.counted for e in experiments)
-        compute_used = sum(e.compute_hours or 0 for e in experiments)
-        best = best_experiment(experiments, goal.direction)
-        running = next((e for e in reversed(experiments) if e.status == "running"), None) or next(
-            (e for e in experiments if e.status == "queued"), None
-        )
-        tokens_used = (await self.store.tokens_used([goal_id])).get(goal_id, 0)
-        return p.GoalStatus(
-            goal=goal,
-            attempted=attempted,
-            compute_hours_used=compute_used,
-            tokens_used=tokens_used,
-            best=best,
-            running=running,
-            pending_approvals=await self.store.pending_approvals(goal_id),
-            stop_status=goal_stop_status(
-                goal, attempted, compute_used, best, utcnow(), tokens_used=tokens_used
-            ),
-        )
+        """The goal's status, by the same SQL as a list's (RunnerStore.ledgers): one path."""
+        goal = await self.campaigns.records.goal(goal_id)
+        ledgers = await self.store.ledgers([goal_id])
+        return _goal_status(goal, ledgers[goal_id], utcnow())
 
 
 _TAKEN = "the disk is full; it is written in order when there is room"

@@ -4,7 +4,8 @@ One interface for all three. The runner keeps supervising whichever runs it: the
 ends up in the experiment's run.log (written there by the process, or copied there from the
 engine's log as it grows), metrics are read from it as they come (LiveMetrics), the per-run
 timeout and a stop cancel it, and a ProcessResult says what it used. A remote job outlives a
-runner restart: `attach` follows it again from its Placement.
+runner restart: `attach` follows it again from its Placement. `Executors` gives each by name, and
+refuses one an operator has not allowed this runner's goals (GOALTENDER_EXECUTORS).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from goaltender.runner.config import RunnerSettings
 from goaltender.runner.sandbox import Sandbox
+from goaltender.runner.server import Refused
 from goaltender.runner.standby import Standbys
 from goaltender.runner.supervisor import Launch, ProcessResult, run_supervised, spawn
 from goaltender.storage.records import Goal, MetricPoint
@@ -139,3 +142,41 @@ class LocalExecutor:
 
     def detach(self, job_id: str) -> None:
         pass  # it dies with the runner: nothing outlives it to attach to
+
+
+class Executors:
+    """The executors this runner's goals may use, by name: local always; Ray's and Slurm's made
+    when first used."""
+
+    def __init__(self, settings: RunnerSettings, local: LocalExecutor):
+        self.settings = settings
+        self._made: dict[str, Executor] = {"local": local}
+
+    def check(self, executor: str) -> None:
+        """Refused unless an operator lets this runner's goals use `executor`: a remote one runs
+        outside the goal's sandbox, so a goal's agent (or its submitter) cannot pick one alone."""
+        allowed = self.settings.allowed_executors
+        if executor not in allowed:
+            raise Refused(
+                "forbidden",
+                f"this runner's goals may not use the {executor} executor: it runs commands outside "
+                f"the goal's sandbox, so an operator allows it (GOALTENDER_EXECUTORS); allowed here: "
+                f"{', '.join(allowed)}",
+            )
+
+    def get(self, name: str) -> Executor:
+        """The executor by name."""
+        if name not in self._made:
+            if name == "ray":
+                from goaltender.runner.ray_executor import RayExecutor
+
+                self._made[name] = RayExecutor(self.settings.ray_address, self.settings.ray_token or None)
+            elif name == "slurm":
+                from goaltender.runner.slurm_executor import SlurmExecutor
+
+                self._made[name] = SlurmExecutor(
+                    partition=self.settings.slurm_partition or None, extra_args=self.settings.slurm_args
+                )
+            else:
+                raise Refused("bad_request", f"no executor {name!r}; there are local, ray and slurm")
+        return self._made[name]

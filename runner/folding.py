@@ -18,7 +18,7 @@ and every channel are spared alike, and the bot stays a renderer. The bucket is 
 count is not: a PostsFolded shows the folded posts logged after the goal's previous one
 (RunnerStore.show_folded, one transaction), so each folded post is counted once, whenever the disk
 lets it be written (folded posts and their PostsFolded go through the goal's queue of writes,
-Campaigns._record, in order) and wherever a restart falls (the goal's recovery shows folded posts
+GoalRecords.record, in order) and wherever a restart falls (the goal's recovery shows folded posts
 left without a PostsFolded).
 
 Never folded: approvals and questions, experiment rows (their rate is the experiments'), state,

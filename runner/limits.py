@@ -22,7 +22,7 @@ Where the cgroups are depends on the kernel and the runner's place in it (`plan`
   turn them on (runner/doctor.py), from what the runner wrote at its start (<home>/limits.json).
 <id> is the runner's name and a hash of its home, so two runners (or tests) never share a parent.
 A runner's start clears what a runner of the same home left (killing whatever still runs there),
-once recovery has measured it (runner/campaign.py).
+once recovery has measured it (runner/campaign.py, runner/experiments.py).
 
 Joining is race-free: a process is in its goal's cgroup before it runs anything of its own.
 `joined` puts `sh -c 'echo 0 > …/cgroup.procs; …; exec "$@"'` in front of the command (0 is the

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from goaltender.display.params import format_params
 from goaltender.runner.budget import stop_status
 from goaltender.storage.direction import best_of, reached
 from goaltender.storage.records import Experiment, Goal, HubFetch
+
+if TYPE_CHECKING:
+    from goaltender.storage.runner_store import Ledger
 
 # A summary line a run prints to name its best checkpoint, `best_checkpoint_step: 240` (the NeMo RL
 # launcher does: goaltender/training), kept in the row's metrics and named in the report.
@@ -100,15 +104,15 @@ def fetch_summary(fetch: HubFetch, *, short_commit: bool = False) -> str:
 def summary_text(
     goal: Goal,
     experiments: list[Experiment],
-    compute_used: float,
+    ledger: Ledger,
     now: datetime,
     end_reason: str | None = None,
     *,
-    tokens_used: int,
     fetches: Sequence[HubFetch] = (),
 ) -> str:
-    best = best_experiment(experiments, goal.direction)
-    attempted = sum(e.counted for e in experiments)
+    """The goal's summary: its best, target and stop status as its status has them (`ledger`,
+    RunnerStore.ledgers: one path for both), then the whole ledger as a table."""
+    best, compute_used = ledger.best, ledger.compute_hours_used
     head = f"Goal #{goal.id} — {goal.state}" + (f" ({end_reason})" if end_reason else "")
     lines = [f"# {head}", "", f"> {goal.text}", ""]
     if best is not None:
@@ -130,7 +134,7 @@ def summary_text(
         )
     lines += [
         f"**Stop status:** "
-        f"{goal_stop_status(goal, attempted, compute_used, best, now, tokens_used=tokens_used)}",
+        f"{goal_stop_status(goal, ledger.attempted, compute_used, best, now, tokens_used=ledger.tokens_used)}",
         f"**Compute used:** {compute_used:.4f} compute-hours",
         "",
         "## Ledger",
@@ -146,17 +150,14 @@ def summary_text(
 def final_report(
     goal: Goal,
     experiments: list[Experiment],
-    compute_used: float,
+    ledger: Ledger,
     now: datetime,
     end_reason: str,
     agent_words: str | None,
     *,
-    tokens_used: int,
     fetches: Sequence[HubFetch] = (),
 ) -> str:
-    text = summary_text(
-        goal, experiments, compute_used, now, end_reason, tokens_used=tokens_used, fetches=fetches
-    )
+    text = summary_text(goal, experiments, ledger, now, end_reason, fetches=fetches)
     if agent_words:
         text += "\n\n## From the agent\n\n" + agent_words.strip()
     return text

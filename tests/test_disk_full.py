@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_recovery import TESTS, alive, connect_when_up
 
-from goaltender.runner import campaign
+from goaltender.runner import disk_guard, goal_records
 from goaltender.runner import protocol as p
 from goaltender.runner.client import RunnerClient
 from goaltender.runner.trust import user_name
@@ -538,7 +538,7 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
         # Past the most a goal may have waiting, refused, and the ones taken still kept.
         before = len(milestones(runner, home))
         fill(ballast)
-        many = [("many", str(i)) for i in range(campaign.WAITING_WRITES_MOST + 5)]
+        many = [("many", str(i)) for i in range(goal_records.WAITING_WRITES_MOST + 5)]
         replies = await send(many)
         ballast.unlink()
         taken = [reply for reply in replies if isinstance(reply, p.Done)]
@@ -634,7 +634,7 @@ async def test_milestones_folded_on_a_full_disk_are_kept_and_shown_once(tmp_path
 def low_disk(monkeypatch, free_mb: float) -> dict[str, float]:
     """Make the runner's free-space probe report `free_mb` (change the returned dict's "mb")."""
     disk = {"mb": free_mb}
-    monkeypatch.setattr(campaign, "free_space", lambda path: FreeSpace(path, int(disk["mb"] * MB)))
+    monkeypatch.setattr(disk_guard, "free_space", lambda path: FreeSpace(path, int(disk["mb"] * MB)))
     return disk
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import events_until_report, eventually, submit, write_agent
 
-from goaltender.runner import campaign
+from goaltender.runner import disk_guard
 from goaltender.runner import protocol as p
 from goaltender.storage.records import GoalStateChanged, MilestoneReported
 from goaltender.storage.space import MB, FreeSpace
@@ -62,7 +62,7 @@ async def test_checkpoints_beyond_the_best_and_the_latest_are_pruned(start_runne
 
 async def test_the_disk_filling_during_a_run_pauses_its_goal(start_runner, connect, tmp_path, monkeypatch):
     disk = {"mb": 500.0}
-    monkeypatch.setattr(campaign, "free_space", lambda path: FreeSpace(path, int(disk["mb"] * MB)))
+    monkeypatch.setattr(disk_guard, "free_space", lambda path: FreeSpace(path, int(disk["mb"] * MB)))
     # The run waits until the test has "filled" the disk (a file in its workspace), then finishes.
     script = (
         "goaltender experiment -d filling --metric score -- python -c "

@@ -11,7 +11,7 @@ import psutil
 from conftest import events_until_report, eventually, submit, write_agent
 
 from goaltender.runner import protocol as p
-from goaltender.runner.campaign import Campaigns
+from goaltender.runner.experiments import Experiments
 from goaltender.storage.runner_store import RunnerStore
 
 SPIN = "goaltender experiment -d spin --metric acc -- python -c 'while True: pass'\n"
@@ -110,18 +110,18 @@ async def test_a_goal_ending_while_a_finished_run_is_entered_waits_for_its_row(
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     concluding, release = asyncio.Event(), asyncio.Event()
-    conclude = Campaigns._conclude
+    conclude = Experiments._conclude
 
     async def held(self, *args, **kwargs):
         concluding.set()
         await release.wait()
         return await conclude(self, *args, **kwargs)
 
-    monkeypatch.setattr(Campaigns, "_conclude", held)
+    monkeypatch.setattr(Experiments, "_conclude", held)
     goal_id = await submit(client, "quick, max 2 experiments", agent="a")
     await concluding.wait()
     stopping = asyncio.ensure_future(client.call(p.Stop, p.Done, goal_id=goal_id, by="ana"))
-    await eventually(lambda: goal_id in runner.campaigns._ending)
+    await eventually(lambda: goal_id in runner.campaigns.records.ending)
     release.set()
     await stopping
     [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger

@@ -300,6 +300,7 @@ def test_the_report_names_the_dominant_error_class():
     # The evaluation's `errors/<class>` lines, as the runner keeps them in the row's metrics.
     from goaltender.runner.report import error_classes, summary_text
     from goaltender.storage.records import Experiment, Goal, utcnow
+    from goaltender.storage.runner_store import Ledger
 
     a = analyse(
         [ex(1, 64, 3, 3, 3), ex(4, 128, 2, 2, 2), ex(2, 128, 2, 1, 0)],
@@ -311,7 +312,7 @@ def test_the_report_names_the_dominant_error_class():
         metric_name="exact_accuracy", metric_value=0.0, metrics=metrics, verified=True,
     )  # fmt: skip
     assert error_classes(best) == "off_by_one 2 (dominant), off_by_more 1, format 0"
-    report = summary_text(Goal(id=1, text="count stars"), [best], 0.0, utcnow(), tokens_used=0)
+    report = summary_text(Goal(id=1, text="count stars"), [best], Ledger(attempted=1, best=best), utcnow())
     assert "**Errors of the best:** off_by_one 2 (dominant)" in report
 
 
