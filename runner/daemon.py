@@ -3,9 +3,9 @@
 A Runner owns runner.db (the goals, the event log, the ledger), the goals' campaigns
 (runner/campaign.py: agents and deadlines; experiments, approvals, the disk guard and stage gates
 each in a module of its own) and the Unix sockets (runner/server.py: connections, the handshake,
-the event stream). A goal's status is read by the one SQL path a list of goals uses
-(RunnerStore.ledgers). The handlers below answer the bot, the demo console and the agents, each
-with who asks: the server has already refused what that principal may not ask (runner/trust.py),
+the event stream). The handlers below answer what operators ask that changes goals; the reads
+(status, summary, logs, series, artifacts, disk usage, audit) are runner/reads.py's and the agents'
+verbs runner/agent_requests.py's. Each gets who asks: the server has already refused what that principal may not ask (runner/trust.py),
 and names given in `by` / `author` / `owner` are recorded as that principal vouching for them.
 `hello`, `subscribe` and `ack` belong to the connection and are answered by the server.
 
@@ -14,6 +14,10 @@ once (runner/goal_records.py writes them when there is room, and the status show
 agent's milestone, metrics, diary entry, report or fetch record is taken and written in its goal's
 order when there is room; what would change runner.db otherwise (a new goal, a steer, a budget, a
 decision, an agent's question) is refused at once with `disk_full`, changing nothing.
+
+Past 600 lines on purpose: the daemon's life (start with its home locked, serve, watch runner.db's
+files, prune, stop in order) is one sequence whose steps undo each other on failure; apart, the
+order that makes a stop safe would be spread over modules.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import signal
 import sqlite3
 import sys
 from collections.abc import Awaitable
-from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,6 +41,7 @@ from pydantic import BaseModel
 from goaltender import readiness
 from goaltender.runner import inputs
 from goaltender.runner import protocol as p
+from goaltender.runner.agent_requests import AgentRequests
 from goaltender.runner.budget import (
     GoalTextError,
     apply_budget_change,
@@ -46,34 +50,28 @@ from goaltender.runner.budget import (
 )
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import ConfigError, RunnerSettings
-from goaltender.runner.disk_usage import goal_usage
-from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.logs import RUNNER_TEXT, configure_logging, say
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable, runner_endpoint
 from goaltender.runner.operators import Operators, open_socket_to
-from goaltender.runner.report import goal_stop_status, summary_text
+from goaltender.runner.reads import Reads
 from goaltender.runner.sandbox import UNSAFE_WARNING, compile_package
 from goaltender.runner.secrets import Redactor, redact_output
 from goaltender.runner.server import Handler, Refused, SocketServer
-from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
+from goaltender.runner.skill_folder import SkillEditError, SkillFolder
 from goaltender.runner.stages import parse_stages
-from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal
 from goaltender.selftest import interpreter_problem
 from goaltender.storage.db import UnusableDatabase, let_go_of_any
 from goaltender.storage.db_files import Lost
 from goaltender.storage.pruning import prune_runner
 from goaltender.storage.records import (
-    TOKEN_METRICS,
     Budget,
     Goal,
     GoalState,
-    HubFetched,
-    MilestoneReported,
     utcnow,
 )
-from goaltender.storage.runner_store import Ledger, RunnerStore
+from goaltender.storage.runner_store import RunnerStore
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
 log = logging.getLogger("goaltender.runner")
@@ -105,31 +103,11 @@ class Runner:
             p.Pause: self._on_pause,
             p.Resume: self._on_resume,
             p.Decide: self._on_decide,
-            p.Status: self._on_status,
-            p.Summary: self._on_summary,
-            p.GetLog: self._on_get_log,
-            p.GetSeries: self._on_get_series,
-            p.GetArtifact: self._on_get_artifact,
-            p.DiskUsage: self._on_disk_usage,
-            p.Audit: self._on_audit,
             p.Prune: self._on_prune,
             p.SkillLog: self._on_skill_log,
             p.RevertSkill: self._on_revert_skill,
             p.PutInput: self._on_put_input,
-            # from the agents
-            p.ReportMilestone: self._on_milestone,
-            p.LogMetrics: self._on_log_metrics,
-            p.ReadInbox: self._on_read_inbox,
-            p.WriteDiary: self._on_write_diary,
-            p.ReadDiary: self._on_read_diary,
-            p.SubmitReport: self._on_submit_report,
-            p.Ask: self._on_ask,
-            p.StageDone: self._on_stage_done,
-            p.CrossCheck: self._on_cross_check,
-            p.RunExperiment: self._on_run_experiment,
-            p.Fetch: self._on_fetch,
-            p.SkillEdit: self._on_skill_edit,
-        }
+        }  # and the reads (runner/reads.py) and agents' verbs (runner/agent_requests.py), below
         self.server = SocketServer(
             settings.socket_path,
             settings.name,
@@ -142,10 +120,14 @@ class Runner:
         self.mirror = MlflowMirror.from_settings(settings, store, self.server.redactor)  # None: off
         self.skills = SkillFolder(settings.skill_folder)
         self._skills_lock = asyncio.Lock()  # one change of the skill folder at a time
+        self.reads = Reads(store, self.campaigns, self.server.redactor)
+        self.agent_requests = AgentRequests(
+            settings, store, self.campaigns, self.skills, self._skills_lock, self.reads.status
+        )
+        self.handlers.update(self.reads.handlers())
+        self.handlers.update(self.agent_requests.handlers())
         self._listening = False
         self._home_lock: int | None = None  # held while this runner runs: one runner per home
-        # goal id -> the last inbox message its agent was given unmarked, on a full disk
-        self._given_unread: dict[int, int] = {}
         self.lost: Lost | None = None
         """What became of runner.db's files, if they were removed or replaced while it ran."""
         self.stopped_because: str | None = None  # the line saying so, once the runner has closed
@@ -409,7 +391,7 @@ class Runner:
         # A client's name for the submission, per user: sent again, it finds the goal it made.
         key = None if req.key is None else f"{who.actor()}: {req.key}"
         if key is not None and (made := await self.store.goal_by_key(key)) is not None:
-            return p.GoalReply(status=await self._status(made.id))
+            return p.GoalReply(status=await self.reads.status(made.id))
         try:
             spec = parse_goal_text(req.text)
         except GoalTextError as exc:
@@ -451,9 +433,9 @@ class Runner:
         except sqlite3.IntegrityError:  # the same submission, sent twice at once: the first made it
             if key is None or (made := await self.store.goal_by_key(key)) is None:
                 raise
-            return p.GoalReply(status=await self._status(made.id))
+            return p.GoalReply(status=await self.reads.status(made.id))
         await self.campaigns.start_agent(goal, resumed=False)
-        return p.GoalReply(status=await self._status(goal.id))
+        return p.GoalReply(status=await self.reads.status(goal.id))
 
     async def _on_steer(self, req: p.Steer, who: Principal) -> p.Reply:
         goal = await self.campaigns.records.active_goal(req.goal_id)
@@ -538,128 +520,6 @@ class Runner:
         self.campaigns.approvals.deliver(approval)
         return p.DecisionReply(approval=approval)
 
-    async def _on_status(self, req: p.Status, who: Principal) -> p.Reply:
-        if req.goal_id is not None:
-            await self.campaigns.records.goal(req.goal_id)
-            return p.StatusReply(goals=[await self._status(req.goal_id)])
-        # A handful of queries for all the goals together: a long history costs no query per goal.
-        goals = await self.store.list_goals(active_only=req.active_only, limit=req.limit, before=req.before)
-        ledgers = await self.store.ledgers([goal.id for goal in goals])
-        now = utcnow()
-        goals = [self.campaigns.records.as_it_stands(goal) for goal in goals]
-        return p.StatusReply(goals=[_goal_status(goal, ledgers[goal.id], now) for goal in goals])
-
-    async def _on_summary(self, req: p.Summary, who: Principal) -> p.Reply:
-        goal = await self.campaigns.records.goal(req.goal_id)
-        experiments = await self.store.experiments(goal.id)
-        ledger, now = (await self.store.ledgers([goal.id]))[goal.id], utcnow()
-        fetches = await self.store.hub_fetches(goal.id)
-        text = summary_text(goal, experiments, ledger, now, goal.end_reason, fetches=fetches)
-        return p.SummaryReply(status=_goal_status(goal, ledger, now), ledger=experiments, text=text)
-
-    async def _on_get_log(self, req: p.GetLog, who: Principal) -> p.Reply:
-        if (location := await self.store.log_location(req.experiment_id)) is None:
-            raise Refused("not_found", f"no experiment #{req.experiment_id}")
-        workspace, log_path = location
-        reach = self.server.redactor.reach + _UTF8_TAIL
-        try:  # the log is in the agent's workspace: never read through a link it left there
-            # Around the chunk: what a secret cut by its edges may span (and 1 byte more after it,
-            # to tell the end of the file).
-            before, data, after = read_chunk_beneath(
-                workspace, log_path, req.offset, req.limit, reach + 1, behind=reach
-            )
-        except OSError as exc:
-            raise Refused(
-                "not_found", f"experiment #{req.experiment_id}'s log cannot be read: {exc}"
-            ) from exc
-        # A chunk starts and ends on a character (the first byte at or after its offset, and its
-        # end, that does not continue a UTF-8 character), and never inside a secret (the end of
-        # the one there: Redactor.uncut). Chunks asked for at any offsets and sizes thus tile the
-        # file with nothing cut in two, so requests may be pipelined (RunnerClient.fetch_log), and
-        # no piece of a secret leaves on its own.
-        pieces = (before, data, after)
-        start = self._uncut(pieces, _char_start(_span(pieces, 0, _UTF8_TAIL), 0) if req.offset else 0)
-        end = max(start, self._uncut(pieces, len(data) + _char_start(after, 0)))
-        eof = len(after) <= end - len(data)  # nothing after the chunk's end
-        if (start, end) != (0, len(data)):
-            data = _span(pieces, start, end)
-        reply = p.LogReply(
-            text="" if req.raw else data.decode(errors="replace"),
-            offset=req.offset + start,
-            next_offset=req.offset + start + len(data),
-            eof=eof,
-            raw_bytes=0 if req.raw else None,  # the connection counts them once they are redacted
-        )
-        if req.raw:
-            reply._chunk = data
-        return reply
-
-    def _uncut(self, pieces: tuple[bytes, bytes, bytes], at: int) -> int:
-        """Where a chunk's edge at `at` (of pieces[1], the chunk read) goes: Redactor.uncut."""
-        reach = self.server.redactor.reach
-        low = max(at - reach, -len(pieces[0]))
-        return low + self.server.redactor.uncut(_span(pieces, low, at + reach), at - low)
-
-    async def _on_get_artifact(self, req: p.GetArtifact, who: Principal) -> p.Reply:
-        experiment = await self.store.get_experiment(req.experiment_id)
-        if experiment is None:
-            raise Refused("not_found", f"no experiment #{req.experiment_id}")
-        goal = await self.campaigns.records.goal(experiment.goal_id)
-        path = Path(experiment.log_path).parent / req.name
-        try:  # in the agent's workspace: never read through a link it left there
-            data = read_beneath(Path(goal.workspace), path, 0, p.MAX_ARTIFACT_BYTES + 1)
-        except (OSError, ValueError) as exc:  # ValueError: a log path outside the workspace
-            raise Refused(
-                "not_found", f"experiment #{experiment.id}'s {req.name} cannot be read: {exc}"
-            ) from exc
-        if not data:
-            raise Refused("not_found", f"experiment #{experiment.id} has no {req.name}")
-        if len(data) > p.MAX_ARTIFACT_BYTES:
-            raise Refused(
-                "bad_request",
-                f"experiment #{experiment.id}'s {req.name} is over {p.MAX_ARTIFACT_BYTES} bytes",
-            )
-        # Base64 hides the file from the redaction every line gets on its way out: redacted here.
-        data = self.server.redactor.redact_file(data)
-        return p.ArtifactReply(name=req.name, data=base64.b64encode(data).decode())
-
-    async def _on_get_series(self, req: p.GetSeries, who: Principal) -> p.Reply:
-        points = await self.store.metric_series(req.goal_id, req.name, req.experiment_id)
-        if len(points) > p.MAX_SERIES_POINTS:
-            last = len(points) - 1
-            points = [points[i * last // (p.MAX_SERIES_POINTS - 1)] for i in range(p.MAX_SERIES_POINTS)]
-        return p.SeriesReply(name=req.name, points=points)
-
-    async def _on_disk_usage(self, req: p.DiskUsage, who: Principal) -> p.Reply:
-        goals = (
-            [await self.campaigns.records.goal(req.goal_id)]
-            if req.goal_id
-            else [
-                self.campaigns.records.as_it_stands(goal) for goal in await self.store.list_goals(limit=200)
-            ]
-        )
-
-        def measure() -> list[p.GoalDisk]:
-            found = []
-            for goal in goals:
-                usage = goal_usage(Path(goal.workspace))
-                found.append(
-                    p.GoalDisk(goal_id=goal.id, state=goal.state, total=usage.total, lines=usage.lines())
-                )
-            return sorted(found, key=lambda g: -g.total)
-
-        return p.DiskUsageReply(
-            free=self.campaigns.disk.free_space().free_bytes, goals=await asyncio.to_thread(measure)
-        )
-
-    async def _on_audit(self, req: p.Audit, who: Principal) -> p.Reply:
-        entries = await self.store.audit_entries(req.goal_id, req.limit)
-        if not entries and req.goal_id is not None:
-            await self.campaigns.records.goal(
-                req.goal_id
-            )  # a goal id mistyped is said so, not "(no entries)"
-        return p.AuditReply(entries=entries)
-
     async def _on_skill_log(self, req: p.SkillLog, who: Principal) -> p.Reply:
         try:
             commits = await asyncio.to_thread(self.skills.log, req.limit)
@@ -703,188 +563,6 @@ class Runner:
         text = f"{author} gave this goal a file: {path} ({req.size:,} bytes{kind}), in your workspace. Read it if it helps."
         await self._now(self.store.add_inbox(goal.id, author, text))
         return p.Done(message=str(path))
-
-    # ---- agent verbs ----
-
-    async def _on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
-        goal = await self.campaigns.records.active_goal(req.goal_id)
-        milestone = MilestoneReported(title=req.title, text=req.text, curves=req.curves)
-        _, event, folded = await self.campaigns.records.post(goal.id, milestone, "a milestone")
-        # On a full disk it is written in its turn when there is room.
-        said = f"milestone taken: {_TAKEN}" if event is None else f"milestone logged (event {event.seq})"
-        return p.Done(message=said + (self._folded(goal.id) if folded else ""))
-
-    def _folded(self, goal_id: int) -> str:
-        """What an agent is told of a post of its folded past its goal's rate (runner/folding.py)."""
-        burst, per_minute = self.settings.milestone_burst, self.settings.milestones_per_minute
-        return (
-            f"; folded: goal #{goal_id} posts {burst} at once, then {per_minute:g} a minute, and is past "
-            "that: its thread shows this one with the others folded, in one post, when the rate allows"
-        )
-
-    async def _on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
-        goal = await self.campaigns.records.active_goal(req.goal_id)
-        if req.experiment_id is not None:
-            experiment = await self.store.get_experiment(req.experiment_id)
-            if experiment is None or experiment.goal_id != goal.id:  # not a way into another goal's run
-                raise Refused("not_found", f"goal #{goal.id} has no experiment #{req.experiment_id}")
-        write = functools.partial(self.store.add_metrics, goal.id, req.experiment_id, req.points)
-        written, _ = await self.campaigns.records.write_in_turn(goal.id, write, "metric points")
-        if not written:
-            return p.Done(message=f"{len(req.points)} metric point(s) taken: {_TAKEN}")
-        limit = goal.budget.max_tokens
-        if limit is not None and any(point.name in TOKEN_METRICS for point in req.points):
-            used = (await self.store.tokens_used([goal.id])).get(goal.id, 0)
-            if used >= limit:
-                # After this reply: ending the goal stops the agent, which waits for it.
-                self.campaigns.end_soon(goal.id, "finished", f"token budget used: {used:,}/{limit:,} tokens")
-        return p.Done(message=f"{len(req.points)} metric point(s) logged")
-
-    async def _on_read_inbox(self, req: p.ReadInbox, who: Principal) -> p.Reply:
-        """Unread messages are marked read as they are given. On a full disk they are given
-        unmarked, and not given again: the first read when there is room marks them."""
-        goal_id = (await self.campaigns.records.goal(req.goal_id)).id
-        given = self._given_unread.get(goal_id, 0)
-        try:
-            with self.store.refuse_when_full():
-                messages = await self.store.read_inbox(goal_id, unread_only=not req.all)
-            self._given_unread.pop(goal_id, None)
-        except DiskFull:
-            messages = await self.store.inbox(goal_id, unread_only=not req.all)
-            if unread := [m.id for m in messages if m.read_at is None]:
-                self._given_unread[goal_id] = max(given, unread[-1])
-        if not req.all:
-            messages = [m for m in messages if m.id > given]
-        return p.InboxReply(messages=messages)
-
-    async def _on_write_diary(self, req: p.WriteDiary, who: Principal) -> p.Reply:
-        await self.campaigns.records.goal(req.goal_id)
-        write = functools.partial(self.store.write_diary, req.goal_id, req.kind, req.text)
-        _, entry = await self.campaigns.records.write_in_turn(req.goal_id, write, "a diary entry")
-        if entry is None:
-            return p.Done(message=f"diary entry taken ({req.kind}): {_TAKEN}")
-        return p.Done(message=f"diary entry {entry.id} written ({entry.kind})")
-
-    async def _on_read_diary(self, req: p.ReadDiary, who: Principal) -> p.Reply:
-        await self.campaigns.records.goal(req.goal_id)
-        return p.DiaryReply(entries=await self.store.read_diary(req.goal_id, last=req.last, kind=req.kind))
-
-    async def _on_submit_report(self, req: p.SubmitReport, who: Principal) -> p.Reply:
-        await self.campaigns.records.goal(req.goal_id)
-        write = functools.partial(self.store.set_agent_report, req.goal_id, req.text)
-        written, _ = await self.campaigns.records.write_in_turn(req.goal_id, write, "the report")
-        if not written:
-            return p.Done(message=f"report text taken: {_TAKEN}; it goes into the final report")
-        return p.Done(message="report text stored; it goes into the final report")
-
-    async def _on_fetch(self, req: p.Fetch, who: Principal) -> p.Reply:
-        """Download into the shared hub cache, outside the sandbox (runner/fetches.py); the
-        milestones and the record go to the goal."""
-        goal = await self.campaigns.records.active_goal(req.goal_id)
-        spec = FetchSpec(req.repo, req.repo_type, req.revision, tuple(req.include))
-        if problem := await asyncio.to_thread(spec_problem, spec):
-            raise Refused("bad_request", problem)
-
-        async def milestone(title: str, text: str) -> None:
-            await self.campaigns.records.post(
-                goal.id, MilestoneReported(title=title, text=text), "a fetch milestone"
-            )
-
-        try:
-            fetched = await self.campaigns.fetches.fetch(goal.id, spec, milestone)
-        except FetchFailed as failed:
-            return p.FetchReply(failure=str(failed))
-        _, event, folded = await self.campaigns.records.post(
-            goal.id, HubFetched(fetch=fetched), "a fetch record"
-        )
-        if event is None:
-            said = f"fetch taken for goal #{goal.id}'s ledger: {_TAKEN}"
-        else:
-            said = f"recorded in goal #{goal.id}'s ledger (event {event.seq})"
-        return p.FetchReply(fetch=fetched, message=said + (self._folded(goal.id) if folded else ""))
-
-    async def _on_ask(self, req: p.Ask, who: Principal) -> p.Reply:
-        goal = await self.campaigns.records.active_goal(req.goal_id)
-        approval = await self.campaigns.approvals.ask(
-            goal, req.kind, req.question, req.detail, req.timeout_s, agent_asks=True
-        )
-        return p.DecisionReply(approval=approval)
-
-    async def _on_stage_done(self, req: p.StageDone, who: Principal) -> p.Reply:
-        approval, goal = await self.campaigns.gates.end_stage(req)
-        return p.StageReply(approval=approval, goal=goal)
-
-    async def _on_cross_check(self, req: p.CrossCheck, who: Principal) -> p.Reply:
-        return await self.campaigns.gates.cross_check(req)
-
-    async def _on_skill_edit(self, req: p.SkillEdit, who: Principal) -> p.Reply:
-        """Show the humans the diff, and on their approval apply and commit it."""
-        goal = await self.campaigns.records.active_goal(req.goal_id)
-        try:
-            edit = await asyncio.to_thread(self.skills.propose, req.skill, req.path, req.content)
-        except SkillEditError as exc:
-            raise Refused("bad_request", str(exc)) from None
-        question = f"Goal #{goal.id}'s agent proposes a skill edit to `{edit.where}`. Apply it?"
-        detail = (f"Why: {req.why}\n\n" if req.why else "") + diff_for_people(edit.diff)
-        approval = await self.campaigns.approvals.ask(
-            goal, "skill_edit", question, detail, req.timeout_s, agent_asks=True
-        )
-        if approval.state != "approved":
-            said = f"skill edit {approval.state}: nothing written"
-            return p.SkillEditReply(approval=approval, message=said)
-        message = f"{edit.where}: edit from goal #{goal.id}, approved by {approval.decided_by}"
-        message += f"\n\n{req.why}" if req.why else ""
-        try:
-            commit = await self._apply_skill_edit(edit, message)
-        except SkillEditError as exc:
-            return p.SkillEditReply(approval=approval, message=f"approved, but not applied: {exc}")
-        await self.store.append_event(
-            goal.id,
-            MilestoneReported(
-                title=f"Skill edit applied: {edit.skill} (commit {commit})",
-                text=f"`{edit.where}`, approved by {approval.decided_by}; "
-                f"revert with `goaltender skills revert {commit}`",
-            ),
-        )
-        return p.SkillEditReply(approval=approval, commit=commit, message=f"applied as commit {commit}")
-
-    async def _apply_skill_edit(self, edit: ProposedEdit, message: str) -> str:
-        async with self._skills_lock:
-            return await asyncio.to_thread(self.skills.apply, edit, message)
-
-    async def _on_run_experiment(self, req: p.RunExperiment, who: Principal) -> p.Reply:
-        finished, new_best = await self.campaigns.experiments.run(req)
-        status = await self._status(req.goal_id)
-        return p.ExperimentReply(experiment=finished, new_best=new_best, stop_status=status.stop_status)
-
-    async def _status(self, goal_id: int) -> p.GoalStatus:
-        """The goal's status, by the same SQL as a list's (RunnerStore.ledgers): one path."""
-        goal = await self.campaigns.records.goal(goal_id)
-        ledgers = await self.store.ledgers([goal_id])
-        return _goal_status(goal, ledgers[goal_id], utcnow())
-
-
-_TAKEN = "the disk is full; it is written in order when there is room"
-
-
-def _goal_status(goal: Goal, ledger: Ledger, now: datetime) -> p.GoalStatus:
-    return p.GoalStatus(
-        goal=goal,
-        attempted=ledger.attempted,
-        compute_hours_used=ledger.compute_hours_used,
-        tokens_used=ledger.tokens_used,
-        best=ledger.best,
-        running=ledger.running,
-        pending_approvals=ledger.pending_approvals,
-        stop_status=goal_stop_status(
-            goal,
-            ledger.attempted,
-            ledger.compute_hours_used,
-            ledger.best,
-            now,
-            tokens_used=ledger.tokens_used,
-        ),
-    )
 
 
 async def run_forever(settings: RunnerSettings) -> None:
@@ -1025,31 +703,6 @@ def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-_UTF8_TAIL = 3  # continuation bytes a UTF-8 character may have
-
-
-def _span(pieces: tuple[bytes, bytes, bytes], start: int, end: int) -> bytes:
-    """Bytes [start, end) of what was read around a chunk (before it, it, after it), counted from
-    the chunk's first byte."""
-    out = b""
-    base = -len(pieces[0])
-    for piece in pieces:
-        low, high = max(start - base, 0), min(end - base, len(piece))
-        if low < high:
-            out += piece[low:high]
-        base += len(piece)
-    return out
-
-
-def _char_start(data: bytes, at: int) -> int:
-    """The first index at or after `at` that is not a UTF-8 continuation byte (at most 3 on: bytes
-    that are no UTF-8 stay bytes); len(data) when the data ends first."""
-    for index in range(at, min(at + _UTF8_TAIL, len(data))):
-        if data[index] & 0xC0 != 0x80:
-            return index
-    return min(at + _UTF8_TAIL, len(data))
 
 
 def _owner(claimed: p.Actor | None, who: Principal) -> str:
