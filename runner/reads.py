@@ -23,7 +23,8 @@ from goaltender.runner.server import Handler, Refused
 from goaltender.runner.supervisor import read_beneath, read_chunk_beneath
 from goaltender.runner.trust import Principal
 from goaltender.storage.records import Goal, utcnow
-from goaltender.storage.runner_store import Ledger, RunnerStore
+from goaltender.storage.runner_rows import Ledger
+from goaltender.storage.runner_store import RunnerStore
 
 
 class Reads:

@@ -13,7 +13,7 @@ from goaltender.storage.direction import best_of, reached
 from goaltender.storage.records import Experiment, Goal, HubFetch
 
 if TYPE_CHECKING:
-    from goaltender.storage.runner_store import Ledger
+    from goaltender.storage.runner_rows import Ledger
 
 # A summary line a run prints to name its best checkpoint, `best_checkpoint_step: 240` (the NeMo RL
 # launcher does: goaltender/training), kept in the row's metrics and named in the report.

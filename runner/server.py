@@ -41,7 +41,8 @@ from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped
 from goaltender.storage.db import DatabaseLost
 from goaltender.storage.records import Event, UnreadableEvent
-from goaltender.storage.runner_store import RunnerStore, stored_events_json
+from goaltender.storage.runner_rows import stored_events_json
+from goaltender.storage.runner_store import RunnerStore
 
 log = logging.getLogger("goaltender.runner")
 MISMATCHES_LOGGED = 100  # distinct (client, version) hellos refused and logged; client names are anyone's

@@ -9,6 +9,12 @@ row the runner must close (an experiment that ended, its ledger entry) is closed
 room, not lost. Meanwhile `full` is set: whoever answers a person or an agent waits for a write
 only until then (`done_unless_full`), and a write made under `refuse_when_full()` raises DiskFull
 at once instead of waiting: nothing that answers waits on room that may never come.
+
+The rows read back into records, and the SQL of a goal's ledger in brief, are
+storage/runner_rows.py's. The store stays one class past 600 lines on purpose: every write and the
+event it appends share a transaction, its disk-full waiting and its listeners; split by table, each
+part would need all three, and a change touching two tables (a finished run: its row and its event)
+would span parts.
 """
 
 from __future__ import annotations
@@ -22,12 +28,9 @@ import json
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar, get_args
-
-from pydantic import TypeAdapter, ValidationError
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from goaltender.storage.db import Database, Tx
 from goaltender.storage.high_water import FILE as HIGH_WATER_FILE
@@ -59,20 +62,33 @@ from goaltender.storage.records import (
     InboxMessage,
     MetricPoint,
     MetricsLogged,
-    MilestoneReported,
     PostsFolded,
     StageChanged,
     SteerReceived,
-    UnreadableEvent,
-    first_problem,
-    stored_time,
     tokens_used,
     utcnow,
+)
+from goaltender.storage.runner_rows import (
+    ACTIVE,
+    BEST_EXPERIMENTS,
+    EVENT_COLUMNS,
+    LEDGER_TOTALS,
+    OF_GOALS,
+    PENDING_APPROVALS_OF,
+    RUNNING_EXPERIMENTS,
+    Ledger,
+    approval_of,
+    event_of,
+    event_sized,
+    experiment_of,
+    folded_title,
+    goal_filter,
+    goal_of,
+    inbox_message_of,
 )
 from goaltender.storage.runner_schema import MIGRATIONS
 from goaltender.storage.space import DiskFull, is_disk_full, probe_after_failure
 
-_event_data = TypeAdapter(EventData)
 _PAUSED_FOR_DISK = "SELECT 1 FROM goals WHERE id = ? AND state = 'paused' AND paused_for_disk"
 #: How an event is logged (goal_id, ts, kind, data): with `plain`, whether its stored JSON can be
 #: spliced into a replay as it is (its data is JSON, its time needs no escaping in a JSON string).
@@ -251,14 +267,14 @@ class RunnerStore:
     async def events_since(self, seq: int, limit: int = 500, goal_id: int | None = None) -> list[Event]:
         if goal_id is None:
             rows = await self.db.fetchall(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)
             )
         else:
             rows = await self.db.fetchall(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE seq > ? AND goal_id = ? ORDER BY seq LIMIT ?",
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE seq > ? AND goal_id = ? ORDER BY seq LIMIT ?",
                 (seq, goal_id, limit),
             )
-        return [_event(row) for row in rows]
+        return [event_of(row) for row in rows]
 
     async def stored_events_since(
         self, seq: int, limit: int = 500, goal_id: int | None = None
@@ -268,7 +284,7 @@ class RunnerStore:
         where = "seq > ?" if goal_id is None else "seq > ? AND goal_id = ?"
         params = (seq, limit) if goal_id is None else (seq, goal_id, limit)
         return await self.db.fetchall(
-            f"SELECT {_EVENT_COLUMNS}, plain FROM events WHERE {where} ORDER BY seq LIMIT ?", params
+            f"SELECT {EVENT_COLUMNS}, plain FROM events WHERE {where} ORDER BY seq LIMIT ?", params
         )
 
     async def head_seq(self, goal_id: int | None = None) -> int:
@@ -372,22 +388,22 @@ class RunnerStore:
         row = await tx.row("SELECT * FROM goals WHERE id = ?", (goal_id,))
         if row is None:
             raise KeyError(goal_id)
-        return _goal(row)
+        return goal_of(row)
 
     async def goal_by_key(self, submit_key: str) -> Goal | None:
         row = await self.db.fetchone("SELECT * FROM goals WHERE submit_key = ?", (submit_key,))
-        return _goal(row) if row else None
+        return goal_of(row) if row else None
 
     async def get_goal(self, goal_id: int) -> Goal | None:
         row = await self.db.fetchone("SELECT * FROM goals WHERE id = ?", (goal_id,))
-        return _goal(row) if row else None
+        return goal_of(row) if row else None
 
     async def list_goals(
         self, active_only: bool = False, *, limit: int | None = None, before: int | None = None
     ) -> list[Goal]:
         """Goals, oldest first; with `limit`, the newest `limit` of them (ids under `before`, when
         given). The state is filtered here, in SQL on its index: a long history costs nothing."""
-        where, params = _goal_filter(active_only, before)
+        where, params = goal_filter(active_only, before)
         if limit is None:
             rows = await self.db.fetchall(f"SELECT * FROM goals {where} ORDER BY id", params)
         else:
@@ -395,11 +411,11 @@ class RunnerStore:
                 f"SELECT * FROM (SELECT * FROM goals {where} ORDER BY id DESC LIMIT ?) ORDER BY id",
                 [*params, limit],
             )
-        return [_goal(row) for row in rows]
+        return [goal_of(row) for row in rows]
 
     async def active_goal_states(self) -> dict[str, int]:
         """How many goals are in each state that is not an end (what monitoring shows)."""
-        rows = await self.db.fetchall(f"SELECT state, COUNT(*) FROM goals WHERE {_ACTIVE} GROUP BY state")
+        rows = await self.db.fetchall(f"SELECT state, COUNT(*) FROM goals WHERE {ACTIVE} GROUP BY state")
         return {row[0]: int(row[1]) for row in rows}
 
     @_waits_for_space
@@ -495,7 +511,7 @@ class RunnerStore:
         pending: list[Event] = []
         async with self.db.write() as tx:
             await tx.run("UPDATE goals SET stage = stage + 1 WHERE id = ?", (goal_id,))
-            goal = _goal(await tx.one("SELECT * FROM goals WHERE id = ?", (goal_id,)))
+            goal = goal_of(await tx.one("SELECT * FROM goals WHERE id = ?", (goal_id,)))
             name = goal.stage_name or ""
             await self._append(
                 tx,
@@ -620,7 +636,7 @@ class RunnerStore:
         return experiment
 
     async def _experiment(self, tx: Tx, experiment_id: int) -> Experiment:
-        return _experiment(await tx.one("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
+        return experiment_of(await tx.one("SELECT * FROM experiments WHERE id = ?", (experiment_id,)))
 
     @_waits_for_space
     async def set_experiment_placement(
@@ -697,7 +713,7 @@ class RunnerStore:
 
     async def get_experiment(self, experiment_id: int) -> Experiment | None:
         row = await self.db.fetchone("SELECT * FROM experiments WHERE id = ?", (experiment_id,))
-        return _experiment(row) if row else None
+        return experiment_of(row) if row else None
 
     async def log_location(self, experiment_id: int) -> tuple[Path, Path] | None:
         """(its goal's workspace, its log) for an experiment: what a log fetch reads, chunk after
@@ -720,14 +736,14 @@ class RunnerStore:
 
     async def experiments(self, goal_id: int) -> list[Experiment]:
         rows = await self.db.fetchall("SELECT * FROM experiments WHERE goal_id = ? ORDER BY idx", (goal_id,))
-        return [_experiment(row) for row in rows]
+        return [experiment_of(row) for row in rows]
 
     async def running_experiments(self) -> list[Experiment]:
         """Running or queued: what a restart finds unfinished."""
         rows = await self.db.fetchall(
             "SELECT * FROM experiments WHERE status IN ('running', 'queued') ORDER BY id"
         )
-        return [_experiment(row) for row in rows]
+        return [experiment_of(row) for row in rows]
 
     async def usage(self, goal_id: int) -> tuple[int, float]:
         """(experiments attempted, compute-hours used) for a goal. Interrupted runs (cut short by
@@ -744,14 +760,14 @@ class RunnerStore:
         totals grouped per goal, the best and the running experiment, never the whole ledger."""
         ids = json.dumps(goal_ids)  # one parameter, however many goals
         ledgers = {goal_id: Ledger() for goal_id in goal_ids}
-        for row in await self.db.fetchall(_LEDGER_TOTALS, (ids,)):
+        for row in await self.db.fetchall(LEDGER_TOTALS, (ids,)):
             ledgers[row[0]].attempted, ledgers[row[0]].compute_hours_used = int(row[1]), float(row[2])
-        for row in await self.db.fetchall(_BEST_EXPERIMENTS, (ids,)):
-            ledgers[row["goal_id"]].best = _experiment(row)
-        for row in await self.db.fetchall(_RUNNING_EXPERIMENTS, (ids,)):
-            ledgers[row["goal_id"]].running = _experiment(row)
-        for row in await self.db.fetchall(_PENDING_APPROVALS_OF, (ids,)):
-            ledgers[row["goal_id"]].pending_approvals.append(_approval(row))
+        for row in await self.db.fetchall(BEST_EXPERIMENTS, (ids,)):
+            ledgers[row["goal_id"]].best = experiment_of(row)
+        for row in await self.db.fetchall(RUNNING_EXPERIMENTS, (ids,)):
+            ledgers[row["goal_id"]].running = experiment_of(row)
+        for row in await self.db.fetchall(PENDING_APPROVALS_OF, (ids,)):
+            ledgers[row["goal_id"]].pending_approvals.append(approval_of(row))
         for goal_id, used in (await self.tokens_used(goal_ids)).items():
             ledgers[goal_id].tokens_used = used
         return ledgers
@@ -760,7 +776,7 @@ class RunnerStore:
         """Each goal's agent tokens so far, from its metered counters (on the metrics index)."""
         series: dict[int, dict[str, list[float]]] = {}
         rows = await self.db.fetchall(
-            f"SELECT goal_id, name, value FROM metrics WHERE {_OF_GOALS} AND name IN (?, ?) ORDER BY id",
+            f"SELECT goal_id, name, value FROM metrics WHERE {OF_GOALS} AND name IN (?, ?) ORDER BY id",
             (json.dumps(goal_ids), *TOKEN_METRICS),
         )
         for goal_id, name, value in rows:
@@ -778,7 +794,7 @@ class RunnerStore:
                 "INSERT INTO metrics (goal_id, experiment_id, name, step, value, ts) VALUES (?, ?, ?, ?, ?, ?)",
                 [(goal_id, experiment_id, p.name, p.step, p.value, now) for p in points],
             )
-            for some in _event_sized(points):
+            for some in event_sized(points):
                 event = await self._append(
                     tx, goal_id, MetricsLogged(experiment_id=experiment_id, points=some), pending
                 )
@@ -842,11 +858,11 @@ class RunnerStore:
         row = await tx.row("SELECT * FROM approvals WHERE id = ?", (approval_id,))
         if row is None:
             raise KeyError(approval_id)
-        return _approval(row)
+        return approval_of(row)
 
     async def get_approval(self, approval_id: int) -> Approval | None:
         row = await self.db.fetchone("SELECT * FROM approvals WHERE id = ?", (approval_id,))
-        return _approval(row) if row else None
+        return approval_of(row) if row else None
 
     @_waits_for_space
     async def decide_approval(
@@ -877,7 +893,7 @@ class RunnerStore:
             rows = await self.db.fetchall(
                 "SELECT * FROM approvals WHERE state = 'pending' AND goal_id = ? ORDER BY id", (goal_id,)
             )
-        return [_approval(row) for row in rows]
+        return [approval_of(row) for row in rows]
 
     # ---- inbox (steering) ----
 
@@ -889,7 +905,7 @@ class RunnerStore:
                 "INSERT INTO inbox (goal_id, author, text, created_at) VALUES (?, ?, ?, ?)",
                 (goal_id, author, text, utcnow().isoformat()),
             )
-            message = _inbox(await tx.one("SELECT * FROM inbox WHERE id = ?", (message_id,)))
+            message = inbox_message_of(await tx.one("SELECT * FROM inbox WHERE id = ?", (message_id,)))
             await self._append(tx, goal_id, SteerReceived(message=message), pending)
         self._announce(pending)
         return message
@@ -901,7 +917,7 @@ class RunnerStore:
         async with self.db.write() as tx:
             where = "goal_id = ? AND read_at IS NULL" if unread_only else "goal_id = ?"
             messages = [
-                _inbox(row)
+                inbox_message_of(row)
                 for row in await tx.rows(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,))
             ]
             if any(message.read_at is None for message in messages):
@@ -915,7 +931,7 @@ class RunnerStore:
         """read_inbox's messages, marking none (a read, which a full disk allows)."""
         where = "goal_id = ? AND read_at IS NULL" if unread_only else "goal_id = ?"
         rows = await self.db.fetchall(f"SELECT * FROM inbox WHERE {where} ORDER BY id", (goal_id,))
-        return [_inbox(row) for row in rows]
+        return [inbox_message_of(row) for row in rows]
 
     # ---- diary (session memory) ----
 
@@ -970,10 +986,10 @@ class RunnerStore:
 
     async def hub_fetches(self, goal_id: int) -> list[HubFetch]:
         rows = await self.db.fetchall(
-            f"SELECT {_EVENT_COLUMNS} FROM events WHERE goal_id = ? AND kind = 'hub_fetched' ORDER BY seq",
+            f"SELECT {EVENT_COLUMNS} FROM events WHERE goal_id = ? AND kind = 'hub_fetched' ORDER BY seq",
             (goal_id,),
         )
-        return [event.data.fetch for event in map(_event, rows) if isinstance(event.data, HubFetched)]
+        return [event.data.fetch for event in map(event_of, rows) if isinstance(event.data, HubFetched)]
 
     # ---- posts folded beyond their goal's rate (runner/folding.py) ----
 
@@ -992,11 +1008,11 @@ class RunnerStore:
                 return None
             where = f"{_FOLDED} AND seq > ?"
             first = await tx.rows(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE {where} ORDER BY seq LIMIT ?",
                 (goal_id, since, FOLDED_TITLES_KEPT),
             )
             latest = await tx.rows(
-                f"SELECT {_EVENT_COLUMNS} FROM events WHERE {where} AND seq > ? ORDER BY seq DESC LIMIT ?",
+                f"SELECT {EVENT_COLUMNS} FROM events WHERE {where} AND seq > ? ORDER BY seq DESC LIMIT ?",
                 (goal_id, since, first[-1]["seq"], FOLDED_TITLES_KEPT),
             )
             shown = PostsFolded(
@@ -1004,8 +1020,8 @@ class RunnerStore:
                 fetches=count - milestones,
                 first_seq=first_seq,
                 last_seq=last_seq,
-                titles=[_folded_title(row) for row in first],
-                latest_titles=[_folded_title(row) for row in reversed(latest)],
+                titles=[folded_title(row) for row in first],
+                latest_titles=[folded_title(row) for row in reversed(latest)],
             )
             event = await self._append(tx, goal_id, shown, pending)
         self._announce(pending)
@@ -1025,102 +1041,6 @@ class RunnerStore:
         return row is not None
 
 
-@dataclass
-class Ledger:
-    """A goal's ledger in brief: what its status shows."""
-
-    attempted: int = 0  # interrupted runs are not counted as attempted (Experiment.counted)
-    compute_hours_used: float = 0.0
-    best: Experiment | None = None  # runner/report.py's best_experiment, chosen in SQL
-    running: Experiment | None = None  # the newest running one, else the first queued
-    pending_approvals: list[Approval] = field(default_factory=list)
-    tokens_used: int = 0  # the agent's tokens (runner/budget.py tokens_used)
-
-
-# Named states (not NOT IN the terminal ones), so that the goals_by_state index answers it.
-_ACTIVE_STATES = [state for state in get_args(GoalState) if state not in TERMINAL_STATES]
-_ACTIVE = "state IN ({})".format(", ".join(f"'{state}'" for state in _ACTIVE_STATES))
-_OF_GOALS = "goal_id IN (SELECT value FROM json_each(?))"
-_LEDGER_TOTALS = (
-    "SELECT goal_id, SUM(status != 'interrupted'), COALESCE(SUM(compute_hours), 0) "
-    f"FROM experiments WHERE {_OF_GOALS} GROUP BY goal_id"
-)
-# The kept experiment with the best headline, the first (lowest idx) of equals, as best_experiment.
-_BEST_EXPERIMENTS = f"""
-    SELECT * FROM (
-        SELECT e.*, ROW_NUMBER() OVER (
-            PARTITION BY e.goal_id
-            ORDER BY CASE WHEN g.direction = 'maximize' THEN -e.metric_value ELSE e.metric_value END, e.idx
-        ) AS rank
-        FROM experiments e JOIN goals g ON g.id = e.goal_id
-        WHERE e.{_OF_GOALS} AND e.status = 'keep' AND e.metric_value IS NOT NULL
-    ) WHERE rank = 1
-"""
-_RUNNING_EXPERIMENTS = f"""
-    SELECT * FROM (
-        SELECT *, ROW_NUMBER() OVER (
-            PARTITION BY goal_id ORDER BY status = 'running' DESC, CASE status WHEN 'running' THEN -idx ELSE idx END
-        ) AS rank
-        FROM experiments WHERE {_OF_GOALS} AND status IN ('running', 'queued')
-    ) WHERE rank = 1
-"""
-_PENDING_APPROVALS_OF = f"SELECT * FROM approvals WHERE state = 'pending' AND {_OF_GOALS} ORDER BY id"
-
-
-def _goal_filter(active_only: bool, before: int | None) -> tuple[str, list[Any]]:
-    conditions, params = [], []
-    if active_only:
-        conditions.append(_ACTIVE)
-    if before is not None:
-        conditions.append("id < ?")
-        params.append(before)
-    return ("WHERE " + " AND ".join(conditions) if conditions else ""), params
-
-
-def _goal(row: sqlite3.Row) -> Goal:
-    """A goal's row as its model. A budget that does not read back (a row edited by hand, say)
-    leaves it blocked, not the runner unable to start: no experiment starts until an operator
-    sets its budget again (`goaltender budget N …`), which writes it anew."""
-    data = dict(row)
-    data.pop("agent_report")
-    data.pop("paused_for_disk")
-    data.pop("submit_key")
-    try:
-        data["budget"] = Budget.model_validate_json(data["budget"])
-    except ValidationError as exc:
-        data["budget"] = Budget()
-        problem = exc.errors()[0]
-        data["blocked"] = (
-            f"its budget in runner.db does not read back ({'.'.join(map(str, problem['loc']))}: "
-            f"{problem['msg']}): set it again with `goaltender budget {data['id']} …`"
-        )
-    data["stages"] = json.loads(data["stages"])
-    return Goal(**data)
-
-
-def _experiment(row: sqlite3.Row) -> Experiment:
-    data = dict(row)
-    data.pop("rank", None)  # a window query's own column
-    data["index"] = data.pop("idx")
-    data["command"] = json.loads(data["command"])
-    data["params"] = json.loads(data["params"])
-    data["metrics"] = json.loads(data["metrics"])
-    data["verified"] = bool(data["verified"])
-    data["within_noise"] = bool(data["within_noise"])
-    data["eval_command"] = json.loads(data["eval_command"]) if data["eval_command"] else None
-    return Experiment(**data)
-
-
-def _approval(row: sqlite3.Row) -> Approval:
-    return Approval(**dict(row))
-
-
-def _inbox(row: sqlite3.Row) -> InboxMessage:
-    return InboxMessage(**dict(row))
-
-
-# Text columns come as bytes, decoded here: text that is not UTF-8 (a row written by other means)
-# must fail its own row, not the query that reads a whole batch.
 FOLDED_TITLES_KEPT = 25  # titles a PostsFolded keeps of the first folded posts, and of the latest
 # A post logged folded: `folded` is in its data only when true (records.Folded). The CASE keeps
 # json_extract off a row that is no JSON (one not written by this runner), which would fail the query.
@@ -1143,79 +1063,3 @@ async def _folded_since_shown(tx: Database | Tx, goal_id: int) -> tuple[int, int
         (goal_id, since),
     )
     return int(row[0]), int(row[1]), int(row[2]), int(row[3]), since
-
-
-def _folded_title(row: sqlite3.Row) -> str:
-    """A folded post's title, as its PostsFolded names it."""
-    match _event(row).data:
-        case MilestoneReported(title=title):
-            return title
-        case HubFetched(fetch=fetch):
-            return f"fetched {fetch.repo_type} {fetch.repo} ({fetch.revision})"
-    return "(unreadable)"
-
-
-_EVENT_COLUMNS = (
-    "seq, goal_id, CAST(ts AS BLOB) AS ts, CAST(kind AS BLOB) AS kind, CAST(data AS BLOB) AS data"
-)
-
-
-def stored_events_json(rows: list[sqlite3.Row]) -> list[bytes]:
-    """Rows of stored_events_since as their Events' JSON. The stored data is spliced in as it is
-    (it was an EventData's JSON when logged); a row not known to be plain (INSERT_EVENT checks its
-    data is JSON and its time needs no escaping; a row written any other way is not known to be),
-    or not UTF-8, is read into its model instead, and so becomes an UnreadableEvent with its
-    reason. Data that is JSON but no longer reads into its model is left for the client to find
-    (goaltender.runner.protocol.batch_events), which makes the same UnreadableEvent of it."""
-    return [
-        b'{"seq":%d,"goal_id":%s,"ts":"%s","data":%s}'
-        % (seq, b"null" if goal_id is None else b"%d" % goal_id, ts, data)
-        if plain and (goal_id is None or type(goal_id) is int) and ts.isascii() and _utf8(data)
-        else _event(row).model_dump_json().encode()
-        for row in rows
-        for seq, goal_id, ts, _kind, data, plain in (row,)
-    ]
-
-
-def _utf8(data: bytes) -> bool:
-    if data.isascii():
-        return True
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _event(row: sqlite3.Row) -> Event:
-    """The logged event; one that no longer reads back becomes an UnreadableEvent with its seq:
-    a row every subscriber would fail on must not stall them all, nor leave a gap in seq order."""
-    try:
-        data = _event_data.validate_json(row["data"])
-        return Event(seq=row["seq"], goal_id=row["goal_id"], ts=row["ts"].decode(), data=data)
-    except (ValidationError, UnicodeDecodeError) as exc:
-        reason = first_problem(exc)
-        kind = row["kind"].decode(errors="replace")
-        log.warning("event %s (%s) cannot be read, delivered as unreadable: %s", row["seq"], kind, reason)
-        return Event(
-            seq=row["seq"],
-            goal_id=row["goal_id"] if isinstance(row["goal_id"], int) else None,
-            ts=stored_time(row["ts"]),
-            data=UnreadableEvent(stored_kind=kind, reason=reason),
-        )
-
-
-EVENT_POINTS_BYTES = 128 * 1024  # about what one metrics event's points take as JSON, at most
-
-
-def _event_sized(points: list[MetricPoint]) -> Iterator[list[MetricPoint]]:
-    """`points` in runs small enough for one event each: a run's log tailed in one go (tens of
-    thousands of lines) made one event over the line a client reads, and stalled every subscriber."""
-    start, size = 0, 0
-    for end, point in enumerate(points):
-        cost = len(point.name) + 64  # its JSON: name, value, step and punctuation
-        if size and size + cost > EVENT_POINTS_BYTES:
-            yield points[start:end]
-            start, size = end, 0
-        size += cost
-    yield points[start:]

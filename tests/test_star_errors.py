@@ -300,7 +300,7 @@ def test_the_report_names_the_dominant_error_class():
     # The evaluation's `errors/<class>` lines, as the runner keeps them in the row's metrics.
     from goaltender.runner.report import error_classes, summary_text
     from goaltender.storage.records import Experiment, Goal, utcnow
-    from goaltender.storage.runner_store import Ledger
+    from goaltender.storage.runner_rows import Ledger
 
     a = analyse(
         [ex(1, 64, 3, 3, 3), ex(4, 128, 2, 2, 2), ex(2, 128, 2, 1, 0)],
