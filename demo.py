@@ -17,8 +17,8 @@ from pathlib import Path
 from goaltender.display import plots
 from goaltender.display.terminal import ConsoleThread
 from goaltender.environments.star_count import space
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner, StartupFailed
 from goaltender.storage.records import (

@@ -4,7 +4,7 @@ every campaign it runs (issue 13: importing them was ~0.2 s of the demo's ~2 s).
 It keeps the contract of agents/bootstrap.py, which the other agents use: the same environment
 (GOALTENDER_GOAL_ID, GOALTENDER_SOCKET, GOALTENDER_WORKSPACE, GOALTENDER_RESUMED) and exit codes,
 the same ends (a stop's short report, a failure's milestone, a misconfiguration's). It talks to the
-runner through a blocking quick_client.Session, in plain dicts shaped as runner/protocol.py's
+runner through a blocking quick_client.Session, in plain dicts shaped as protocol/messages.py's
 models encode them; the runner validates every request.
 
 SIGTERM (the runner's stop) and SIGINT raise Stopped wherever the agent is: it hands in its report
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goaltender.agents.tool_output import one_line
-from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, Session, socket_from_env
+from goaltender.protocol.quick_client import RunnerRefused, RunnerUnavailable, Session, socket_from_env
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:

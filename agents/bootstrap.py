@@ -38,8 +38,8 @@ from goaltender.agents.blocking import Misconfigured as Misconfigured
 from goaltender.agents.blocking import agent_log as agent_log
 from goaltender.agents.blocking import process_exit, process_goal
 from goaltender.agents.tool_output import one_line
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable, socket_from_env
 
 if TYPE_CHECKING:  # only the agents that read settings import pydantic-settings (~0.1 s)
     from pydantic_settings import BaseSettings

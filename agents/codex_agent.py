@@ -49,8 +49,8 @@ from goaltender.agents.codex_prompts import (
     turn_failure,
 )
 from goaltender.agents.codex_rpc import METHOD_NOT_FOUND, AppServer, AppServerGone, RpcError
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 
 log = agent_log("codex")
 

@@ -62,9 +62,9 @@ from goaltender.agents.runner_verbs import RunnerVerbs, steer_text
 from goaltender.agents.tool_output import one_line, redact, secret_values, truncate_middle
 from goaltender.agents.tool_schemas import Finish, LoadSkill, Tool, function_tool
 from goaltender.agents.workspace_tools import WorkspaceTools
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import stop_met
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import stop_met
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.runner.secrets import url_shown
 from goaltender.storage.records import MetricPoint
 

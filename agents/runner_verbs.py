@@ -34,7 +34,7 @@ from goaltender.agents.tool_schemas import (
     WriteDiary,
 )
 from goaltender.agents.workspace_tools import Ask, decision
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import MetricPoint
 from goaltender.training.launch import LaunchError, plan
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from goaltender.agents.blocking import BlockingAgent, Misconfigured, PlainGoal, run_blocking_agent
 from goaltender.display.params import format_metric, format_params
+from goaltender.protocol.quick_client import RunnerRefused
 from goaltender.runner.noise import LOW_SIGNAL_ANSWER
-from goaltender.runner.quick_client import RunnerRefused
 from goaltender.storage.direction import best_of, reached
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up

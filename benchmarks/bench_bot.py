@@ -76,8 +76,8 @@ DEFAULT_INTERVAL = BotSettings.model_fields["outbox_interval_s"].default  # the 
 MILESTONE_AGENT = """\
 import asyncio, os, sys
 from pathlib import Path
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, socket_from_env
 
 async def main(count, pace):
     goal = int(os.environ["GOALTENDER_GOAL_ID"])

@@ -21,8 +21,8 @@ from goaltender.bot.links import DatabaseReplaced, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
 from goaltender.bot.roles import Roles
 from goaltender.bot.thread import thread_at
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, Thread
 
 log = logging.getLogger("goaltender.bot")

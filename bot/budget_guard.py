@@ -18,9 +18,9 @@ from goaltender.bot.keys import BudgetKey, CardKey, row_id
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, editing, in_thread
 from goaltender.bot.roles import Roles, actor
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalTextError, apply_budget_change
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import GoalTextError, apply_budget_change
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_audit import Outcome
 from goaltender.storage.bot_store import BotStore, BudgetRequest, Thread
 from goaltender.storage.records import utcnow

@@ -22,8 +22,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import render
 from goaltender.bot.links import RunnerPool, UnknownRunner
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import Thread
 
 log = logging.getLogger("goaltender.bot")

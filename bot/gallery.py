@@ -22,7 +22,7 @@ from typing import TypeVar
 from goaltender.bot import queries, render
 from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Payload
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import Thread
 from goaltender.storage.records import Experiment
 

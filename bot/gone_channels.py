@@ -19,8 +19,8 @@ from goaltender.bot.keys import CardKey, QueueKey, parse
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox
 from goaltender.bot.slack_errors import failure_of
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, OutboxItem, Thread
 from goaltender.storage.records import TERMINAL_STATES
 

@@ -23,9 +23,9 @@ from goaltender.bot.membership import Membership
 from goaltender.bot.outbox import Outbox, replacing
 from goaltender.bot.roles import Roles, actor
 from goaltender.bot.tokens import TokenRefused
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalSpec, GoalTextError, parse_goal_text
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import GoalSpec, GoalTextError, parse_goal_text
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, OutboxItem, QueuedGoal
 
 log = logging.getLogger("goaltender.bot")

@@ -33,8 +33,8 @@ from datetime import datetime
 from typing import TypeVar
 
 from goaltender.bot.transports import LINK_ERRORS, RunnerTarget, error_reason, open_client
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import Event, utcnow
 
 log = logging.getLogger("goaltender.bot.links")

@@ -38,8 +38,8 @@ from goaltender.bot.people import People
 from goaltender.bot.roles import Roles
 from goaltender.bot.thread import root_at, thread_at
 from goaltender.bot.views import Views, asks_for_summary
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, QueuedGoal, Thread
 
 log = logging.getLogger("goaltender.bot")

@@ -9,8 +9,8 @@ import asyncio
 import logging
 
 from goaltender.bot.links import RunnerPool, UnknownRunner
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.records import Experiment
 
 log = logging.getLogger("goaltender.bot")

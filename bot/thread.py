@@ -26,7 +26,7 @@ from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, OutboxKey, Queue
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, Payload, editing, in_thread, replacing
 from goaltender.display import plots
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore, OutboxKind, QueuedGoal, Thread
 from goaltender.storage.records import (
     ApprovalDecided,

@@ -31,7 +31,7 @@ from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Outbox, Payload
 from goaltender.bot.render_views import GoalLine, Waiting
 from goaltender.bot.roles import Roles
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore, Thread
 from goaltender.storage.records import AuditEntry, DiaryEntry
 

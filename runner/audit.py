@@ -19,7 +19,7 @@ import dataclasses
 import logging
 from datetime import datetime
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.trust import Principal, goal_named
 from goaltender.storage.records import utcnow
 from goaltender.storage.runner_store import RunnerStore

@@ -34,10 +34,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner import goal_disk, gpus, noise, stages
-from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import agent_environment, experiment_environment, goal_environment
-from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Executor, Job, LocalExecutor, OnStart, Placement
 from goaltender.runner.fetches import HubFetches

@@ -35,18 +35,18 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from goaltender import readiness
-from goaltender.runner import inputs
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import (
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import (
     GoalTextError,
     apply_budget_change,
     explicit_budget,
     parse_goal_text,
 )
+from goaltender.protocol.fetch_spec import FetchFailed, FetchSpec, spec_problem
+from goaltender.runner import inputs
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import ConfigError, RunnerSettings
 from goaltender.runner.disk_usage import goal_usage
-from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.logs import RUNNER_TEXT, configure_logging, say
 from goaltender.runner.mlflow_mirror import MlflowMirror
 from goaltender.runner.monitoring import MetricsEndpoint, MetricsUnavailable, runner_endpoint

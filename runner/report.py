@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 from goaltender.display.params import format_params
-from goaltender.runner.budget import stop_status
+from goaltender.protocol.budget import stop_status
 from goaltender.storage.direction import best_of, reached
 from goaltender.storage.records import Experiment, Goal, HubFetch
 

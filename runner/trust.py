@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import TypeVar
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.operators import Operators, user_name
 from goaltender.storage.runner_store import RunnerStore
 

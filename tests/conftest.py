@@ -20,8 +20,8 @@ from ssh_box import SSHBox
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import Approval, ApprovalRequested, Event, FinalReport

@@ -14,8 +14,8 @@ import asyncio
 import os
 import sys
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, socket_from_env
 
 
 async def main(total: int, milestone_every: int) -> None:

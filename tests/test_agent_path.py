@@ -13,9 +13,9 @@ from pathlib import Path
 from conftest import BIN, events_until_report, eventually, submit, write_agent
 from daemons import Daemon
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.agent_env import runner_bin_directories, runner_first_path
-from goaltender.runner.client import RunnerClient
 from goaltender.runner.supervisor import spawn, wait_process
 
 BARE_PATH = "/usr/bin:/bin"  # a service's, or a shell's without the venv activated

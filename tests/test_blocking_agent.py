@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cli_quick import agent_goal, stored  # noqa: F401 - agent_goal is a fixture
 
-from goaltender.runner import protocol as p
-from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, Session
-from goaltender.runner.wire import MAX_LINE
+from goaltender.protocol import messages as p
+from goaltender.protocol.quick_client import RunnerRefused, RunnerUnavailable, Session
+from goaltender.protocol.wire import MAX_LINE
 
 ASKING_SWEEP = [
     sys.executable,

@@ -17,7 +17,7 @@ from fake_slack import ALICE, BOB
 from goaltender.bot import render
 from goaltender.bot.approvals import normalise_reaction
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import Approval, FinalReport, InboxMessage, MilestoneReported, utcnow
 
 # The agent leaves what it saw in its workspace (a sandboxed agent can write nowhere else).

@@ -9,7 +9,7 @@ from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 GOALS = "C0GOALS"
 

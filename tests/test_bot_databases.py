@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, FakeSlack
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.high_water import FILE as HIGH_WATER
 
 # Every goal's agent says which goal it is in its thread, then waits.

@@ -20,8 +20,8 @@ from conftest import eventually, write_agent
 from fake_slack import ALICE
 
 from goaltender.bot.links import RunnerLink
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.records import Event, MilestoneReported
 
 LINE_LIMIT = 2 * p.MAX_LINE

@@ -15,7 +15,7 @@ from fake_slack import ALICE, BOB
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 
 async def test_a_goal_queues_while_no_runner_is_up_and_starts_when_one_is(

@@ -14,7 +14,7 @@ from fake_slack import ALICE, BOB
 
 from goaltender.bot.admin import AdminCommand, command_words, parse_command
 from goaltender.bot.budget_size import Threshold
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 CAROL = "U0CAROL"  # an approver (configured), or a workspace admin
 DAN = "U0DAN"

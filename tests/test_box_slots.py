@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import Experiment
 
 FAKE_NVML = Path(__file__).parent / "fake_nvml" / "pynvml.py"

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from goaltender import cli
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 GOALTENDER = os.path.join(BIN, "goaltender")
 NO_RUNNER = "/nonexistent/goaltender-test/runner.sock"

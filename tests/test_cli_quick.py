@@ -1,5 +1,5 @@
 """The agent verbs' quick path (issue 13): `milestone`, `metrics`, `diary write` and `report` talk
-to a real runner through runner/quick_client.py (the standard library alone). What the runner
+to a real runner through protocol/quick_client.py (the standard library alone). What the runner
 stored is checked, not only what the CLI printed, and bad input keeps its answer (exit 2, the
 models' words) whether the runner is down, refuses, or never sees it. That these verbs import
 neither pydantic nor asyncio is checked here; what that saves is benchmarks/bench_cli.py's."""
@@ -17,7 +17,7 @@ from conftest import eventually, submit, write_agent
 from test_cli_input import NO_RUNNER, assert_refused, run_cli
 
 from goaltender import cli
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 HEAVY = ("pydantic", "pydantic_core", "asyncio")
 

@@ -13,8 +13,8 @@ from conftest import events_until_report, submit, write_agent
 from test_cli_input import assert_refused, run_cli
 
 import goaltender
-from goaltender.runner import protocol as p
-from goaltender.runner.client import MetricBuffer
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import MetricBuffer
 
 # Each is imported by the command that needs it, never by an agent verb's start-up.
 HEAVY = [
@@ -57,7 +57,7 @@ def test_a_quick_verb_imports_only_what_it_uses(tmp_path, argv):
 
 def test_the_models_are_built_on_first_use():
     script = (
-        "from goaltender.runner import protocol as p\n"
+        "from goaltender.protocol import messages as p\n"
         "print(sum(m.__pydantic_complete__ for m in p.REQUEST_MODELS.values()))\n"
         'p.parse_request(b\'{"id": 1, "type": "ack", "seq": 3}\')\n'
         "print(sum(m.__pydantic_complete__ for m in p.REQUEST_MODELS.values()))\n"

@@ -31,7 +31,7 @@ from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.briefing import list_skills
 from goaltender.agents.codex_config import CodexSettings, write_codex_home
 from goaltender.agents.codex_prompts import report_text, says_done
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import MilestoneReported
 

@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_recovery import TESTS, alive, connect_when_up
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner import campaign
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 from goaltender.runner.trust import user_name
 from goaltender.storage.records import ExperimentFinished, GoalStateChanged, MilestoneReported
 from goaltender.storage.space import FreeSpace

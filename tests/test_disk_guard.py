@@ -11,8 +11,8 @@ from pathlib import Path
 
 from conftest import events_until_report, eventually, submit, write_agent
 
+from goaltender.protocol import messages as p
 from goaltender.runner import campaign
-from goaltender.runner import protocol as p
 from goaltender.storage.records import GoalStateChanged, MilestoneReported
 from goaltender.storage.space import MB, FreeSpace
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 from engine_probes import RAY, ray_job, require
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 RUN = (
     "goaltender experiment -d 'on {engine}' --metric score {flags} -- python -c "

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goaltender.bot import render
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.folding import GoalPosts, PostRate
 from goaltender.storage.records import (
     Budget,
@@ -43,7 +43,7 @@ BURST, PER_MINUTE = 10, 6.0  # the runner's defaults, which the flood tests run 
 # flood with), then reports one more milestone through the CLI and keeps what it was told.
 FLOOD_AGENT = """
 import os, subprocess, sys
-from goaltender.runner.quick_client import Session, socket_from_env
+from goaltender.protocol.quick_client import Session, socket_from_env
 
 goal = int(os.environ["GOALTENDER_GOAL_ID"])
 runner = Session(socket_from_env(), f"agent:flood:{goal}")

@@ -17,7 +17,7 @@ from conftest import eventually
 
 from goaltender.bot.keys import ApprovalKey, CardKey, EventKey
 from goaltender.bot.pruning import prune_bot
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.db import Database
 from goaltender.storage.pruning import file_size, prune_runner

@@ -37,9 +37,9 @@ from goaltender.agents.policy import classify_command
 from goaltender.bot.thread import WRITES, EventInThread
 from goaltender.cli import build_parser
 from goaltender.display.terminal import ConsoleThread
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
-from goaltender.runner.fetch_spec import FetchSpec, spec_problem
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
+from goaltender.protocol.fetch_spec import FetchSpec, spec_problem
 from goaltender.runner.fetches import MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES, download_command
 from goaltender.runner.trust import user_name
 from goaltender.storage.records import Event, HubFetch, HubFetched, MilestoneReported, PostsFolded, utcnow

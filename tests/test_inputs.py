@@ -15,9 +15,9 @@ from conftest import eventually, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner import inputs
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 
 CAP = 4096
 names = st.one_of(

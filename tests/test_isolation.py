@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_box_slots import gpu_box  # noqa: F401 (a fixture)
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.agent_env import CACHE_DIRS, experiment_environment
 from goaltender.runner.supervisor import spawn, wait_process
 from goaltender.storage.records import MilestoneReported

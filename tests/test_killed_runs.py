@@ -10,7 +10,7 @@ import re
 import psutil
 from conftest import events_until_report, eventually, submit, write_agent
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.campaign import Campaigns
 from goaltender.storage.runner_store import RunnerStore
 

@@ -27,7 +27,7 @@ from daemons import Daemon
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.limits import GoalCgroups, Tree, joined, plan, runner_id
 

@@ -14,8 +14,8 @@ from conftest import events_until_report, eventually, submit, write_agent
 
 from goaltender.bot.links import NoRunnerAvailable, RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, open_client
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.records import Event, FinalReport, MilestoneReported
 
 
@@ -88,8 +88,8 @@ def milestone_agent(directory: Path, count: int, pause: float = 0.03) -> list[st
         "milestones.sh",
         f"""exec python - <<'PY'
 import asyncio, os
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, socket_from_env
 
 async def main():
     goal = int(os.environ["GOALTENDER_GOAL_ID"])

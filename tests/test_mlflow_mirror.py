@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 
+from goaltender.protocol import messages as p
 from goaltender.runner import mlflow_mirror
-from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.mlflow_mirror import CURSOR_NAME, mlflow_client_class, mlflow_key
 from goaltender.runner.secrets import Redactor

@@ -23,9 +23,9 @@ from daemons import Daemon
 from fake_slack import ALICE
 from prometheus_client.parser import text_string_to_metric_families
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner import monitoring
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 
 SECRET = "hf_monitoringSecret0123456789"  # a token shape, in every daemon's environment here
 GOAL_WORD = "zanzibar"  # in every goal's text: no metric may show it

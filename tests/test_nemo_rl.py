@@ -25,7 +25,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from goaltender.agents.policy import classify_command
 from goaltender.display import plots
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import MilestoneReported
 from goaltender.training import nemo_rl, tb_events
 from goaltender.training.checkpoints import best_checkpoint, finished_checkpoints, info_key

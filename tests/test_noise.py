@@ -10,8 +10,8 @@ from conftest import events_until_report, eventually, pending_approval, submit, 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from goaltender.protocol import messages as p
 from goaltender.runner import noise
-from goaltender.runner import protocol as p
 
 # An experiment printing an accuracy measured on 64 examples.
 SCORED = "goaltender experiment -d 'acc {acc}' --metric accuracy -- python -c \"print('accuracy: {acc}'); print('n: 64')\"\n"

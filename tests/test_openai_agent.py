@@ -20,7 +20,7 @@ from aiohttp import web
 from conftest import approval_prompts, events_until_report, eventually, submit, vouched
 from fake_openai import Fail, FakeOpenAI, Seen, ToolCall, Turn, finished
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_members
 
 AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}

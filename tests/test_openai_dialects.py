@@ -12,7 +12,7 @@ from conftest import events_until_report, submit
 from fake_openai import Fail, ToolCall, Turn, finished
 from test_openai_agent import AGENTS, system_text, tool_results, user_texts, within_window
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 BASELINE = ToolCall(
     "run_experiment",

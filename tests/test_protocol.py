@@ -1,4 +1,4 @@
-"""runner/protocol.py: every message round-trips; a live daemon answers malformed input with errors."""
+"""protocol/messages.py: every message round-trips; a live daemon answers malformed input with errors."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import eventually
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import (
     Budget,
     Event,

@@ -25,8 +25,8 @@ from conftest import eventually, submit, write_agent
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
-from goaltender.runner import wire
+from goaltender.protocol import messages as p
+from goaltender.protocol import wire
 
 EXAMPLES = {
     "mutated": 4000,

@@ -15,9 +15,9 @@ from conftest import eventually, write_agent
 from fake_slack import ALICE
 from test_runner_identity import connect_when_up, runner_process
 
-from goaltender.runner import protocol as p
-from goaltender.runner import versions
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol import versions
+from goaltender.protocol.client import RunnerClient
 
 UPGRADE_RUNNER = (
     "runner at protocol 1, bot at 2: upgrade the runner "

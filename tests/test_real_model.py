@@ -19,7 +19,7 @@ import pytest
 from conftest import events_until_report, submit
 from llama_server import CONTEXT_TOKENS, MODEL_ALIAS, RealModel
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import AGENT_LOG, FinalReport
 
 AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}

@@ -14,8 +14,8 @@ import psutil
 from conftest import events_until_report, eventually, submit
 from toy_task import AGENT as TOY_AGENT
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 
 TESTS = Path(__file__).parent
 

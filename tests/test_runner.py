@@ -16,7 +16,7 @@ import pytest
 from conftest import BIN, approval_prompts, events_until_report, eventually, submit, write_agent
 
 from goaltender import cli
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner import server
 from goaltender.runner.supervisor import MAX_SUMMARY, group_members
 from goaltender.storage import db as db_module

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import eventually, submit, write_agent
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.db import Database
 from goaltender.storage.high_water import FILE as HIGH_WATER
 from goaltender.storage.runner_schema import MIGRATIONS

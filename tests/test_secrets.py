@@ -20,7 +20,7 @@ from conftest import approval_prompts, events_until_report, eventually, submit, 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.campaign import _tail_text
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.secrets import (

@@ -33,8 +33,8 @@ from test_bot_faults import GATED_AGENT, Goal, bot_env, both_steps_arrive_once
 from test_recovery import connect_when_up
 
 from goaltender.bot.config import BotSettings
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.services import DEPLOY, Layout, hidden_by_private_tmp
 from goaltender.storage.bot_store import BotStore

@@ -19,7 +19,7 @@ from goaltender.agents import sft_sweep
 from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.sft_sweep import FIRST_SFT, UNTRAINED
 from goaltender.agents.sweep import Planner, Row
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import MilestoneReported
 
 TESTS = Path(__file__).parent

@@ -19,7 +19,7 @@ from pathlib import Path
 from conftest import BIN, blocks_text, eventually, pending_approval, submit, write_agent
 from fake_slack import ALICE, BOB
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.skill_folder import SkillFolder
 from goaltender.storage.records import MilestoneReported
 

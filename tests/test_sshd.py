@@ -34,9 +34,9 @@ import pytest
 from conftest import events_until_report, eventually, submit
 
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, _ssh_connect, open_client
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.runner import operators
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.records import FinalReport
 
 SSHD = "/usr/sbin/sshd"

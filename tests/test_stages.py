@@ -11,7 +11,7 @@ from conftest import events_until_report, eventually, pending_approval, submit, 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.stages import compare, parse_stages
 from goaltender.storage.records import MilestoneReported, PostsFolded
 

@@ -23,7 +23,7 @@ from conftest import events_until_report, eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Job, LocalExecutor
 from goaltender.runner.sandbox import Sandbox

@@ -22,7 +22,7 @@ from PIL import Image
 
 from goaltender.bot.gallery import asks_for_examples
 from goaltender.environments.star_count.errors import ERROR_CLASSES, analyse, classify
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.trust import goal_named
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

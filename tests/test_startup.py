@@ -16,7 +16,7 @@ from pathlib import Path
 
 from test_recovery import connect_when_up, start_runner_process
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.storage.runner_schema import MIGRATIONS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import events_until_report, submit
 from toy_task import AGENT as TOY_AGENT
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import ExperimentFinished
 
 TESTS = str(Path(__file__).parent)

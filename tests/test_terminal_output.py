@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_cli_input import GOALTENDER
 
 from goaltender.display.plain import clean
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 CONTROLS = {*map(chr, range(0x00, 0x20)), "\x7f", *map(chr, range(0x80, 0xA0))} - {"\n", "\t"}
 HOSTILE = "red \x1b[31malert\x1b[0m \x1b]0;owned\x07title \x9b2Jcsi"

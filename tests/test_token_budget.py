@@ -8,8 +8,8 @@ import pytest
 from conftest import events_until_report, submit, write_agent
 
 from goaltender.bot.render import status_card
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalTextError, parse_goal_text
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import GoalTextError, parse_goal_text
 from goaltender.storage.records import tokens_used
 
 # An agent metering its tokens the way the built-in ones do: cumulative counters, one point a turn.

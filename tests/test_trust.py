@@ -23,8 +23,8 @@ from conftest import BIN, eventually, submit, vouched, write_agent
 
 from goaltender.agents.codex_config import ALLOWED_VERBS
 from goaltender.agents.policy import CONTROL_VERBS
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.server import MAX_GOAL_CONNECTIONS, MAX_IN_FLIGHT
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -45,8 +45,8 @@ attempt() {{ name=$1; shift; out=$("$@" 2>&1); rc=$?
   printf '%s\\t%s\\t%s\\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\\n\\t' '  ' | cut -c1-600)" >> results.tsv; }}
 cat > raw.py <<'EOF'
 import asyncio, os, sys
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 async def main(kind, arg):
     socket = os.environ.get("RAW_SOCKET") or os.environ["GOALTENDER_SOCKET"]
     try:

@@ -3,7 +3,7 @@ verbs that send a request or a few and exit (`goaltender milestone`, `metrics`, 
 
 Every agent verb is a process of its own: importing pydantic and asyncio for RunnerClient cost
 several times a bare Python's start-up on every milestone and metric (issue 13). Here a request is
-the JSON of a plain dict shaped as runner/protocol.py's model encodes it; the runner validates it.
+the JSON of a plain dict shaped as protocol/messages.py's model encodes it; the runner validates it.
 
     [reply] = exchange(socket_from_env(), "cli:milestone", [encode({"type": "milestone", ...})])
 
@@ -24,7 +24,7 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 
-from goaltender.runner.wire import MAX_LINE, PROTOCOL_VERSION
+from goaltender.protocol.wire import MAX_LINE, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:

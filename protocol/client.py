@@ -27,12 +27,12 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from goaltender.runner import protocol as p
-from goaltender.runner import versions, wire
-from goaltender.runner.quick_client import RunnerUnavailable as RunnerUnavailable
-from goaltender.runner.quick_client import socket_from_env as socket_from_env
-from goaltender.runner.quick_client import unix_address as unix_address
-from goaltender.runner.quick_client import unreachable
+from goaltender.protocol import messages as p
+from goaltender.protocol import versions, wire
+from goaltender.protocol.quick_client import RunnerUnavailable as RunnerUnavailable
+from goaltender.protocol.quick_client import socket_from_env as socket_from_env
+from goaltender.protocol.quick_client import unix_address as unix_address
+from goaltender.protocol.quick_client import unreachable
 from goaltender.storage.records import Event, MetricPoint, UnreadableEvent, utcnow
 
 R = TypeVar("R", bound=p.Reply)
@@ -156,7 +156,7 @@ class RunnerClient:
             raise
 
     async def hello(self, client: str) -> RunnerClient:
-        """Say hello: at the newest protocol version both speak (runner/versions.py), asking for
+        """Say hello: at the newest protocol version both speak (protocol/versions.py), asking for
         the runner's identity. A runner that predates a field of the hello (`identity`, `oldest`)
         refuses it, and is asked again without; one sharing no version raises ProtocolError
         (`version_mismatch`) with the line naming what to upgrade."""

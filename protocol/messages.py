@@ -8,7 +8,7 @@ MAX_LINE bytes; large things (logs, metric series) are fetched by request, with 
 Every request line gets exactly one reply: its answer, or an `error` saying what is wrong with it
 (echoing its id when that is safe to echo). A line over MAX_LINE gets a last `error` and the
 connection is closed, as the rest of it cannot be told from the next request. What a line may hold
-at all (UTF-8, finite numbers, 64-bit integers, limited nesting) is runner/wire.py's; the bounds of
+at all (UTF-8, finite numbers, 64-bit integers, limited nesting) is protocol/wire.py's; the bounds of
 each field are below. `internal` is only ever a bug in the runner, never the client's input.
 """
 
@@ -32,10 +32,10 @@ from pydantic import (
     model_validator,
 )
 
-from goaltender.runner import wire
-from goaltender.runner.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
-from goaltender.runner.fetch_spec import MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_REVISION_CHARS
-from goaltender.runner.quick_client import RunnerRefused
+from goaltender.protocol import wire
+from goaltender.protocol.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
+from goaltender.protocol.fetch_spec import MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_REVISION_CHARS
+from goaltender.protocol.quick_client import RunnerRefused
 from goaltender.storage.records import (
     Approval,
     AuditEntry,
@@ -105,7 +105,7 @@ LATEST_DEADLINE = datetime(3000, 1, 1, tzinfo=UTC)
 
 def _sensible_budget(budget: Budget) -> Budget:
     """An explicit budget the runner can compute with: a zoned deadline, and limits no larger than
-    the goal text may ask for (runner/budget.py)."""
+    the goal text may ask for (protocol/budget.py)."""
     if budget.deadline is not None:
         if budget.deadline.tzinfo is None:
             raise ValueError("deadline needs a time zone (e.g. 2030-01-01T12:00:00Z)")
@@ -131,7 +131,7 @@ class Message(BaseModel):
 
 
 class Request(Message):
-    # NaN and infinities are refused on the wire (runner/wire.py), and here too for requests made
+    # NaN and infinities are refused on the wire (protocol/wire.py), and here too for requests made
     # in Python (the CLI), before they are sent.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
@@ -178,7 +178,7 @@ class Hello(Request):
     #: Ask for the runner's identity in the welcome (Welcome.runner_id); a runner that predates it
     #: refuses the field, and the client says hello again without it.
     identity: bool = False
-    #: The oldest protocol version the client speaks, when older than `version` (runner/versions.py):
+    #: The oldest protocol version the client speaks, when older than `version` (protocol/versions.py):
     #: the runner answers at the newest version both speak.
     oldest: Int64 | None = None
     added_fields = frozenset({"identity", "oldest"})
@@ -576,7 +576,7 @@ class Reply(Message):
 
 class Welcome(Reply):
     type: Literal["welcome"] = "welcome"
-    version: int = PROTOCOL_VERSION  # the version this connection speaks (runner/versions.py)
+    version: int = PROTOCOL_VERSION  # the version this connection speaks (protocol/versions.py)
     runner: str
     #: The runner's identity (made with its database; a runner with another database has another),
     #: sent to a hello that asks for it: the bot keys a runner's goals by it.
