@@ -83,13 +83,13 @@ class GoalAgent:
 
     async def milestone(self, title: str, text: str = "") -> str:
         """What the runner said: logged, or folded past the goal's rate (runner/folding.py)."""
-        reply = await self.runner.call(
-            p.ReportMilestone, p.Done, goal_id=self.goal_id, title=one_line(title, 300), text=text[:20_000]
+        reply = await self.runner.request(
+            p.ReportMilestone(goal_id=self.goal_id, title=one_line(title, 300), text=text[:20_000])
         )
         return reply.message
 
     async def submit_report(self, text: str) -> None:
-        await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=text[:50_000])
+        await self.runner.request(p.SubmitReport(goal_id=self.goal_id, text=text[:50_000]))
 
 
 def read_settings(settings: type[S]) -> S:
@@ -164,7 +164,7 @@ async def _run(build: Build, goal: Goal, label: str, log: logging.Logger) -> int
     except Misconfigured as exc:
         log.error("misconfigured: %s", exc)
         title = f"{label} is misconfigured"
-        await goal.runner.call(p.ReportMilestone, p.Done, goal_id=goal.id, title=title, text=str(exc))
+        await goal.runner.request(p.ReportMilestone(goal_id=goal.id, title=title, text=str(exc)))
         return EXIT_MISCONFIGURED
     try:
         await agent.run()

@@ -86,7 +86,7 @@ async def main(count, pace):
         while not flag.exists():
             await asyncio.sleep(0.01)
         for i in range(1, count + 1):
-            await runner.call(p.ReportMilestone, p.Done, goal_id=goal, title=f"bench-{i:04d}")
+            await runner.request(p.ReportMilestone(goal_id=goal, title=f"bench-{i:04d}"))
             await asyncio.sleep(pace)
         await asyncio.sleep(3600)
 

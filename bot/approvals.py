@@ -132,12 +132,8 @@ class Approvals:
         """Ask the runner to decide; None on success, else what went wrong (for the person; `again`
         says how to try again when the runner is not reachable)."""
         try:
-            await self.pool[runner].call(
-                p.Decide,
-                p.DecisionReply,
-                approval_id=approval_id,
-                approve=approve,
-                by=await self.roles.people.person(user),
+            await self.pool[runner].request(
+                p.Decide(approval_id=approval_id, approve=approve, by=await self.roles.people.person(user))
             )
         except p.ProtocolError as exc:
             if exc.error.code == "conflict":

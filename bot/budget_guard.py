@@ -121,12 +121,12 @@ class BudgetGuard:
             return f"Already decided: {request.state} by {render.user_ref(request.decided_by)}."
         if approve:
             try:
-                await self.pool[request.runner].call(
-                    p.ChangeBudget,
-                    p.Done,
-                    goal_id=request.goal_id,
-                    change=request.change,
-                    by=await self.roles.people.person(user),
+                await self.pool[request.runner].request(
+                    p.ChangeBudget(
+                        goal_id=request.goal_id,
+                        change=request.change,
+                        by=await self.roles.people.person(user),
+                    )
                 )
             except (RunnerUnavailable, UnknownRunner) as exc:
                 await self.store.unapply_budget_request(request_id)

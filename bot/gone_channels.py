@@ -66,7 +66,7 @@ class GoneChannels:
     async def _pause(self, thread: Thread, error: str) -> None:
         paused = True
         try:
-            await self.pool[thread.runner].call(p.Pause, p.Done, goal_id=thread.goal_id, by=BY)
+            await self.pool[thread.runner].request(p.Pause(goal_id=thread.goal_id, by=BY))
         except p.ProtocolError as exc:  # (it ended, or was paused, meanwhile)
             log.info("goal #%d on %s not paused: %s", thread.goal_id, thread.runner, exc.error.message)
             paused = False
