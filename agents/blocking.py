@@ -28,7 +28,16 @@ from goaltender.protocol.quick_client import RunnerRefused, RunnerUnavailable, S
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
-    from typing import Any, ClassVar, NoReturn
+    from typing import Any, ClassVar, Literal, NoReturn, overload
+
+    from goaltender.protocol.quick_client import (
+        DecisionView,
+        DiaryView,
+        DoneView,
+        ExperimentView,
+        InboxView,
+        SummaryView,
+    )
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -79,7 +88,24 @@ class BlockingAgent:
         self.runner = goal.runner
         self.workspace = goal.workspace
 
-    def call(self, kind: str, expect: str = "done", /, **fields: Any) -> dict[str, Any]:
+    if TYPE_CHECKING:  # the reply's view by the reply type asked for, as Session.call has them
+
+        @overload
+        def call(self, kind: str, expect: Literal["done"] = "done", /, **fields: Any) -> DoneView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["summary"], /, **fields: Any) -> SummaryView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["experiment"], /, **fields: Any) -> ExperimentView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["decision"], /, **fields: Any) -> DecisionView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["inbox"], /, **fields: Any) -> InboxView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["diary"], /, **fields: Any) -> DiaryView: ...
+        @overload
+        def call(self, kind: str, expect: str, /, **fields: Any) -> dict[str, Any]: ...
+
+    def call(self, kind: str, expect: str = "done", /, **fields: Any) -> Any:
         """A request about this goal (`goal_id` is filled in) and its reply."""
         return self.runner.call(kind, expect, goal_id=self.goal_id, **fields)
 

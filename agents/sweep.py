@@ -39,6 +39,8 @@ TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of P
 if TYPE_CHECKING:
     from typing import Any
 
+    from goaltender.protocol.quick_client import ExperimentView, SummaryView
+
 
 @dataclass
 class SweepTask:
@@ -436,9 +438,7 @@ CONFIRM_SEEDS = 3  # seeds a within-noise best is run with when the humans ask f
 class SweepAgent(BlockingAgent):
     stop_within_s = 3.0
 
-    def __init__(
-        self, goal: PlainGoal, task: SweepTask, approve_above: CostThreshold, summary: dict[str, Any]
-    ):
+    def __init__(self, goal: PlainGoal, task: SweepTask, approve_above: CostThreshold, summary: SummaryView):
         super().__init__(goal)
         self.task = task
         self.planner = Planner(task)
@@ -588,7 +588,7 @@ class SweepAgent(BlockingAgent):
         ]
         return raw * statistics.median(ratios) if ratios else raw
 
-    def _after_run(self, reply: dict[str, Any]) -> None:
+    def _after_run(self, reply: ExperimentView) -> None:
         e = self.ledger[-1]
         stop_status = reply.get("stop_status", "")
         if reply.get("new_best"):
