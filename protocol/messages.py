@@ -420,7 +420,26 @@ else:
             return _ReplyOf(None, reply)
 
 
-class Request(Message, _GenericInReply[ReplyT]):
+if TYPE_CHECKING:
+    from pydantic._internal._model_construction import ModelMetaclass as _RequestClass
+else:
+
+    class _RequestClass(type(BaseModel)):
+        def __call__(cls, /, **data: Any) -> Any:
+            """A request built to be sent, without an id (RunnerClient.request numbers it): one the
+            runner would refuse is refused here as it would be, a ProtocolError (`bad_request`,
+            one line), so a caller handles bad input as one refused, never as pydantic's dump.
+            Built with an id (cli.py's checks, tests), or read from a line (model_validate, which
+            never comes here), a request is pydantic's as usual: an id is required."""
+            if "id" in data:
+                return super().__call__(**data)
+            try:
+                return super().__call__(id=0, **data)
+            except ValidationError as exc:
+                raise ProtocolError(invalid_request(cls, None, exc)) from None
+
+
+class Request(Message, _GenericInReply[ReplyT], metaclass=_RequestClass):
     """A request, and its contract: the reply it gets (its type parameter, `reply_type`), who may
     send it (`sender`) and how the audit trail records it (`audited`). Every request declares
     them; a class that does not is refused when it is defined (`__pydantic_init_subclass__`)."""
@@ -430,7 +449,7 @@ class Request(Message, _GenericInReply[ReplyT]):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
     if TYPE_CHECKING:
-        id: RequestId = 0  # a client numbers what it sends (RunnerClient.request)
+        id: RequestId = 0  # built to be sent: the client numbers it (_RequestClass.__call__)
     else:
         id: RequestId  # the runner refuses a request line without one
     type: str  # each request narrows it to its own literal
@@ -448,18 +467,6 @@ class Request(Message, _GenericInReply[ReplyT]):
 
         def __class_getitem__(cls, reply: Any) -> _ReplyOf:
             return _ReplyOf(cls, reply)
-
-        def __init__(self, /, **data: Any) -> None:
-            if "id" in data:  # read, or checked (cli.py): pydantic's ValidationError as usual
-                super().__init__(**data)
-                return
-            # Built to be sent (RunnerClient.request numbers it): a request the runner would refuse
-            # is refused here as it would be, a ProtocolError (`bad_request`, one line), so a
-            # caller handles bad input as one refused, never as pydantic's dump.
-            try:
-                super().__init__(id=0, **data)
-            except ValidationError as exc:
-                raise ProtocolError(invalid_request(type(self), None, exc)) from None
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
