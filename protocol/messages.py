@@ -5,6 +5,11 @@ Every line is one message, a pydantic model below, told apart by `type`. A clien
 `event` messages (no id) from the durable, sequence-numbered event log. Lines are capped at
 MAX_LINE bytes; large things (logs, metric series) are fetched by request, with offsets.
 
+Each request carries its contract (Request): the reply that answers it (`class Stop(Request[Done])`,
+so `await client.request(Stop(goal_id=3))` is a Done to mypy too), who may send it (`sender`) and
+how the audit trail records it (`audited`); runner/trust.py and runner/audit.py derive their
+tables from these.
+
 Every request line gets exactly one reply: its answer, or an `error` saying what is wrong with it
 (echoing its id when that is safe to echo). A line over MAX_LINE gets a last `error` and the
 connection is closed, as the rest of it cannot be told from the next request. What a line may hold
