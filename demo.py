@@ -17,8 +17,8 @@ from pathlib import Path
 from goaltender.display import plots
 from goaltender.display.terminal import ConsoleThread
 from goaltender.environments.star_count import space
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner, StartupFailed
 from goaltender.storage.records import (
@@ -199,8 +199,8 @@ class Demo:
         try:
             async with await RunnerClient.connect_unix(settings.socket_path, client="demo") as client:
                 loop = asyncio.get_running_loop()
-                reply = await client.call(
-                    p.SubmitGoal, p.GoalReply, text=self.goal_text, owner=os.environ.get("USER", "you")
+                reply = await client.request(
+                    p.SubmitGoal(text=self.goal_text, owner=os.environ.get("USER", "you"))
                 )
                 goal_id = reply.status.goal.id
                 loop.add_signal_handler(
@@ -253,13 +253,8 @@ class Demo:
         else:
             approve, comment, by = True, "auto-approved (--yes)", "demo"
         try:
-            await client.call(
-                p.Decide,
-                p.DecisionReply,
-                approval_id=approval_id,
-                approve=approve,
-                by=by,
-                comment=comment or None,
+            await client.request(
+                p.Decide(approval_id=approval_id, approve=approve, by=by, comment=comment or None)
             )
         except p.ProtocolError as exc:  # e.g. it expired while we were typing
             print(f"  ({exc.error.message})")
@@ -305,7 +300,7 @@ class Demo:
 
     async def _finale(self, client: RunnerClient, goal_id: int) -> None:
         plot_paths = await self._plot()
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         self.goal = status.goal
         self.console.write(self.console.render_card(status, now=utcnow()))
         for path in plot_paths:
@@ -323,6 +318,4 @@ class Demo:
         self.interrupted = True
         print("\n(interrupted: stopping the goal and writing its final report…)\n")
         with contextlib.suppress(p.ProtocolError):
-            await client.call(
-                p.Stop, p.Done, goal_id=goal_id, by=os.environ.get("USER", "you"), reason="Ctrl-C"
-            )
+            await client.request(p.Stop(goal_id=goal_id, by=os.environ.get("USER", "you"), reason="Ctrl-C"))

@@ -41,7 +41,7 @@ def engine_bugs() -> list[str]:
 def _samples() -> list[tuple[str, Callable[[], object], object]]:
     """(phrase, how it is read, what it must read as): one of each parser, the possessives' old failures."""
     from goaltender.bot.budget_size import Threshold
-    from goaltender.runner.budget import apply_budget_change, parse_duration, parse_goal_text
+    from goaltender.protocol.budget import apply_budget_change, parse_duration, parse_goal_text
     from goaltender.runner.stages import parse_stages
     from goaltender.storage.records import Budget
 

@@ -4,7 +4,7 @@ every campaign it runs (issue 13: importing them was ~0.2 s of the demo's ~2 s).
 It keeps the contract of agents/bootstrap.py, which the other agents use: the same environment
 (GOALTENDER_GOAL_ID, GOALTENDER_SOCKET, GOALTENDER_WORKSPACE, GOALTENDER_RESUMED) and exit codes,
 the same ends (a stop's short report, a failure's milestone, a misconfiguration's). It talks to the
-runner through a blocking quick_client.Session, in plain dicts shaped as runner/protocol.py's
+runner through a blocking quick_client.Session, in plain dicts shaped as protocol/messages.py's
 models encode them; the runner validates every request.
 
 SIGTERM (the runner's stop) and SIGINT raise Stopped wherever the agent is: it hands in its report
@@ -24,11 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from goaltender.agents.tool_output import one_line
-from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, Session, socket_from_env
+from goaltender.protocol.quick_client import RunnerRefused, RunnerUnavailable, Session, socket_from_env
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
-    from typing import Any, ClassVar, NoReturn
+    from typing import Any, ClassVar, Literal, NoReturn, overload
+
+    from goaltender.protocol.quick_client import (
+        DecisionView,
+        DiaryView,
+        DoneView,
+        ExperimentView,
+        InboxView,
+        SummaryView,
+    )
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -79,7 +88,24 @@ class BlockingAgent:
         self.runner = goal.runner
         self.workspace = goal.workspace
 
-    def call(self, kind: str, expect: str = "done", /, **fields: Any) -> dict[str, Any]:
+    if TYPE_CHECKING:  # the reply's view by the reply type asked for, as Session.call has them
+
+        @overload
+        def call(self, kind: str, expect: Literal["done"] = "done", /, **fields: Any) -> DoneView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["summary"], /, **fields: Any) -> SummaryView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["experiment"], /, **fields: Any) -> ExperimentView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["decision"], /, **fields: Any) -> DecisionView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["inbox"], /, **fields: Any) -> InboxView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["diary"], /, **fields: Any) -> DiaryView: ...
+        @overload
+        def call(self, kind: str, expect: str, /, **fields: Any) -> dict[str, Any]: ...
+
+    def call(self, kind: str, expect: str = "done", /, **fields: Any) -> Any:
         """A request about this goal (`goal_id` is filled in) and its reply."""
         return self.runner.call(kind, expect, goal_id=self.goal_id, **fields)
 

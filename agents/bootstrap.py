@@ -38,8 +38,8 @@ from goaltender.agents.blocking import Misconfigured as Misconfigured
 from goaltender.agents.blocking import agent_log as agent_log
 from goaltender.agents.blocking import process_exit, process_goal
 from goaltender.agents.tool_output import one_line
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable, socket_from_env
 
 if TYPE_CHECKING:  # only the agents that read settings import pydantic-settings (~0.1 s)
     from pydantic_settings import BaseSettings
@@ -83,13 +83,13 @@ class GoalAgent:
 
     async def milestone(self, title: str, text: str = "") -> str:
         """What the runner said: logged, or folded past the goal's rate (runner/folding.py)."""
-        reply = await self.runner.call(
-            p.ReportMilestone, p.Done, goal_id=self.goal_id, title=one_line(title, 300), text=text[:20_000]
+        reply = await self.runner.request(
+            p.ReportMilestone(goal_id=self.goal_id, title=one_line(title, 300), text=text[:20_000])
         )
         return reply.message
 
     async def submit_report(self, text: str) -> None:
-        await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=text[:50_000])
+        await self.runner.request(p.SubmitReport(goal_id=self.goal_id, text=text[:50_000]))
 
 
 def read_settings(settings: type[S]) -> S:
@@ -164,7 +164,7 @@ async def _run(build: Build, goal: Goal, label: str, log: logging.Logger) -> int
     except Misconfigured as exc:
         log.error("misconfigured: %s", exc)
         title = f"{label} is misconfigured"
-        await goal.runner.call(p.ReportMilestone, p.Done, goal_id=goal.id, title=title, text=str(exc))
+        await goal.runner.request(p.ReportMilestone(goal_id=goal.id, title=title, text=str(exc)))
         return EXIT_MISCONFIGURED
     try:
         await agent.run()

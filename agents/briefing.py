@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from goaltender.runner.protocol import SummaryReply
+from goaltender.protocol.messages import SummaryReply
 from goaltender.storage.records import Goal
 
 SKILLS_DIR = Path(__file__).resolve().parent.parent / "skills"  # the skills goaltender ships

@@ -49,8 +49,8 @@ from goaltender.agents.codex_prompts import (
     turn_failure,
 )
 from goaltender.agents.codex_rpc import METHOD_NOT_FOUND, AppServer, AppServerGone, RpcError
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 
 log = agent_log("codex")
 
@@ -146,16 +146,12 @@ class CodexAgent(GoalAgent):
             raise AgentFailure(str(exc)) from exc
 
     async def _campaign(self) -> None:
-        summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
-        handoffs = await self.runner.call(
-            p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=1, kind="handoff"
-        )
+        summary = await self.runner.request(p.Summary(goal_id=self.goal_id))
+        handoffs = await self.runner.request(p.ReadDiary(goal_id=self.goal_id, last=1, kind="handoff"))
         handoff = handoffs.entries[-1].text if handoffs.entries else None
         brief = goal_brief(summary, handoff)
         prepare_workspace(self.workspace, brief)
-        series = await self.runner.call(
-            p.GetSeries, p.SeriesReply, goal_id=self.goal_id, name="agent/input_tokens"
-        )
+        series = await self.runner.request(p.GetSeries(goal_id=self.goal_id, name="agent/input_tokens"))
         self.usage_step = int(max((s for s, _ in series.points if s is not None), default=0))
 
         await self.start_server()
@@ -233,13 +229,13 @@ class CodexAgent(GoalAgent):
         self.thread_id = result["thread"]["id"]
         (self.workspace / THREAD_FILE).write_text(self.thread_id + "\n")
         model = result.get("model") or result["thread"].get("model") or self.settings.model or "default"
-        await self.runner.call(
-            p.WriteDiary,
-            p.Done,
-            goal_id=self.goal_id,
-            kind="note",
-            text=f"codex thread: {self.thread_id}\nInspect or continue it by hand: "
-            f"CODEX_HOME={self.home} codex resume {self.thread_id}",
+        await self.runner.request(
+            p.WriteDiary(
+                goal_id=self.goal_id,
+                kind="note",
+                text=f"codex thread: {self.thread_id}\nInspect or continue it by hand: "
+                f"CODEX_HOME={self.home} codex resume {self.thread_id}",
+            )
         )
         self.note(f"thread {self.thread_id} started in {self.workspace} (model {model})")
         await self.milestone(
@@ -252,7 +248,7 @@ class CodexAgent(GoalAgent):
         path = self.workspace / THREAD_FILE
         if path.is_file() and (text := path.read_text().strip()):
             return text
-        notes = await self.runner.call(p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=50, kind="note")
+        notes = await self.runner.request(p.ReadDiary(goal_id=self.goal_id, last=50, kind="note"))
         for entry in reversed(notes.entries):
             if m := _DIARY_THREAD.search(entry.text):
                 return m.group(1)
@@ -388,12 +384,12 @@ class CodexAgent(GoalAgent):
             {"name": "agent/output_tokens", "value": total.get("outputTokens", 0), "step": self.usage_step},
         ]
         with contextlib.suppress(p.ProtocolError, RunnerUnavailable):
-            await self.runner.call(p.LogMetrics, p.Done, goal_id=self.goal_id, points=points)
+            await self.runner.request(p.LogMetrics(goal_id=self.goal_id, points=points))
 
     # ---- steering ----
 
     async def read_inbox(self) -> None:
-        inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)
+        inbox = await self.runner.request(p.ReadInbox(goal_id=self.goal_id))
         for message in inbox.messages:
             self.note(f"steer from {message.author}: {message.text}")
             self.outbox.append(
@@ -456,14 +452,14 @@ class CodexAgent(GoalAgent):
         timeout = self.settings.approval_timeout_s
         try:
             reply = await asyncio.wait_for(
-                self.runner.call(
-                    p.Ask,
-                    p.DecisionReply,
-                    goal_id=self.goal_id,
-                    kind=kind,
-                    question=question[:3000],
-                    detail=detail[:20_000],
-                    timeout_s=timeout,
+                self.runner.request(
+                    p.Ask(
+                        goal_id=self.goal_id,
+                        kind=kind,
+                        question=question[:3000],
+                        detail=detail[:20_000],
+                        timeout_s=timeout,
+                    )
                 ),
                 (timeout or 7 * 24 * 3600) + 60,
             )

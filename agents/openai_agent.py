@@ -62,9 +62,9 @@ from goaltender.agents.runner_verbs import RunnerVerbs, steer_text
 from goaltender.agents.tool_output import one_line, redact, secret_values, truncate_middle
 from goaltender.agents.tool_schemas import Finish, LoadSkill, Tool, function_tool
 from goaltender.agents.workspace_tools import WorkspaceTools
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import stop_met
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import stop_met
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.runner.secrets import url_shown
 from goaltender.storage.records import MetricPoint
 
@@ -274,7 +274,7 @@ class OpenAIAgent(GoalAgent):
         self.overhead = recap.estimate_tokens(self.tool_specs)
         briefing.prepare_workspace(self.workspace, briefing.goal_brief(summary, handoff))
         if self.goal.resumed:
-            inbox = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id, all=True)
+            inbox = await self.runner.request(p.ReadInbox(goal_id=self.goal_id, all=True))
             for message in inbox.messages:
                 if message.read_at is None:
                     self.pending_steers.append(message)
@@ -460,7 +460,7 @@ class OpenAIAgent(GoalAgent):
             MetricPoint(name="agent/context_tokens", value=prompt + completion, step=self.turn),
         ]
         try:
-            await self.runner.call(p.LogMetrics, p.Done, goal_id=self.goal_id, points=points)
+            await self.runner.request(p.LogMetrics(goal_id=self.goal_id, points=points))
         except p.ProtocolError as exc:
             log.info("could not log token metrics: %s", exc)
 
@@ -479,7 +479,7 @@ class OpenAIAgent(GoalAgent):
     async def _inject_inbox(self) -> None:
         messages, self.pending_steers = self.pending_steers, []
         try:
-            messages += (await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)).messages
+            messages += (await self.runner.request(p.ReadInbox(goal_id=self.goal_id))).messages
         except p.ProtocolError as exc:
             log.info("could not read the inbox: %s", exc)
         for message in messages:
@@ -504,15 +504,13 @@ class OpenAIAgent(GoalAgent):
         return "\n\n".join(part.strip() for part in parts) + "\n"
 
     async def _summary(self) -> p.SummaryReply:
-        summary = await self.runner.call(p.Summary, p.SummaryReply, goal_id=self.goal_id)
+        summary = await self.runner.request(p.Summary(goal_id=self.goal_id))
         self.token_limit = summary.status.goal.budget.max_tokens
         self.verbs.stop_status = summary.status.stop_status
         return summary
 
     async def _handoff(self) -> str | None:
-        diary = await self.runner.call(
-            p.ReadDiary, p.DiaryReply, goal_id=self.goal_id, last=1, kind="handoff"
-        )
+        diary = await self.runner.request(p.ReadDiary(goal_id=self.goal_id, last=1, kind="handoff"))
         return diary.entries[-1].text if diary.entries else None
 
     async def compact(self, target: int | None = None) -> None:
@@ -561,7 +559,7 @@ class OpenAIAgent(GoalAgent):
         )
         with contextlib.suppress(p.ProtocolError):
             point = MetricPoint(name="agent/compactions", value=self.compactions, step=self.turn)
-            await self.runner.call(p.LogMetrics, p.Done, goal_id=self.goal_id, points=[point])
+            await self.runner.request(p.LogMetrics(goal_id=self.goal_id, points=[point]))
 
     # ---- tools ----
 
@@ -614,13 +612,8 @@ class OpenAIAgent(GoalAgent):
         return await tool.run(valid)
 
     async def _ask(self, question: str, detail: str, kind: str) -> p.Approval:
-        reply = await self.runner.call(
-            p.Ask,
-            p.DecisionReply,
-            goal_id=self.goal_id,
-            question=question[:3000],
-            detail=detail[:20_000],
-            kind=kind,
+        reply = await self.runner.request(
+            p.Ask(goal_id=self.goal_id, question=question[:3000], detail=detail[:20_000], kind=kind)
         )
         return reply.approval
 

@@ -34,7 +34,7 @@ from goaltender.agents.tool_schemas import (
     WriteDiary,
 )
 from goaltender.agents.workspace_tools import Ask, decision
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import MetricPoint
 from goaltender.training.launch import LaunchError, plan
 
@@ -138,7 +138,7 @@ class RunnerVerbs:
 
     async def _experiment(self, **fields: Any) -> str:
         """Run one experiment through the runner; its ledger row as the model is told it."""
-        reply = await self.runner.call(p.RunExperiment, p.ExperimentReply, goal_id=self.goal_id, **fields)
+        reply = await self.runner.request(p.RunExperiment(goal_id=self.goal_id, **fields))
         self.stop_status = reply.stop_status
         return experiment_text(reply)
 
@@ -151,8 +151,8 @@ class RunnerVerbs:
         points = [MetricPoint(name=k, value=v, step=args.step) for k, v in args.metrics.items()]
         if not points:
             return "error: no metrics given"
-        reply = await self.runner.call(
-            p.LogMetrics, p.Done, goal_id=self.goal_id, points=points, experiment_id=args.experiment_id
+        reply = await self.runner.request(
+            p.LogMetrics(goal_id=self.goal_id, points=points, experiment_id=args.experiment_id)
         )
         return reply.message
 
@@ -161,7 +161,7 @@ class RunnerVerbs:
         return f"The request was {decision(approval)}."
 
     async def read_inbox(self, args: ReadInbox) -> str:
-        reply = await self.runner.call(p.ReadInbox, p.InboxReply, goal_id=self.goal_id)
+        reply = await self.runner.request(p.ReadInbox(goal_id=self.goal_id))
         texts = [steer_text(m) for m in reply.messages]
         self.steers += texts
         return "\n".join(texts) or "(no new messages)"
@@ -169,23 +169,23 @@ class RunnerVerbs:
     async def write_diary(self, args: WriteDiary) -> str:
         kind = "handoff" if args.handoff else "note"
         text = redact(args.text, self.secrets)
-        reply = await self.runner.call(p.WriteDiary, p.Done, goal_id=self.goal_id, text=text, kind=kind)
+        reply = await self.runner.request(p.WriteDiary(goal_id=self.goal_id, text=text, kind=kind))
         return reply.message
 
     async def read_diary(self, args: ReadDiary) -> str:
-        reply = await self.runner.call(
-            p.ReadDiary,
-            p.DiaryReply,
-            goal_id=self.goal_id,
-            last=max(1, min(args.last, 100)),
-            kind="handoff" if args.handoff_only else None,
+        reply = await self.runner.request(
+            p.ReadDiary(
+                goal_id=self.goal_id,
+                last=max(1, min(args.last, 100)),
+                kind="handoff" if args.handoff_only else None,
+            )
         )
         entries = [f"[{e.ts:%Y-%m-%d %H:%M} {e.kind}] {e.text}" for e in reply.entries]
         return "\n\n".join(entries) or "(empty diary)"
 
     async def submit_report(self, args: SubmitReport) -> str:
         self.report_text = args.text
-        reply = await self.runner.call(p.SubmitReport, p.Done, goal_id=self.goal_id, text=args.text[:50_000])
+        reply = await self.runner.request(p.SubmitReport(goal_id=self.goal_id, text=args.text[:50_000]))
         return reply.message
 
     async def fetch_from_hub(self, args: FetchFromHub) -> str:

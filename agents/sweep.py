@@ -38,13 +38,15 @@ from goaltender.agents.sweep_planner import (
     star_count_task,
 )
 from goaltender.display.params import format_metric, format_params
+from goaltender.protocol.quick_client import RunnerRefused
 from goaltender.runner.noise import LOW_SIGNAL_ANSWER
-from goaltender.runner.quick_client import RunnerRefused
 from goaltender.storage.direction import reached
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
     from typing import Any
+
+    from goaltender.protocol.quick_client import ExperimentView, SummaryView
 
 
 # ---- the campaign ----
@@ -99,9 +101,7 @@ CONFIRM_SEEDS = 3  # seeds a within-noise best is run with when the humans ask f
 class SweepAgent(BlockingAgent):
     stop_within_s = 3.0
 
-    def __init__(
-        self, goal: PlainGoal, task: SweepTask, approve_above: CostThreshold, summary: dict[str, Any]
-    ):
+    def __init__(self, goal: PlainGoal, task: SweepTask, approve_above: CostThreshold, summary: SummaryView):
         super().__init__(goal)
         self.task = task
         self.planner = Planner(task)
@@ -251,7 +251,7 @@ class SweepAgent(BlockingAgent):
         ]
         return raw * statistics.median(ratios) if ratios else raw
 
-    def _after_run(self, reply: dict[str, Any]) -> None:
+    def _after_run(self, reply: ExperimentView) -> None:
         e = self.ledger[-1]
         stop_status = reply.get("stop_status", "")
         if reply.get("new_best"):

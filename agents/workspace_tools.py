@@ -26,7 +26,7 @@ from goaltender.agents.bootstrap import agent_log
 from goaltender.agents.policy import CommandPolicy, classify_command
 from goaltender.agents.tool_output import cut_between, cut_shares, one_line, truncate_file, truncate_middle
 from goaltender.agents.tool_schemas import EditFile, ListFiles, LoadSkill, ReadFile, Shell, Tool, WriteFile
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_alive, group_members, terminate_group
 
 log = agent_log("openai")

@@ -76,8 +76,8 @@ DEFAULT_INTERVAL = BotSettings.model_fields["outbox_interval_s"].default  # the 
 MILESTONE_AGENT = """\
 import asyncio, os, sys
 from pathlib import Path
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, socket_from_env
 
 async def main(count, pace):
     goal = int(os.environ["GOALTENDER_GOAL_ID"])
@@ -86,7 +86,7 @@ async def main(count, pace):
         while not flag.exists():
             await asyncio.sleep(0.01)
         for i in range(1, count + 1):
-            await runner.call(p.ReportMilestone, p.Done, goal_id=goal, title=f"bench-{i:04d}")
+            await runner.request(p.ReportMilestone(goal_id=goal, title=f"bench-{i:04d}"))
             await asyncio.sleep(pace)
         await asyncio.sleep(3600)
 

@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import TERMINAL_STATES, Budget, MilestoneReported, utcnow
@@ -119,10 +119,10 @@ async def bench_status(tmp: Path) -> list[tuple[str, float, float]]:
             )
 
         async def status_all() -> None:
-            await client.call(p.Status, p.StatusReply)
+            await client.request(p.Status())
 
         async def status_active() -> None:
-            await client.call(p.Status, p.StatusReply, active_only=True)
+            await client.request(p.Status(active_only=True))
 
         repeats = 3 if history >= 1000 else 10
         base = await best_of(20, bare_select)
@@ -185,7 +185,7 @@ async def bench_log(tmp: Path, mib: int) -> tuple[float, float, float]:
     async def one_at_a_time() -> None:
         offset = 0
         while True:
-            reply = await client.call(p.GetLog, p.LogReply, experiment_id=experiment_id, offset=offset)
+            reply = await client.request(p.GetLog(experiment_id=experiment_id, offset=offset))
             offset = reply.next_offset
             if reply.eof:
                 return

@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from goaltender.runner.budget import GoalTextError, apply_budget_change, parse_duration, parse_goal_text
+from goaltender.protocol.budget import GoalTextError, apply_budget_change, parse_duration, parse_goal_text
 from goaltender.storage.records import Budget, utcnow
 
 SHAPES = {

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.secrets import Redactor
 from goaltender.storage.records import (
     Approval,

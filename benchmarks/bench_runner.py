@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.db import Database
@@ -55,7 +55,7 @@ async def bench_event_path(tmp: Path, n: int) -> float:
     receiving = asyncio.ensure_future(receive())
     start = time.perf_counter()
     for i in range(n):
-        await agent.call(p.ReportMilestone, p.Done, goal_id=goal.id, title=f"milestone {i}")
+        await agent.request(p.ReportMilestone(goal_id=goal.id, title=f"milestone {i}"))
     await receiving
     elapsed = time.perf_counter() - start
     await agent.close()
@@ -81,7 +81,7 @@ async def bench_round_trip(tmp: Path, n: int) -> list[float]:
     times = []
     for i in range(n):
         start = time.perf_counter()
-        await client.call(p.Ack, p.Done, seq=i)
+        await client.request(p.Ack(seq=i))
         times.append(time.perf_counter() - start)
     await client.close()
     await runner.close()

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import Experiment
@@ -53,17 +53,17 @@ async def campaign(
         started = time.perf_counter()
         ids = []
         for n in range(goals):
-            reply = await client.call(
-                p.SubmitGoal, p.GoalReply, text=f"{name} {n}, max {script.count('goaltender')} experiments"
+            reply = await client.request(
+                p.SubmitGoal(text=f"{name} {n}, max {script.count('goaltender')} experiments")
             )
             ids.append(reply.status.goal.id)
         while True:
-            status = await client.call(p.Status, p.StatusReply, active_only=True)
+            status = await client.request(p.Status(active_only=True))
             if not any(s.goal.id in ids for s in status.goals):
                 break
             await asyncio.sleep(0.2)
         makespan = time.perf_counter() - started
-        ledgers = [(await client.call(p.Summary, p.SummaryReply, goal_id=g)).ledger for g in ids]
+        ledgers = [(await client.request(p.Summary(goal_id=g))).ledger for g in ids]
         return ledgers, makespan
     finally:
         await client.close()

@@ -1,6 +1,6 @@
 """The protocol boundary's cost on the costliest lines it can be sent, against json.loads.
 
-The runner parses every request line on its event loop, so the checks `runner/wire.py` makes while
+The runner parses every request line on its event loop, so the checks `protocol/wire.py` makes while
 decoding (UTF-8, finite numbers, 64-bit integers, nesting depth, lone surrogates) and pydantic's
 validation must stay linear in the line. Each shape fills a line to MAX_LINE (1 MiB); the figure is
 the median time of `protocol.parse_request` and of a bare `json.loads` of the same bytes (which
@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 ROOM = p.MAX_LINE - 200
 HEAD = b'{"type": "run_experiment", "id": 1, "goal_id": 1, "command": ["x"], "description": "d", "params": '

@@ -21,8 +21,8 @@ from goaltender.bot.links import DatabaseReplaced, RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, in_thread
 from goaltender.bot.roles import Roles
 from goaltender.bot.thread import thread_at
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, Thread
 
 log = logging.getLogger("goaltender.bot")
@@ -132,12 +132,8 @@ class Approvals:
         """Ask the runner to decide; None on success, else what went wrong (for the person; `again`
         says how to try again when the runner is not reachable)."""
         try:
-            await self.pool[runner].call(
-                p.Decide,
-                p.DecisionReply,
-                approval_id=approval_id,
-                approve=approve,
-                by=await self.roles.people.person(user),
+            await self.pool[runner].request(
+                p.Decide(approval_id=approval_id, approve=approve, by=await self.roles.people.person(user))
             )
         except p.ProtocolError as exc:
             if exc.error.code == "conflict":

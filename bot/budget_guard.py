@@ -18,9 +18,9 @@ from goaltender.bot.keys import BudgetKey, CardKey, row_id
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, editing, in_thread
 from goaltender.bot.roles import Roles, actor
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalTextError, apply_budget_change
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import GoalTextError, apply_budget_change
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_audit import Outcome
 from goaltender.storage.bot_store import BotStore, BudgetRequest, Thread
 from goaltender.storage.records import utcnow
@@ -121,12 +121,12 @@ class BudgetGuard:
             return f"Already decided: {request.state} by {render.user_ref(request.decided_by)}."
         if approve:
             try:
-                await self.pool[request.runner].call(
-                    p.ChangeBudget,
-                    p.Done,
-                    goal_id=request.goal_id,
-                    change=request.change,
-                    by=await self.roles.people.person(user),
+                await self.pool[request.runner].request(
+                    p.ChangeBudget(
+                        goal_id=request.goal_id,
+                        change=request.change,
+                        by=await self.roles.people.person(user),
+                    )
                 )
             except (RunnerUnavailable, UnknownRunner) as exc:
                 await self.store.unapply_budget_request(request_id)

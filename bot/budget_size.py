@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from goaltender.display.facts import format_duration
-from goaltender.runner.budget import check_duration, parse_duration
+from goaltender.protocol.budget import check_duration, parse_duration
 from goaltender.storage.records import Budget
 
-# fullmatch; linear on any text without possessive quantifiers (see runner/budget.py): each repeat
+# fullmatch; linear on any text without possessive quantifiers (see protocol/budget.py): each repeat
 # is followed by what it cannot match (`\s*` by a digit or `%`, `\d+` by `.`, a space or `%`).
 _SHARE = re.compile(r"\+?\s*(\d+(?:\.\d+)?)\s*%")
 OFF = ("off", "none", "never", "no")

@@ -26,7 +26,7 @@ from goaltender.bot import keys, render
 from goaltender.bot.keys import CardKey
 from goaltender.bot.links import RETIRED
 from goaltender.bot.outbox import Outbox, replacing
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore, KeyMove
 from goaltender.storage.records import utcnow
 

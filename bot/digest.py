@@ -34,7 +34,7 @@ from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Outbox
 from goaltender.display import plots
 from goaltender.display.facts import budget_line, format_duration, format_metric
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore, Digest, OutboxKind, Thread
 from goaltender.storage.direction import best_of, better
 from goaltender.storage.records import Experiment, utcnow

@@ -22,8 +22,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import render
 from goaltender.bot.links import RunnerPool, UnknownRunner
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import Thread
 
 log = logging.getLogger("goaltender.bot")
@@ -158,17 +158,17 @@ class Files:
             done = p.Done()
             for offset in range(0, len(data), p.INPUT_CHUNK):
                 chunk = data[offset : offset + p.INPUT_CHUNK]
-                done = await link.call(
-                    p.PutInput,
-                    p.Done,
-                    goal_id=thread.goal_id,
-                    name=name,
-                    size=len(data),
-                    offset=offset,
-                    data=base64.b64encode(chunk).decode(),
-                    last=offset + len(chunk) >= len(data),
-                    mimetype=mimetype,
-                    by=by,
+                done = await link.request(
+                    p.PutInput(
+                        goal_id=thread.goal_id,
+                        name=name,
+                        size=len(data),
+                        offset=offset,
+                        data=base64.b64encode(chunk).decode(),
+                        last=offset + len(chunk) >= len(data),
+                        mimetype=mimetype,
+                        by=by,
+                    )
                 )
         except p.ProtocolError as exc:
             raise FileRefused(

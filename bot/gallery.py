@@ -22,7 +22,7 @@ from typing import TypeVar
 from goaltender.bot import queries, render
 from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Payload
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import Thread
 from goaltender.storage.records import Experiment
 
@@ -78,11 +78,9 @@ class Gallery:
         self.pool = pool
         self.plots_dir = plots_dir
 
-    async def _call(self, thread: Thread, request: type[p.Request], reply: type[R], **fields: object) -> R:
+    async def _call(self, thread: Thread, request: p.Request[R]) -> R:
         try:
-            return await asyncio.wait_for(
-                self.pool[thread.runner].call(request, reply, **fields), queries.STATUS_TIMEOUT_S
-            )
+            return await asyncio.wait_for(self.pool[thread.runner].request(request), queries.STATUS_TIMEOUT_S)
         except p.ProtocolError:
             raise
         except queries.NO_ANSWER as exc:
@@ -91,9 +89,7 @@ class Gallery:
     async def _artifact(self, thread: Thread, experiment: Experiment, name: str) -> bytes | None:
         """One file of the experiment (None when it has none the runner will give)."""
         try:
-            reply = await self._call(
-                thread, p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name=name
-            )
+            reply = await self._call(thread, p.GetArtifact(experiment_id=experiment.id, name=name))
         except p.ProtocolError:
             return None
         try:
@@ -104,7 +100,7 @@ class Gallery:
     async def find(self, thread: Thread) -> Shown | None:
         """The gallery to show (None: no experiment has one). Raises NoAnswer."""
         try:
-            summary = await self._call(thread, p.Summary, p.SummaryReply, goal_id=thread.goal_id)
+            summary = await self._call(thread, p.Summary(goal_id=thread.goal_id))
         except p.ProtocolError as exc:
             raise NoAnswer(exc.error.message) from exc
         best = summary.status.best

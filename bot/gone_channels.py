@@ -19,8 +19,8 @@ from goaltender.bot.keys import CardKey, QueueKey, parse
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox
 from goaltender.bot.slack_errors import failure_of
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, OutboxItem, Thread
 from goaltender.storage.records import TERMINAL_STATES
 
@@ -66,7 +66,7 @@ class GoneChannels:
     async def _pause(self, thread: Thread, error: str) -> None:
         paused = True
         try:
-            await self.pool[thread.runner].call(p.Pause, p.Done, goal_id=thread.goal_id, by=BY)
+            await self.pool[thread.runner].request(p.Pause(goal_id=thread.goal_id, by=BY))
         except p.ProtocolError as exc:  # (it ended, or was paused, meanwhile)
             log.info("goal #%d on %s not paused: %s", thread.goal_id, thread.runner, exc.error.message)
             paused = False

@@ -23,9 +23,9 @@ from goaltender.bot.membership import Membership
 from goaltender.bot.outbox import Outbox, replacing
 from goaltender.bot.roles import Roles, actor
 from goaltender.bot.tokens import TokenRefused
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalSpec, GoalTextError, parse_goal_text
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import GoalSpec, GoalTextError, parse_goal_text
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, OutboxItem, QueuedGoal
 
 log = logging.getLogger("goaltender.bot")
@@ -199,13 +199,13 @@ class Intake:
     async def _start(self, link: RunnerLink, request: GoalRequest, respond: Reply | None = None) -> int:
         """SubmitGoal, then queue the goal's status card; ProtocolError / RunnerUnavailable pass through."""
         async with self._submitting[link.name]:
-            submitted = await link.call(
-                p.SubmitGoal,
-                p.GoalReply,
-                text=request.text,
-                owner=await self.roles.people.person(request.owner),
-                agent=request.spec.agent,
-                key=request.key,
+            submitted = await link.request(
+                p.SubmitGoal(
+                    text=request.text,
+                    owner=await self.roles.people.person(request.owner),
+                    agent=request.spec.agent,
+                    key=request.key,
+                )
             )
             status = submitted.status
             card = CardKey(link.name, status.goal.id)
@@ -309,12 +309,12 @@ class Intake:
                 what = "I can't keep your queued goal here (I dropped it)"
             case CardKey(runner, goal_id) as key:
                 with contextlib.suppress(RunnerUnavailable, p.ProtocolError, UnknownRunner):
-                    await self.pool[runner].call(
-                        p.Stop,
-                        p.Done,
-                        goal_id=goal_id,
-                        by="goaltender",  # the bot itself, not a person
-                        reason="the bot is not in the channel",
+                    await self.pool[runner].request(
+                        p.Stop(
+                            goal_id=goal_id,
+                            by="goaltender",  # the bot itself, not a person
+                            reason="the bot is not in the channel",
+                        )
                     )
                 what = f"I can't open goal #{goal_id}'s thread here (I stopped it)"
             case _:

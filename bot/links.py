@@ -33,8 +33,8 @@ from datetime import datetime
 from typing import TypeVar
 
 from goaltender.bot.transports import LINK_ERRORS, RunnerTarget, error_reason, open_client
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import Event, utcnow
 
 log = logging.getLogger("goaltender.bot.links")
@@ -138,26 +138,25 @@ class RunnerLink:
         """Wait until the link is subscribed (wrap it in asyncio.timeout to bound the wait)."""
         await self._up.wait()
 
-    async def call(self, request_type: type[p.Request], expect: type[R], /, **fields) -> R:
-        """Send one request on the current connection. RunnerUnavailable when the link is down, or
-        when the runner does not answer in time (the link then goes down and connects again)."""
+    async def request(self, request: p.Request[R]) -> R:
+        """Send one request on the current connection and return its reply (its `reply_type`).
+        RunnerUnavailable when the link is down, or when the runner does not answer in time (the
+        link then goes down and connects again)."""
         client = self._client
         if client is None:
             why = f" (last error: {self.last_error})" if self.last_error else " (still connecting)"
             raise RunnerUnavailable(f"runner {self.name} is not connected{why}")
-        return await self._request(client, request_type, expect, **fields)
+        return await self._request(client, request)
 
-    async def _request(
-        self, client: RunnerClient, request_type: type[p.Request], expect: type[R], /, **fields
-    ) -> R:
-        """`client.call` within the request's deadline; past it the client is given up on."""
-        slow = issubclass(request_type, SLOW_REQUESTS)
+    async def _request(self, client: RunnerClient, request: p.Request[R]) -> R:
+        """`client.request` within the request's deadline; past it the client is given up on."""
+        slow = isinstance(request, SLOW_REQUESTS)
         deadline = self.target.stop_timeout if slow else self.target.request_timeout
         try:
             async with asyncio.timeout(deadline):
-                reply = await client.call(request_type, expect, **fields)
+                reply = await client.request(request)
         except TimeoutError:
-            why = f"the runner did not answer a {request_type.__name__} request within {deadline:g}s"
+            why = f"the runner did not answer a {type(request).__name__} request within {deadline:g}s"
             self._give_up(client, why)
             raise RunnerUnavailable(f"runner {self.name}: {why}") from None
         except p.ProtocolError:
@@ -309,7 +308,7 @@ class RunnerLink:
             seq = self._delivered
             if seq > acked:
                 try:
-                    await self._request(client, p.Ack, p.Done, seq=seq)
+                    await self._request(client, p.Ack(seq=seq))
                 except (RunnerUnavailable, p.ProtocolError):
                     return  # the event loop notices the drop and reconnects
                 acked = seq
@@ -324,7 +323,7 @@ class RunnerLink:
                 await asyncio.sleep(interval - quiet)
                 continue
             try:
-                await self._request(client, p.Status, p.StatusReply, limit=1)
+                await self._request(client, p.Status(limit=1))
             except p.ProtocolError:
                 pass  # it answered: alive
             except RunnerUnavailable:
@@ -403,9 +402,7 @@ class RunnerPool:
         cached = self._loads.get(link.name)
         if cached is not None and time.monotonic() - cached[0] < self.load_ttl:
             return cached[1]
-        reply = await asyncio.wait_for(
-            link.call(p.Status, p.StatusReply, active_only=True), self.status_timeout
-        )
+        reply = await asyncio.wait_for(link.request(p.Status(active_only=True)), self.status_timeout)
         load = len(reply.goals)
         self._loads[link.name] = (time.monotonic(), load)
         return load

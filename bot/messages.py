@@ -38,12 +38,16 @@ from goaltender.bot.people import People
 from goaltender.bot.roles import Roles
 from goaltender.bot.thread import root_at, thread_at
 from goaltender.bot.views import Views, asks_for_summary
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.bot_store import BotStore, QueuedGoal, Thread
 
 log = logging.getLogger("goaltender.bot")
-CONTROL: dict[str, type[p.Request]] = {"stop": p.Stop, "pause": p.Pause, "resume": p.Resume}
+CONTROL: dict[str, type[p.Stop] | type[p.Pause] | type[p.Resume]] = {
+    "stop": p.Stop,
+    "pause": p.Pause,
+    "resume": p.Resume,
+}
 DOING = {
     "stop": "stop",
     "pause": "pause",
@@ -213,20 +217,20 @@ class Messages:
         person = await self.people.person(user)
         try:
             if command in CONTROL:
-                await link.call(CONTROL[command], p.Done, goal_id=thread.goal_id, by=person)
+                await link.request(CONTROL[command](goal_id=thread.goal_id, by=person))
                 await self._react(thread, ts, "ok_hand", key)
             elif revert:  # the skills a goal's agent taught this runner: its controllers may undo them
-                done = await link.call(p.RevertSkill, p.Done, commit=revert.group(1).lower(), by=person)
+                done = await link.request(p.RevertSkill(commit=revert.group(1).lower(), by=person))
                 await self._say(thread, f"Skill edit {render.escape(done.message)}", key)
             elif (held := await self.budget.review(thread, user, _words(doing, text))) is not None:
                 if held:
                     await self._say(thread, held, key)
             elif doing == "budget":
-                await link.call(p.ChangeBudget, p.Done, goal_id=thread.goal_id, change=text[:200], by=person)
+                await link.request(p.ChangeBudget(goal_id=thread.goal_id, change=text[:200], by=person))
                 await self._react(thread, ts, "ok_hand", key)
             else:
                 # Steering: the runner reads budget words in it too ("… budget 10h"), reviewed above.
-                await link.call(p.Steer, p.Done, goal_id=thread.goal_id, text=text[:4000], author=person)
+                await link.request(p.Steer(goal_id=thread.goal_id, text=text[:4000], author=person))
                 await self._react(thread, ts, "eyes", key)
         except p.ProtocolError as exc:
             await self._refused(thread, exc, key)
@@ -290,8 +294,8 @@ class Messages:
             await self._tell(thread, user, f"Only {who} can stop goal #{thread.goal_id}; nothing changed.")
             return
         try:
-            await self.pool[thread.runner].call(
-                p.Stop, p.Done, goal_id=thread.goal_id, by=await self.people.person(user)
+            await self.pool[thread.runner].request(
+                p.Stop(goal_id=thread.goal_id, by=await self.people.person(user))
             )
         except p.ProtocolError as exc:
             await self._refused(thread, exc)

@@ -19,7 +19,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from goaltender.bot import mrkdwn
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 log = logging.getLogger("goaltender.bot")
 

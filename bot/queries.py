@@ -9,8 +9,8 @@ import asyncio
 import logging
 
 from goaltender.bot.links import RunnerPool, UnknownRunner
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.records import Experiment
 
 log = logging.getLogger("goaltender.bot")
@@ -21,9 +21,7 @@ NO_ANSWER = (RunnerUnavailable, p.ProtocolError, TimeoutError, UnknownRunner)
 
 async def goal_status(pool: RunnerPool, runner: str, goal_id: int) -> p.GoalStatus | None:
     try:
-        reply = await asyncio.wait_for(
-            pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id), STATUS_TIMEOUT_S
-        )
+        reply = await asyncio.wait_for(pool[runner].request(p.Status(goal_id=goal_id)), STATUS_TIMEOUT_S)
     except NO_ANSWER as exc:
         log.warning("runner %s: no status for goal #%s: %s", runner, goal_id, exc)
         return None
@@ -33,9 +31,7 @@ async def goal_status(pool: RunnerPool, runner: str, goal_id: int) -> p.GoalStat
 async def active_goals(pool: RunnerPool, runner: str) -> dict[int, p.GoalStatus] | None:
     """The runner's active goals by id; None when it does not answer."""
     try:
-        reply = await asyncio.wait_for(
-            pool[runner].call(p.Status, p.StatusReply, active_only=True), STATUS_TIMEOUT_S
-        )
+        reply = await asyncio.wait_for(pool[runner].request(p.Status(active_only=True)), STATUS_TIMEOUT_S)
     except NO_ANSWER:
         return None
     return {status.goal.id: status for status in reply.goals}
@@ -44,7 +40,7 @@ async def active_goals(pool: RunnerPool, runner: str) -> dict[int, p.GoalStatus]
 async def ledger(pool: RunnerPool, runner: str, goal_id: int) -> list[Experiment]:
     """The goal's experiments; empty when the runner does not answer."""
     try:
-        summary = await pool[runner].call(p.Summary, p.SummaryReply, goal_id=goal_id)
+        summary = await pool[runner].request(p.Summary(goal_id=goal_id))
     except (RunnerUnavailable, p.ProtocolError, UnknownRunner):
         return []
     return summary.ledger

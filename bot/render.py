@@ -54,7 +54,7 @@ from goaltender.display.facts import (
     state_label,
     stopped_by_person,
 )
-from goaltender.runner.protocol import GoalStatus, SummaryReply
+from goaltender.protocol.messages import GoalStatus, SummaryReply
 from goaltender.runner.report import best_checkpoint, error_classes, fetch_summary
 from goaltender.storage.records import (
     Approval,

@@ -30,7 +30,7 @@ from goaltender.display.facts import (
     format_metric,
     state_label,
 )
-from goaltender.runner.protocol import GoalStatus
+from goaltender.protocol.messages import GoalStatus
 from goaltender.storage.bot_audit import SlackAuditEntry
 from goaltender.storage.records import AuditEntry, DiaryEntry, Experiment, utcnow
 

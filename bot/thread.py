@@ -26,7 +26,7 @@ from goaltender.bot.keys import ApprovalKey, CardKey, EventKey, OutboxKey, Queue
 from goaltender.bot.links import RunnerPool, UnknownRunner
 from goaltender.bot.outbox import Outbox, Payload, editing, in_thread, replacing
 from goaltender.display import plots
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore, OutboxKind, QueuedGoal, Thread
 from goaltender.storage.records import (
     ApprovalDecided,
@@ -257,7 +257,7 @@ class ThreadWriter:
 
     async def _summary(self, event: EventInThread) -> p.SummaryReply | None:
         try:
-            return await self.pool[event.runner].call(p.Summary, p.SummaryReply, goal_id=event.goal_id)
+            return await self.pool[event.runner].request(p.Summary(goal_id=event.goal_id))
         except (p.ProtocolError, UnknownRunner):
             return None
         # RunnerUnavailable passes: the link dropped mid-render, so the event is not recorded and
@@ -288,12 +288,8 @@ class ThreadWriter:
         series = {}
         try:
             for name in curves.series:
-                reply = await self.pool[event.runner].call(
-                    p.GetSeries,
-                    p.SeriesReply,
-                    goal_id=event.goal_id,
-                    name=name,
-                    experiment_id=curves.experiment_id,
+                reply = await self.pool[event.runner].request(
+                    p.GetSeries(goal_id=event.goal_id, name=name, experiment_id=curves.experiment_id)
                 )
                 if reply.points:
                     series[name] = reply.points

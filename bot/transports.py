@@ -9,7 +9,7 @@ A runner is reached in one of three ways:
 - SSH, mode "attach": runs `goaltender runner attach --socket PATH` on the box and speaks the
   protocol over that command's stdin/stdout, for boxes whose sshd forbids forwarding.
 
-Each is a `LineStream` (goaltender.runner.client) under the same RunnerClient; `open_client`
+Each is a `LineStream` (goaltender.protocol.client) under the same RunnerClient; `open_client`
 opens one and says hello.
 
 SSH is always strict: the box's host key is pinned (`known_hosts` is a file, or the pinned key
@@ -37,8 +37,8 @@ with warnings.catch_warnings():
     import asyncssh
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 
 CLOSE_TIMEOUT_S = 5.0  # a graceful SSH close that takes longer is aborted (a black-holed path never drains)
 STDERR_TAIL = 4096  # bytes of a remote `attach` command's stderr kept for error messages
@@ -119,7 +119,7 @@ class RunnerTarget(BaseModel):
 def error_reason(exc: BaseException) -> str:
     """A short human reason for a link error (asyncssh's own reason, the OS's strerror, ...)."""
     if isinstance(exc, p.ProtocolError) and exc.code == "version_mismatch":
-        return exc.message  # the line naming what to upgrade (runner/versions.py), as it is
+        return exc.message  # the line naming what to upgrade (protocol/versions.py), as it is
     if isinstance(exc, asyncssh.Error):
         return exc.reason or type(exc).__name__
     if isinstance(exc, OSError) and exc.strerror:

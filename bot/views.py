@@ -31,7 +31,7 @@ from goaltender.bot.links import RunnerPool
 from goaltender.bot.outbox import Outbox, Payload
 from goaltender.bot.render_views import GoalLine, Waiting
 from goaltender.bot.roles import Roles
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore, Thread
 from goaltender.storage.records import AuditEntry, DiaryEntry
 
@@ -114,7 +114,7 @@ class Views:
         """What happened so far in a goal (None when its runner does not answer)."""
         try:
             reply = await asyncio.wait_for(
-                self.pool[thread.runner].call(p.Summary, p.SummaryReply, goal_id=thread.goal_id),
+                self.pool[thread.runner].request(p.Summary(goal_id=thread.goal_id)),
                 queries.STATUS_TIMEOUT_S,
             )
         except queries.NO_ANSWER as exc:
@@ -136,7 +136,7 @@ class Views:
     async def _runner_audit(self, thread: Thread, last: int) -> list[AuditEntry] | None:
         try:
             reply = await asyncio.wait_for(
-                self.pool[thread.runner].call(p.Audit, p.AuditReply, goal_id=thread.goal_id, limit=last),
+                self.pool[thread.runner].request(p.Audit(goal_id=thread.goal_id, limit=last)),
                 queries.STATUS_TIMEOUT_S,
             )
         except queries.NO_ANSWER as exc:
@@ -148,7 +148,7 @@ class Views:
         """The agent's latest handoff (else its latest note), when the runner will say."""
         try:
             reply = await asyncio.wait_for(
-                self.pool[thread.runner].call(p.ReadDiary, p.DiaryReply, goal_id=thread.goal_id, last=50),
+                self.pool[thread.runner].request(p.ReadDiary(goal_id=thread.goal_id, last=50)),
                 queries.STATUS_TIMEOUT_S,
             )
         except queries.NO_ANSWER as exc:

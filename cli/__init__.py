@@ -27,7 +27,7 @@ from goaltender.cli.common import (
     path,
     plain_terminal,
 )
-from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable
+from goaltender.protocol.quick_client import RunnerRefused, RunnerUnavailable
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ fetch failed; 2 bad arguments; 3 approval expired; 4 runner unreachable or reque
 5 budget used up"""
 
 LARGEST_ID = 2**63 - 1  # ids are SQLite integers
-MAX_DAYS = 100_000  # as runner/protocol.py Prune (273 years: a date before year 1 cannot be)
+MAX_DAYS = 100_000  # as protocol/messages.py Prune (273 years: a date before year 1 cannot be)
 
 
 class UsageError(Exception):

@@ -10,8 +10,8 @@ import json
 import math
 
 from goaltender.cli.common import UsageError, finite
-from goaltender.runner.quick_client import encode
-from goaltender.runner.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
+from goaltender.protocol.quick_client import encode
+from goaltender.protocol.wire import INT64_MAX, INT64_MIN, MAX_LINE, MAX_POINTS
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def _validated_point(fields: dict[str, Any], number: int) -> str:
     """A line that is no plain point, as MetricPoint makes it, or why it cannot."""
     from pydantic import ValidationError
 
-    from goaltender.runner.protocol import problems
+    from goaltender.protocol.messages import problems
     from goaltender.storage.records import MetricPoint
 
     try:

@@ -1,6 +1,6 @@
 """How commands reach the runner, and the checks made before they do.
 
-Two ways: the hot agent verbs send plain JSON through runner/quick_client.py (the standard library
+Two ways: the hot agent verbs send plain JSON through protocol/quick_client.py (the standard library
 alone: no pydantic, no asyncio, issue 13); the others open a RunnerClient (asyncio, the protocol's
 models), imported by run() when it runs. Either way bad input is found here first, as the
 protocol's models would find it, and said as a usage error (exit 2) whether or not a runner is up."""
@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 
 from goaltender.cli.common import UsageError
-from goaltender.runner.quick_client import (
+from goaltender.protocol.quick_client import (
     RunnerRefused,
     RunnerUnavailable,
     encode,
     exchange,
     socket_from_env,
 )
-from goaltender.runner.wire import MAX_LINE
+from goaltender.protocol.wire import MAX_LINE
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
-    from goaltender.runner import protocol as p
-    from goaltender.runner.client import RunnerClient
+    from goaltender.protocol import messages as p
+    from goaltender.protocol.client import RunnerClient
 
 
 def socket(args: argparse.Namespace) -> str | Path:
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, body: Callable[[RunnerClient], Awaitable[int |
     """`body` with a RunnerClient connected as this command; its exit code (None: ok)."""
     import asyncio
 
-    from goaltender.runner.client import RunnerClient
+    from goaltender.protocol.client import RunnerClient
 
     async def go() -> int | None:
         async with await RunnerClient.connect_unix(socket(args), client=client(args)) as runner:
@@ -76,7 +76,7 @@ def say_done(args: argparse.Namespace, request: dict[str, Any]) -> int:
 
 
 def _check_requests(requests: list[str]) -> None:
-    from goaltender.runner import protocol as p
+    from goaltender.protocol import messages as p
 
     for request in requests:
         fields = json.loads(request)
@@ -90,7 +90,7 @@ def checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
     from pydantic import ValidationError
     from pydantic_core import PydanticSerializationError
 
-    from goaltender.runner import protocol as p
+    from goaltender.protocol import messages as p
 
     try:
         size = len(p.encode(kind(id=0, **fields)))
@@ -116,7 +116,7 @@ def require_sound_interpreter() -> None:
 
 def check_goal_words(text: str) -> None:
     """The runner would refuse these goal words (budget 0h, max 0 experiments): say so now."""
-    from goaltender.runner.budget import GoalTextError, parse_goal_text
+    from goaltender.protocol.budget import GoalTextError, parse_goal_text
 
     require_sound_interpreter()
     try:
@@ -128,7 +128,7 @@ def check_goal_words(text: str) -> None:
 def check_budget_words(change: str) -> None:
     """Budget words that cannot be whatever the goal's budget (+0h, budget 0h), in a change or a
     steer (the runner applies those too): say so now."""
-    from goaltender.runner.budget import GoalTextError, apply_budget_change
+    from goaltender.protocol.budget import GoalTextError, apply_budget_change
     from goaltender.storage.records import Budget, utcnow
 
     require_sound_interpreter()
@@ -142,7 +142,7 @@ def duration(text: str | None) -> float | None:
     """`10m`, `2h`, `90` (seconds): from 1s to 365 days."""
     if text is None:
         return None
-    from goaltender.runner.budget import GoalTextError, check_duration, parse_duration
+    from goaltender.protocol.budget import GoalTextError, check_duration, parse_duration
 
     require_sound_interpreter()
     seconds = parse_duration(text)

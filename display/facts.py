@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from goaltender.display.params import format_metric, format_tokens
+from goaltender.display.params import format_metric
 from goaltender.display.params import format_params as _one_line_params
 from goaltender.display.plain import clean
+from goaltender.protocol.budget import format_tokens
 from goaltender.storage.records import Approval, Budget, Experiment, Goal, PostsFolded
 
 EMOJI = {

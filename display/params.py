@@ -56,12 +56,3 @@ def format_metric(name: str | None, value: float | None) -> str:
         # A value above 1 is taken to be a percentage already.
         return f"{value * 100:.1f}%" if -1.0 <= value <= 1.0 else f"{value:.1f}%"
     return f"{value:.4g}"
-
-
-def format_tokens(count: float) -> str:
-    """`812`, `45.2k`, `20k`, `1.25M`, `2M`: as a budget is written (`max 20k tokens`)."""
-    if count < 999.5:  # the bounds as rounded: never `1000` nor `1000k`
-        return f"{count:.0f}"
-    if count < 999_950:
-        return f"{count / 1000:.1f}".removesuffix(".0") + "k"
-    return f"{count / 1_000_000:.2f}".rstrip("0").removesuffix(".") + "M"

@@ -61,7 +61,7 @@ from goaltender.storage.records import (
 )
 
 if TYPE_CHECKING:
-    from goaltender.runner.protocol import GoalStatus
+    from goaltender.protocol.messages import GoalStatus
 
 __all__ = ["ConsoleThread"]
 

@@ -13,10 +13,10 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
+from goaltender.protocol.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.fetch_spec import FetchFailed, FetchSpec, spec_problem
 from goaltender.runner.server import Handler, Refused
 from goaltender.runner.skill_folder import ProposedEdit, SkillEditError, SkillFolder, diff_for_people
 from goaltender.runner.trust import Principal

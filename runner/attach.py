@@ -25,9 +25,9 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import LineWriter, socket_from_env
-from goaltender.runner.quick_client import unreachable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import LineWriter, socket_from_env
+from goaltender.protocol.quick_client import unreachable
 
 EXIT_OK = 0  # the client (stdin) ended first
 EXIT_CLOSED = 1  # the runner closed the connection first

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 from datetime import datetime
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.trust import Principal, goal_named
 from goaltender.storage.records import utcnow
 from goaltender.storage.runner_store import RunnerStore
@@ -28,28 +28,18 @@ from goaltender.storage.space import DiskFull
 log = logging.getLogger("goaltender.runner")
 UNWRITTEN_MOST = 10_000  # entries kept in memory while the disk is full (each ~1 kB at most)
 
-CONTROL_ACTIONS: dict[type[p.Request], str] = {
-    p.SubmitGoal: "submit",
-    p.Steer: "steer",
-    p.ChangeBudget: "budget",
-    p.Stop: "stop",
-    p.Pause: "pause",
-    p.Resume: "resume",
-    p.RevertSkill: "skill revert",
-    p.Prune: "prune",
-    p.PutInput: "input file",
-}
+# Derived from each request's contract (protocol/messages.py: Request.audited); a decision is
+# recorded as "approve" or "reject" (Decide.audit_action).
+CONTROL_ACTIONS: dict[type[p.Request], str] = {m: m.audited for m in p.REQUEST_MODELS.values() if m.audited}
 DETAIL_CHARS = 500
 
 
 def is_control(request: p.Request) -> bool:
-    return isinstance(request, p.Decide) or type(request) in CONTROL_ACTIONS
+    return type(request) in CONTROL_ACTIONS
 
 
 def action_of(request: p.Request) -> str:
-    if isinstance(request, p.Decide):
-        return "approve" if request.approve else "reject"
-    return CONTROL_ACTIONS.get(type(request), request.type)
+    return request.audit_action()
 
 
 def claimed_name(request: p.Request) -> p.Actor | None:

@@ -39,15 +39,15 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from goaltender import readiness
-from goaltender.runner import inputs
-from goaltender.runner import protocol as p
-from goaltender.runner.agent_requests import AgentRequests
-from goaltender.runner.budget import (
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import (
     GoalTextError,
     apply_budget_change,
     explicit_budget,
     parse_goal_text,
 )
+from goaltender.runner import inputs
+from goaltender.runner.agent_requests import AgentRequests
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.config import ConfigError, RunnerSettings
 from goaltender.runner.logs import RUNNER_TEXT, configure_logging, say

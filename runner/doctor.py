@@ -46,15 +46,15 @@ from typing import Any, Literal
 
 import psutil
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol.quick_client import operator_problem
 from goaltender.runner.agent_env import CACHE_DIRS
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.goal_network import INSTALL_HINT as NETWORK_HINT
 from goaltender.runner.gpus import Gpu, Gpus, NoDriver, read_all_gpus
 from goaltender.runner.limits import ENABLE_HINT, GoalCgroups, plan
 from goaltender.runner.operators import user_name
-from goaltender.runner.quick_client import operator_problem
 from goaltender.runner.sandbox import INSTALL_HINT, UNSAFE_WARNING, Sandbox
 from goaltender.runner.secrets import Redactor, url_shown
 from goaltender.selftest import FIX as FIX_INTERPRETER

@@ -23,11 +23,11 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner import gpus, noise, stages
-from goaltender.runner import protocol as p
 from goaltender.runner.agent_env import experiment_environment
 from goaltender.runner.approvals import Approvals
-from goaltender.runner.budget import DEFAULT_BLOCK, check_new_experiment, experiment_timeout
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.disk_guard import DiskGuard
 from goaltender.runner.executors import Executors, Job, LocalExecutor, OnStart, Placement

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from goaltender.protocol.fetch_spec import FetchFailed, FetchSpec
 from goaltender.runner.config import RunnerSettings
-from goaltender.runner.fetch_spec import FetchFailed, FetchSpec
 from goaltender.runner.secrets import agent_safe
 from goaltender.storage.records import HubFetch
 

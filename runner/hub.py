@@ -53,9 +53,9 @@ from huggingface_hub.utils import logging as hub_logging
 from huggingface_hub.utils import tqdm as HubBar
 from huggingface_hub.utils._http import default_client_factory
 
-from goaltender.runner.fetch_spec import FetchFailed as FetchFailed
-from goaltender.runner.fetch_spec import FetchSpec as FetchSpec
-from goaltender.runner.fetch_spec import spec_problem as spec_problem
+from goaltender.protocol.fetch_spec import FetchFailed as FetchFailed
+from goaltender.protocol.fetch_spec import FetchSpec as FetchSpec
+from goaltender.protocol.fetch_spec import spec_problem as spec_problem
 from goaltender.runner.report import format_bytes
 from goaltender.runner.secrets import url_shown
 from goaltender.storage.records import HubFetch

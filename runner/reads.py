@@ -14,7 +14,7 @@ import base64
 from datetime import datetime
 from pathlib import Path
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.campaign import Campaigns
 from goaltender.runner.disk_usage import goal_usage
 from goaltender.runner.report import goal_stop_status, summary_text

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from goaltender.display.params import format_params
-from goaltender.runner.budget import stop_status
+from goaltender.protocol.budget import stop_status
 from goaltender.storage.direction import best_of, reached
 from goaltender.storage.records import Experiment, Goal, HubFetch
 

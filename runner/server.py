@@ -32,10 +32,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from goaltender.runner import protocol as p
-from goaltender.runner import versions
+from goaltender.protocol import messages as p
+from goaltender.protocol import versions
+from goaltender.protocol.client import SocketStream, unix_address
 from goaltender.runner.audit import AuditTrail, is_control
-from goaltender.runner.client import SocketStream, unix_address
 from goaltender.runner.operators import Operators
 from goaltender.runner.secrets import Redactor
 from goaltender.runner.trust import Principal, agent_refusal, hello_refusal, peer_uid, scoped

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import experiment_timeout
 from goaltender.runner import stages
 from goaltender.runner.agent_env import goal_environment
 from goaltender.runner.approvals import Approvals
-from goaltender.runner.budget import experiment_timeout
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Executor, Job, Placement
 from goaltender.runner.goal_records import GoalRecords

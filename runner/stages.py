@@ -22,7 +22,7 @@ from goaltender.storage.records import Goal
 TEMPLATES = {"paper-to-code": ["read", "plan", "implement", "cross-check", "campaign"]}
 CAMPAIGN = "campaign"
 _NAME = r"[a-z][a-z0-9-]{0,39}"
-# No possessive quantifiers (3.11.0-3.11.4 mis-match them, see runner/budget.py): each unbounded
+# No possessive quantifiers (3.11.0-3.11.4 mis-match them, see protocol/budget.py): each unbounded
 # `\s*` is followed by what no space is, and the names' repeats are bounded.
 _STAGES = re.compile(rf"\bstages?\s*:\s*({_NAME}(?:\s*(?:,|->|→)\s*{_NAME}){{0,11}})", re.I)
 

@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import TypeVar
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.operators import Operators, user_name
 from goaltender.storage.runner_store import RunnerStore
 
@@ -86,43 +86,16 @@ def hello_refusal(principal: Principal, operators: Operators) -> str | None:
 
 # ---- what an agent may ask ----
 
+# Derived from each request's contract (protocol/messages.py: Request.sender, Request.people_do).
 AGENT_VERBS: frozenset[type[p.Request]] = frozenset(
-    {
-        p.ReportMilestone,
-        p.LogMetrics,
-        p.RunExperiment,
-        p.Ask,
-        p.StageDone,
-        p.CrossCheck,
-        p.ReadInbox,
-        p.WriteDiary,
-        p.ReadDiary,
-        p.SubmitReport,
-        p.Fetch,  # the runner downloads (runner/fetches.py): the hub cache is read-only to goals
-        p.SkillEdit,  # proposes only: a person's approval applies it
-    }
+    m for m in p.REQUEST_MODELS.values() if m.sender == "agent"
 )
-GOAL_READS: frozenset[type[p.Request]] = frozenset(
-    {p.Status, p.Summary, p.GetSeries, p.Subscribe, p.GetLog, p.GetArtifact, p.DiskUsage}
+GOAL_READS: frozenset[type[p.Request]] = frozenset(m for m in p.REQUEST_MODELS.values() if m.sender == "read")
+CONNECTION_REQUESTS: frozenset[type[p.Request]] = frozenset(
+    m for m in p.REQUEST_MODELS.values() if m.sender == "connection"
 )
-CONNECTION_REQUESTS: frozenset[type[p.Request]] = frozenset({p.Hello, p.Ack})
-
 PEOPLE_ONLY: dict[type[p.Request], str] = {
-    p.SubmitGoal: "submit goals: people do, with /goal in Slack or `goaltender submit` as an operator",
-    p.Decide: "decide approvals: a person does, in the goal's thread or with `goaltender approve` "
-    "as an operator",
-    p.Steer: "steer goals: people do, by replying in the goal's thread or with `goaltender steer` "
-    "as an operator",
-    p.ChangeBudget: "change budgets: people do, in the goal's thread (`budget +2h`) or with "
-    "`goaltender budget` as an operator",
-    p.Stop: "stop goals: people do, in the goal's thread or with `goaltender stop` as an operator",
-    p.Pause: "pause goals: people do, in the goal's thread or with `goaltender pause` as an operator",
-    p.Resume: "resume goals: people do, in the goal's thread or with `goaltender resume` as an operator",
-    p.Audit: "read the audit trail: operators do, with `goaltender audit`",
-    p.Prune: "prune the runner's history: operators do, with `goaltender prune`",
-    p.SkillLog: "read the skill folder's history: operators do, with `goaltender skills log`",
-    p.RevertSkill: "revert skill edits: operators do, with `goaltender skills revert COMMIT`",
-    p.PutInput: "give goals files: people do, by attaching them in the goal's thread",
+    m: m.people_do for m in p.REQUEST_MODELS.values() if m.sender == "operator"
 }
 
 

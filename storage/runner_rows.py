@@ -45,7 +45,7 @@ class Ledger:
     best: Experiment | None = None  # runner/report.py's best_experiment, chosen in SQL
     running: Experiment | None = None  # the newest running one, else the first queued
     pending_approvals: list[Approval] = field(default_factory=list)
-    tokens_used: int = 0  # the agent's tokens (runner/budget.py tokens_used)
+    tokens_used: int = 0  # the agent's tokens (protocol/budget.py tokens_used)
 
 
 # Named states (not NOT IN the terminal ones), so that the goals_by_state index answers it.
@@ -151,7 +151,7 @@ def stored_events_json(rows: list[sqlite3.Row]) -> list[bytes]:
     data is JSON and its time needs no escaping; a row written any other way is not known to be),
     or not UTF-8, is read into its model instead, and so becomes an UnreadableEvent with its
     reason. Data that is JSON but no longer reads into its model is left for the client to find
-    (goaltender.runner.protocol.batch_events), which makes the same UnreadableEvent of it."""
+    (goaltender.protocol.messages.batch_events), which makes the same UnreadableEvent of it."""
     return [
         b'{"seq":%d,"goal_id":%s,"ts":"%s","data":%s}'
         % (seq, b"null" if goal_id is None else b"%d" % goal_id, ts, data)

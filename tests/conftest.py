@@ -20,8 +20,8 @@ from ssh_box import SSHBox
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.daemon import Runner
 from goaltender.storage.records import Approval, ApprovalRequested, Event, FinalReport
@@ -212,12 +212,12 @@ async def approval_prompts(client: RunnerClient, goal_id: int) -> AsyncIterator[
 async def pending_approval(client: RunnerClient, goal_id: int, kind: str | None = None) -> Approval | None:
     """The goal's oldest pending approval (of `kind`), as its status shows it; None when there is
     none (a predicate for `eventually`)."""
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     return next((a for a in status.pending_approvals if kind is None or a.kind == kind), None)
 
 
 async def submit(client: RunnerClient, text: str, **fields) -> int:
-    reply = await client.call(p.SubmitGoal, p.GoalReply, text=text, **fields)
+    reply = await client.request(p.SubmitGoal(text=text, **fields))
     return reply.status.goal.id
 
 

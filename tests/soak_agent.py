@@ -14,21 +14,21 @@ import asyncio
 import os
 import sys
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, socket_from_env
 
 
 async def main(total: int, milestone_every: int) -> None:
     goal_id = int(os.environ["GOALTENDER_GOAL_ID"])
     async with await RunnerClient.connect_unix(socket_from_env(), client="soak-agent") as runner:
-        series = await runner.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="soak")
+        series = await runner.request(p.GetSeries(goal_id=goal_id, name="soak"))
         resume = 1 + max((int(s) for s, _ in series.points if s is not None), default=-1)
         for step in range(resume, total):
             point = p.MetricPoint(name="soak", value=float(step % 97), step=step)
-            await runner.call(p.LogMetrics, p.Done, goal_id=goal_id, points=[point])
+            await runner.request(p.LogMetrics(goal_id=goal_id, points=[point]))
             if step % milestone_every == milestone_every - 1:
-                await runner.call(p.ReportMilestone, p.Done, goal_id=goal_id, title=f"soak step {step}")
-        await runner.call(p.SubmitReport, p.Done, goal_id=goal_id, text=f"soak done: {total} steps")
+                await runner.request(p.ReportMilestone(goal_id=goal_id, title=f"soak step {step}"))
+        await runner.request(p.SubmitReport(goal_id=goal_id, text=f"soak done: {total} steps"))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from goaltender.agents.recap import compact, estimate_tokens, recap_text, turn_g
 from goaltender.agents.tool_output import redact, secret_values, truncate_file, truncate_middle
 from goaltender.agents.tool_schemas import ListFiles, Shell
 from goaltender.agents.workspace_tools import WorkspaceTools
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import utcnow
 

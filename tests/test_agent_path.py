@@ -13,9 +13,9 @@ from pathlib import Path
 from conftest import BIN, events_until_report, eventually, submit, write_agent
 from daemons import Daemon
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.agent_env import runner_bin_directories, runner_first_path
-from goaltender.runner.client import RunnerClient
 from goaltender.runner.supervisor import spawn, wait_process
 
 BARE_PATH = "/usr/bin:/bin"  # a service's, or a shell's without the venv activated
@@ -41,7 +41,7 @@ goaltender report "both runs imported goaltender"
 async def ledger_and_workspace(client: RunnerClient, goal_id: int) -> tuple[list, Path]:
     events = await events_until_report(client, goal_id, timeout=120)
     assert events[-1].data.end_reason == "the agent finished", events[-1].data.end_reason
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     return summary.ledger, Path(summary.status.goal.workspace)
 
 

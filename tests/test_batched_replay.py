@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from goaltender.bot.links import RunnerLink
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable, SocketStream
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable, SocketStream
 from goaltender.storage.records import Budget, Event, MilestoneReported
 from goaltender.storage.runner_store import INSERT_EVENT
 

@@ -19,9 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cli_quick import agent_goal, stored  # noqa: F401 - agent_goal is a fixture
 
-from goaltender.runner import protocol as p
-from goaltender.runner.quick_client import RunnerRefused, RunnerUnavailable, Session
-from goaltender.runner.wire import MAX_LINE
+from goaltender.protocol import messages as p
+from goaltender.protocol.quick_client import RunnerRefused, RunnerUnavailable, Session
+from goaltender.protocol.wire import MAX_LINE
 
 ASKING_SWEEP = [
     sys.executable,
@@ -43,12 +43,12 @@ async def test_stopped_while_it_waits_on_a_person_the_sweep_hands_in_its_report(
     goal_id = await submit(client, "toy sweep, max 3 experiments", agent="sweep")
 
     async def pending():  # the baseline's estimate (1 s) is above 0.5 s: it asks first, and waits
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         return status.pending_approvals
 
     [approval] = await eventually(pending, timeout=30)
     assert approval.question.startswith("Run a costly experiment (~1s")
-    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    await client.request(p.Stop(goal_id=goal_id, by="ana", reason="enough"))
     events = await events_until_report(client, goal_id, timeout=30)
     assert "**Why it ended:** stopped by a person." in events[-1].data.text
     goal = await runner.store.get_goal(goal_id)
@@ -69,9 +69,9 @@ async def test_a_call_cut_short_leaves_the_session_usable(agent_goal):  # noqa: 
 
     await asyncio.to_thread(cut_short)
     # Answered late: the decision goes to the call that asked, which is no more.
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     [approval] = status.pending_approvals
-    await client.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana")
+    await client.request(p.Decide(approval_id=approval.id, approve=True, by="ana"))
 
     def go_on() -> tuple[dict, str, dict]:
         after = session.call("milestone", "done", goal_id=goal_id, title="after the cut")

@@ -17,7 +17,7 @@ from fake_slack import ALICE, BOB
 from goaltender.bot import render
 from goaltender.bot.approvals import normalise_reaction
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import Approval, FinalReport, InboxMessage, MilestoneReported, utcnow
 
 # The agent leaves what it saw in its workspace (a sandboxed agent can write nowhere else).
@@ -142,7 +142,7 @@ async def test_mention_starts_one_goal(fake, make_bot, start_runner, tmp_path):
     await eventually(bot.outbox.idle)
     cards = [m for m in fake.messages(fake.general) if m.bot_id and "Goal #" in m.text]
     assert cards == [card, second]
-    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    status = await bot.pool["box"].request(p.Status())
     # The runner hears of each owner by the name Slack shows (users.info), not a user id.
     assert [s.goal.owner for s in status.goals] == ["alice", "bob"]
     assert "tune the lr" in status.goals[0].goal.text and "<@" not in status.goals[0].goal.text
@@ -156,7 +156,7 @@ async def test_goal_where_the_bot_is_not_a_member_says_invite(fake, make_bot, st
     invite = await res.wait_for_ephemeral(timeout=10)
     assert "/invite @goaltender" in invite.text and "tune the lr" in invite.text
     assert (await fake.wait_for_call("conversations.info")).response["channel"]["is_member"] is False
-    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    status = await bot.pool["box"].request(p.Status())
     assert status.goals == []  # nothing started on the runner
     assert fake.messages("#random") == [] and not fake.calls("chat.postMessage")
 
@@ -177,7 +177,7 @@ async def test_goal_in_a_channel_the_bot_left_is_stopped(fake, make_bot, start_r
 
 
 async def goal_state(bot, runner: str, goal_id: int, state: str) -> bool:
-    status = await bot.pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id)
+    status = await bot.pool[runner].request(p.Status(goal_id=goal_id))
     return status.goals[0].goal.state == state
 
 

@@ -9,13 +9,13 @@ from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 GOALS = "C0GOALS"
 
 
 async def goal_state(bot, runner: str, goal_id: int) -> p.GoalStatus:
-    reply = await bot.pool[runner].call(p.Status, p.StatusReply, goal_id=goal_id)
+    reply = await bot.pool[runner].request(p.Status(goal_id=goal_id))
     return reply.goals[0]
 
 

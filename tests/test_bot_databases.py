@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, FakeSlack
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.high_water import FILE as HIGH_WATER
 
 # Every goal's agent says which goal it is in its thread, then waits.
@@ -88,7 +88,7 @@ async def test_a_runner_on_a_fresh_database_gets_new_threads(fake, make_bot, sta
     await fake.user_replies(fake.general, old.ts, "stop", user=ALICE)
     said = await fake.wait_for_message(fake.general, thread_ts=old.ts, text="nothing was sent", timeout=10)
     assert "Runner box no longer runs on the database this goal was on" in said.text
-    status = await bot.pool["box"].call(p.Status, p.StatusReply, goal_id=1)
+    status = await bot.pool["box"].request(p.Status(goal_id=1))
     assert status.goals[0].goal.state == "running"  # the fresh database's goal #1 was not stopped
 
 

@@ -27,7 +27,7 @@ from fake_slack import ALICE, FakeSlack
 from goaltender.bot.config import BotSettings
 from goaltender.bot.health import check
 from goaltender.bot.outbox import Outbox
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.daemon import Runner
 from goaltender.storage.bot_store import BotStore
 
@@ -358,11 +358,11 @@ async def test_goal_in_a_channel_without_the_bot_starts_nothing(fake, gated, sta
 
 
 async def _runner_status(runner: Runner) -> p.StatusReply:
-    from goaltender.runner.client import RunnerClient
+    from goaltender.protocol.client import RunnerClient
 
     client = await RunnerClient.connect_unix(runner.settings.socket_path, client="test")
     try:
-        return await client.call(p.Status, p.StatusReply)
+        return await client.request(p.Status())
     finally:
         await client.close()
 

@@ -20,8 +20,8 @@ from conftest import eventually, write_agent
 from fake_slack import ALICE
 
 from goaltender.bot.links import RunnerLink
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.records import Event, MilestoneReported
 
 LINE_LIMIT = 2 * p.MAX_LINE
@@ -127,19 +127,19 @@ async def test_a_request_the_runner_leaves_unanswered_drops_the_link_and_it_come
         hub.freeze()
         asked_at = time.monotonic()
         with pytest.raises(RunnerUnavailable) as hung:
-            await asyncio.wait_for(link.call(p.Status, p.StatusReply), 10)  # (a hang fails, not waits)
+            await asyncio.wait_for(link.request(p.Status()), 10)  # (a hang fails, not waits)
         assert str(hung.value) == "runner gpu: the runner did not answer a Status request within 1s"
         assert 1 <= time.monotonic() - asked_at < 3
         assert not link.healthy  # at once, not at the next keepalive: health shows it
         assert link.last_error == "the runner did not answer a Status request within 1s"
         with pytest.raises(RunnerUnavailable, match=r"not connected \(last error: the runner did not answer"):
-            await link.call(p.Status, p.StatusReply)
+            await link.request(p.Status())
 
         during = await runner.store.append_event(None, MilestoneReported(title="during"))
         hub.thaw()
         await eventually(lambda: link.connects == 2 and link.healthy, timeout=20)
         await eventually(lambda: during.seq in bot.stored)  # resumed from the cursor
-        assert (await link.call(p.Status, p.StatusReply)).goals == []
+        assert (await link.request(p.Status())).goals == []
     finally:
         link.stop()
         await asyncio.wait_for(running, 10)

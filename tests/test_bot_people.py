@@ -10,8 +10,8 @@ from pathlib import Path
 from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 
 ALICE_NAME = "Alice Liddell"
 PDF = b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj << /Type /Catalog >> endobj\ntrailer << >>\n%%EOF\n"
@@ -35,7 +35,7 @@ async def agents_inbox(runner, goal_id: int = 1) -> list[p.InboxMessage]:
     await eventually(sock.exists)
     client = await RunnerClient.connect_unix(sock, client="agent")
     try:
-        reply = await client.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)
+        reply = await client.request(p.ReadInbox(goal_id=goal_id))
     finally:
         await client.close()
     return reply.messages

@@ -15,7 +15,7 @@ from fake_slack import ALICE, BOB
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings
 from goaltender.bot.transports import RunnerTarget
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 
 async def test_a_goal_queues_while_no_runner_is_up_and_starts_when_one_is(
@@ -36,7 +36,7 @@ async def test_a_goal_queues_while_no_runner_is_up_and_starts_when_one_is(
     card = await fake.wait_for_message(fake.general, text="Goal #1", timeout=30)
     assert "tune the lr" in blocks_text(card)
     await fake.wait_for(lambda: "Started as *goal #1*" in blocks_text(queued), 10)
-    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    status = await bot.pool["box"].request(p.Status())
     assert [(s.goal.id, s.goal.owner) for s in status.goals] == [(1, "alice")]
     assert await bot.store.queued_goals() == []
     [done] = await bot.store.queued_goals("submitted")
@@ -85,7 +85,7 @@ async def test_a_queued_goal_stopped_in_its_thread_never_starts(
     await start_runner(agents={"sleepy": agent}, default_agent="sleepy", socket=socket)
     card = await fake.wait_for_message(general, text="Goal #1", timeout=30)
     assert "a second goal" in blocks_text(card)
-    status = await bot.pool["box"].call(p.Status, p.StatusReply)
+    status = await bot.pool["box"].request(p.Status())
     assert [s.goal.text for s in status.goals] == ["a second goal, max 2 experiments"]
     assert "Stopped by" in blocks_text(queued) and await bot.store.queued_goals() == []
     # A reply to the stopped goal's card says it did not start.
@@ -161,7 +161,7 @@ async def test_http_mode_verifies_signatures(fake, start_runner, tmp_path):
             event = json.dumps({"type": "url_verification", "challenge": "abc"}).encode()
             async with session.post(url, data=event, headers=fake.sign(event)) as response:
                 assert response.status == 200 and (await response.json())["challenge"] == "abc"
-        status = await bot.pool["box"].call(p.Status, p.StatusReply)
+        status = await bot.pool["box"].request(p.Status())
         assert [s.goal.text for s in status.goals] == ["tune the lr over http"]
     finally:
         await bot.close()

@@ -14,14 +14,14 @@ from fake_slack import ALICE, BOB
 
 from goaltender.bot.admin import AdminCommand, command_words, parse_command
 from goaltender.bot.budget_size import Threshold
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 CAROL = "U0CAROL"  # an approver (configured), or a workspace admin
 DAN = "U0DAN"
 
 
 async def goal(bot, goal_id: int = 1) -> p.GoalStatus:
-    return (await bot.pool["box"].call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    return (await bot.pool["box"].request(p.Status(goal_id=goal_id))).goals[0]
 
 
 async def told_in_thread(fake, user: str, thread_ts: str, text: str, count: int = 1):
@@ -198,7 +198,7 @@ async def test_admins_change_roles_and_everyone_sees_them(fake, make_bot, start_
     assert "train a bigger model" in refused[0].detail
     await fake.user_replies(general, card.ts, "resume", user=BOB)
     await told_in_thread(fake, BOB, card.ts, "can resume goal #1")
-    assert (await bot.pool["box"].call(p.Status, p.StatusReply)).goals[-1].goal.id == 1  # no goal #2
+    assert (await bot.pool["box"].request(p.Status())).goals[-1].goal.id == 1  # no goal #2
 
     # The budget rule, and words the grammar cannot read.
     rule = await fake.slash_command("/goal", "admin budget 30m", general, DAN)
@@ -223,7 +223,7 @@ async def test_subcommands_are_never_read_as_goals(fake, make_bot, start_runner,
     long = await fake.slash_command("/goal", "admin approvers add " + "ana " * 1200, general, DAN)
     assert "I can't tell who `ana` is" in (await long.wait_for_ephemeral()).text
     assert not (long.ack_payload or {}).get("text")
-    assert (await bot.pool["box"].call(p.Status, p.StatusReply)).goals[-1].goal.id == 1  # no goal #2
+    assert (await bot.pool["box"].request(p.Status())).goals[-1].goal.id == 1  # no goal #2
 
 
 def test_the_admin_grammar():

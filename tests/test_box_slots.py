@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import Experiment
 
 FAKE_NVML = Path(__file__).parent / "fake_nvml" / "pynvml.py"
@@ -58,7 +58,7 @@ def most_at_once(rows: list[Experiment]) -> int:
 
 
 async def ledger(client, goal_id: int) -> list[Experiment]:
-    return (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    return (await client.request(p.Summary(goal_id=goal_id))).ledger
 
 
 async def test_a_burst_of_20_goals_on_2_slots(start_runner, connect, tmp_path):
@@ -128,12 +128,12 @@ async def test_what_the_box_cannot_give_is_refused_at_once(start_runner, connect
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal_id = await submit(client, "greedy", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     await eventually(lambda: (workspace / "greedy.txt").exists())
     assert (workspace / "greedy.txt").read_text().strip() not in ("exit 0", "")
     assert "asks for 3 GPUs; this box has 2" in (workspace / "agent.log").read_text()
     assert await ledger(client, goal_id) == []  # nothing admitted, nothing charged
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
 
 
 async def test_a_stop_while_queued_and_a_restart_leave_nothing_held(start_runner, connect, tmp_path):
@@ -149,7 +149,7 @@ async def test_a_stop_while_queued_and_a_restart_leave_nothing_held(start_runner
     later = await submit(client, "waits behind it", agent="hog")
     waiting = await eventually(lambda: _running_state(client, later, "queued"), timeout=30)
     assert waiting.note == "waiting for a slot, 1 ahead"
-    await client.call(p.Stop, p.Done, goal_id=queued, by="ana")
+    await client.request(p.Stop(goal_id=queued, by="ana"))
     [never] = await ledger(client, queued)
     assert never.status == "interrupted" and never.note.startswith(
         "never started (ended with the goal: stopped by"
@@ -172,11 +172,11 @@ async def test_a_stop_while_queued_and_a_restart_leave_nothing_held(start_runner
         timeout=60,
     )
     for goal_id in (holder, later):
-        await client.call(p.Stop, p.Done, goal_id=goal_id)
+        await client.request(p.Stop(goal_id=goal_id))
 
 
 async def goal_status(client, goal_id: int):
-    return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    return (await client.request(p.Status(goal_id=goal_id))).goals[0]
 
 
 async def _running_state(client, goal_id: int, state: str):
@@ -191,7 +191,7 @@ async def _note_is(client, goal_id: int, note: str) -> bool:
 
 async def _any_running(client, goal_ids) -> bool:
     for goal_id in goal_ids:
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         if status.running is not None and status.running.status == "running":
             return True
     return False
@@ -207,11 +207,11 @@ async def test_a_paused_goal_gives_its_turn_back(start_runner, connect, tmp_path
     await eventually(lambda: _running_state(client, holder, "running"), timeout=30)
     paused = await submit(client, "queued, then paused, max 1 experiments", agent="quick")
     await eventually(lambda: _running_state(client, paused, "queued"), timeout=30)
-    await client.call(p.Pause, p.Done, goal_id=paused)
-    await client.call(p.Stop, p.Done, goal_id=holder)  # the slot is free: its turn comes, and passes
+    await client.request(p.Pause(goal_id=paused))
+    await client.request(p.Stop(goal_id=holder))  # the slot is free: its turn comes, and passes
     await eventually(lambda: _note_is(client, paused, "waiting for its goal to be resumed"), timeout=30)
     assert (await goal_status(client, paused)).running.status == "queued"
-    await client.call(p.Resume, p.Done, goal_id=paused)
+    await client.request(p.Resume(goal_id=paused))
     await events_until_report(client, paused, timeout=60)
     [row] = await ledger(client, paused)
     assert row.status == "keep" and row.queued_seconds > 0
@@ -238,7 +238,7 @@ async def test_queued_runs_meet_the_compute_budget_as_their_turn_comes(start_run
     )
     client = await connect(runner)
     goal_id = await submit(client, "burn, cpu-hours 0.0002, max 10 experiments", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     await eventually(lambda: (workspace / "all-done").exists(), timeout=60)
     rows = await ledger(client, goal_id)
     ran = [row for row in rows if row.status != "interrupted"]
@@ -247,4 +247,4 @@ async def test_queued_runs_meet_the_compute_budget_as_their_turn_comes(start_run
     assert all(row.note.startswith("never started: compute budget used: ") for row in never)
     said = [(workspace / f"out-{n}").read_text() for n in range(1, 5)]
     assert sum("budget_exhausted" in text or "compute budget used" in text for text in said) == 2, said
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))

@@ -1,4 +1,4 @@
-"""runner/budget.py: stop rules read from words, explicit budgets, and the arithmetic."""
+"""protocol/budget.py: stop rules read from words, explicit budgets, and the arithmetic."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from goaltender.runner.budget import (
+from goaltender.protocol.budget import (
     DEFAULT_BLOCK,
     GoalTextError,
     apply_budget_change,

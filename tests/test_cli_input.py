@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from goaltender import cli
 from goaltender.cli.commands import ALIASES
 from goaltender.cli.commands.operator import print_status
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 GOALTENDER = os.path.join(BIN, "goaltender")
 NO_RUNNER = "/nonexistent/goaltender-test/runner.sock"
@@ -290,9 +290,9 @@ async def test_the_runner_refuses_limits_that_cannot_be(start_runner, connect, t
             await submit(client, text, agent="wait")
         assert refused.value.error.code == "bad_request" and refused.value.error.message.startswith("`")
     with pytest.raises(p.ProtocolError, match=r"bad_request: `\+99999999h`: an extension"):
-        await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="+99999999h")
+        await client.request(p.ChangeBudget(goal_id=goal_id, change="+99999999h"))
     with pytest.raises(p.ProtocolError, match=r"bad_request: `budget 0h`: .* the message was not delivered"):
-        await client.call(p.Steer, p.Done, goal_id=goal_id, text="hurry, budget 0h")
+        await client.request(p.Steer(goal_id=goal_id, text="hurry, budget 0h"))
     assert await runner.store.read_inbox(goal_id, unread_only=False) == []
 
     async def cli_run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -305,7 +305,7 @@ async def test_the_runner_refuses_limits_that_cannot_be(start_runner, connect, t
     assert_refused(await cli_run("budget", str(goal_id), "+0h"), "an extension must be at least 1s")
     extended = await cli_run("budget", str(goal_id), "+2h")
     assert extended.returncode == 0 and "budget changed: deadline +2h00m" in extended.stdout
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
     assert Path(socket).exists()
 
 
@@ -316,10 +316,10 @@ async def test_status_shows_active_goals_and_pages_through_history(start_runner,
     client = await connect(runner)
     ids = [await submit(client, f"goal {n}, budget 1h", agent="wait") for n in range(5)]
     for goal_id in ids[:4]:
-        await client.call(p.Stop, p.Done, goal_id=goal_id)
+        await client.request(p.Stop(goal_id=goal_id))
 
     async def only_the_last_active() -> bool:
-        reply = await client.call(p.Status, p.StatusReply, active_only=True)
+        reply = await client.request(p.Status(active_only=True))
         return [s.goal.id for s in reply.goals] == [ids[4]]
 
     await eventually(only_the_last_active)
@@ -340,7 +340,7 @@ async def test_status_shows_active_goals_and_pages_through_history(start_runner,
     assert_refused(
         await asyncio.to_thread(run_cli, ["status", "--all", "--limit", "0"], socket=socket), "limit"
     )
-    reply = await client.call(p.Status, p.StatusReply, limit=3)
+    reply = await client.request(p.Status(limit=3))
     assert [s.goal.id for s in reply.goals] == ids[2:5]
 
 

@@ -1,5 +1,5 @@
 """The agent verbs' quick path (issue 13): `milestone`, `metrics`, `diary write` and `report` talk
-to a real runner through runner/quick_client.py (the standard library alone). What the runner
+to a real runner through protocol/quick_client.py (the standard library alone). What the runner
 stored is checked, not only what the CLI printed, and bad input keeps its answer (exit 2, the
 models' words) whether the runner is down, refuses, or never sees it. That these verbs import
 neither pydantic nor asyncio is checked here; what that saves is benchmarks/bench_cli.py's."""
@@ -18,7 +18,7 @@ from test_cli_input import NO_RUNNER, assert_refused, run_cli
 
 from goaltender import cli
 from goaltender.cli import talk
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 HEAVY = ("pydantic", "pydantic_core", "asyncio")
 
@@ -73,7 +73,7 @@ async def agent_goal(start_runner, connect, tmp_path):
     sock = runner.settings.agent_socket(goal_id)
     await eventually(sock.exists)
     yield runner, client, goal_id, str(sock)
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
 
 
 async def goaltender(
@@ -89,7 +89,7 @@ async def stored(runner, goal_id: int, kind: str) -> list:
 
 
 async def series(client, goal_id: int, name: str) -> list[tuple[float, float]]:
-    return (await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name=name)).points
+    return (await client.request(p.GetSeries(goal_id=goal_id, name=name))).points
 
 
 async def test_a_milestone_is_stored_and_imports_nothing_heavy(agent_goal):
@@ -176,7 +176,7 @@ async def test_the_runners_refusal_keeps_its_words_and_exit_code(agent_goal):
             f"names goal #{other}\n"
         )
     assert await stored(runner, other, "milestone") == []
-    await client.call(p.Stop, p.Done, goal_id=other)
+    await client.request(p.Stop(goal_id=other))
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ async def test_diary_and_report_through_the_quick_path(agent_goal):
         ["diary", "write", "--handoff", "-"], sock, goal_id, stdin="best lr=0.1; next: warmup"
     )
     assert out.returncode == 0, out.stderr
-    diary = await client.call(p.ReadDiary, p.DiaryReply, goal_id=goal_id, kind="handoff")
+    diary = await client.request(p.ReadDiary(goal_id=goal_id, kind="handoff"))
     assert [e.text for e in diary.entries] == ["best lr=0.1; next: warmup"]
     out = await goaltender(["report", "warmup helps; try cosine next"], sock, goal_id)
     assert out.returncode == 0, out.stderr

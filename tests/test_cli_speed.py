@@ -13,8 +13,8 @@ from conftest import events_until_report, submit, write_agent
 from test_cli_input import assert_refused, run_cli
 
 import goaltender
-from goaltender.runner import protocol as p
-from goaltender.runner.client import MetricBuffer
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import MetricBuffer
 
 # Each is imported by the command that needs it, never by an agent verb's start-up.
 HEAVY = [
@@ -80,7 +80,7 @@ def test_only_the_verbs_module_is_imported(argv, imported):
 
 def test_the_models_are_built_on_first_use():
     script = (
-        "from goaltender.runner import protocol as p\n"
+        "from goaltender.protocol import messages as p\n"
         "print(sum(m.__pydantic_complete__ for m in p.REQUEST_MODELS.values()))\n"
         'p.parse_request(b\'{"id": 1, "type": "ack", "seq": 3}\')\n'
         "print(sum(m.__pydantic_complete__ for m in p.REQUEST_MODELS.values()))\n"
@@ -158,12 +158,12 @@ async def test_metrics_from_a_file_arrive_as_series(start_runner, connect, tmp_p
     goal_id = await submit(client, "log a lot, max 1 experiments", agent="a")
     await events_until_report(client, goal_id)
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     out = (Path(summary.status.goal.workspace) / "out").read_text()
     assert "12001 metric point(s) logged in 2 requests\nrc=0\n1 metric point(s) logged" in out, out
-    loss = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    loss = await client.request(p.GetSeries(goal_id=goal_id, name="loss"))
     assert loss.points == [(float(i), float(i)) for i in range(12_001)]
-    acc = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="acc")
+    acc = await client.request(p.GetSeries(goal_id=goal_id, name="acc"))
     assert acc.points == [(7.0, 0.5)]
 
 
@@ -175,16 +175,15 @@ async def test_the_client_batches_metric_points(start_runner, connect, tmp_path)
     async with MetricBuffer(client, goal_id, max_points=3, max_delay=3600) as metrics:
         for step in range(7):
             await metrics.add("loss", step / 10, step)
-        series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+        series = await client.request(p.GetSeries(goal_id=goal_id, name="loss"))
         assert len(series.points) == 6  # two full batches sent; the seventh waits for the exit
-    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    series = await client.request(p.GetSeries(goal_id=goal_id, name="loss"))
     assert series.points == [(float(step), step / 10) for step in range(7)]
 
-    requests = [{"goal_id": goal_id, "points": [{"name": "acc", "value": v}]} for v in (0.1, 0.2)]
-    replies = await client.call_many(p.LogMetrics, p.Done, requests)
+    points = [p.MetricPoint(name="acc", value=v) for v in (0.1, 0.2)]
+    requests = [p.LogMetrics(goal_id=goal_id, points=[point]) for point in points]
+    replies = await client.request_many(requests)
     assert [r.message for r in replies] == ["1 metric point(s) logged"] * 2
     with pytest.raises(p.ProtocolError, match="no goal #999"):
-        await client.call_many(
-            p.LogMetrics, p.Done, [*requests, {"goal_id": 999, "points": requests[0]["points"]}]
-        )
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+        await client.request_many([*requests, p.LogMetrics(goal_id=999, points=points[:1])])
+    await client.request(p.Stop(goal_id=goal_id))

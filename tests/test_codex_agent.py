@@ -31,7 +31,7 @@ from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.briefing import list_skills
 from goaltender.agents.codex_config import CodexSettings, write_codex_home
 from goaltender.agents.codex_prompts import report_text, says_done
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_members
 from goaltender.storage.records import MilestoneReported
 
@@ -98,9 +98,7 @@ async def decide(client, goal_id: int, decisions: list[tuple[bool, str | None]],
     async for approval in approval_prompts(client, goal_id):
         approve, comment = decisions[len(asked)]
         asked.append(approval)
-        await client.call(
-            p.Decide, p.DecisionReply, approval_id=approval.id, approve=approve, by="ana", comment=comment
-        )
+        await client.request(p.Decide(approval_id=approval.id, approve=approve, by="ana", comment=comment))
         if then is not None:
             await then(len(asked))
         if len(asked) == len(decisions):
@@ -202,9 +200,9 @@ async def test_approved_and_rejected_commands_brief_skills_metrics_report(
 
     # The thread id is persisted in the workspace and in the diary; the goal finished with the report.
     thread_id = (ws / ".codex-thread").read_text().strip()
-    diary = await client.call(p.ReadDiary, p.DiaryReply, goal_id=goal_id, kind="note")
+    diary = await client.request(p.ReadDiary(goal_id=goal_id, kind="note"))
     assert any(f"codex thread: {thread_id}" in e.text for e in diary.entries)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "finished"
     titles = [e.data.title for e in events if isinstance(e.data, MilestoneReported)]
     assert "Codex started" in titles and any(t.startswith("Codex: Counted the stars") for t in titles)
@@ -215,7 +213,7 @@ async def test_approved_and_rejected_commands_brief_skills_metrics_report(
 
     # Token usage became metric series, cumulative.
     for name in ("agent/input_tokens", "agent/output_tokens"):
-        series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name=name)
+        series = await client.request(p.GetSeries(goal_id=goal_id, name=name))
         values = [v for _, v in series.points]
         assert values and values == sorted(values) and values[-1] > 0
     log = (ws / "codex.log").read_text()
@@ -258,7 +256,7 @@ async def test_steer_reaches_codex_mid_turn(start_runner, connect, fake):
     ana = await connect(runner, "ana")
 
     async def steer_after_approving(_):
-        await ana.call(p.Steer, p.Done, goal_id=goal_id, text="STEER-LR-ONLY please", author="bob")
+        await ana.request(p.Steer(goal_id=goal_id, text="STEER-LR-ONLY please", author="bob"))
 
     async def release_the_turn_once_steered():
         log = workspace(runner) / "codex.log"
@@ -330,11 +328,11 @@ async def test_stop_mid_turn_interrupts_and_leaves_no_process(start_runner, conn
     assert server_pid is not None
 
     started = time.monotonic()
-    done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    done = await client.request(p.Stop(goal_id=goal_id, by="ana", reason="enough"))
     assert time.monotonic() - started < 4.0  # the agent went on SIGTERM, not at SIGKILL
     assert f"stopped by {vouched('ana')}: enough" in done.message
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "stopped"
     events = await events_until_report(client, goal_id, timeout=5)
     assert "Stopped during turn 1 of the Codex session" in events[-1].data.text
@@ -383,7 +381,7 @@ async def test_runner_restart_resumes_the_codex_thread(start_runner, connect, fa
     assert f"resumed thread {thread_id}" in (ws / "codex.log").read_text()
     after = requests_text(fake)[before:]
     assert after and "FIRSTTURN-4242" in after[0] and "runner restarted" in after[0]
-    notes = await client.call(p.ReadDiary, p.DiaryReply, goal_id=goal_id, kind="note")
+    notes = await client.request(p.ReadDiary(goal_id=goal_id, kind="note"))
     assert sum(f"codex thread: {thread_id}" in e.text for e in notes.entries) == 1  # not a new thread
 
 
@@ -412,7 +410,7 @@ async def test_endpoint_failure_fails_the_goal_with_the_reason(start_runner, con
     events = await events_until_report(client, goal_id, timeout=30)
     failed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
     assert failed and "XYZ-55" in failed[0].text and "turn failed" in failed[0].title
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "failed"
     assert "the agent exited with code 1" in events[-1].data.end_reason
     server_pid = int((workspace(runner) / ".codex-app-server.pid").read_text())
@@ -435,7 +433,7 @@ async def test_an_endpoint_without_the_responses_api_says_what_to_do(start_runne
     assert failed.title.startswith("Codex agent failed: this endpoint has no Responses API (")
     assert failed.text.startswith(advice) and "unexpected status 404" in failed.text  # Codex's words too
     assert advice in events[-1].data.text  # the report
-    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert (await client.request(p.Summary(goal_id=goal_id))).status.goal.state == "failed"
     assert [seen.path for seen in chat_only.requests] == []  # /responses is no route there: never served
 
 
@@ -514,7 +512,7 @@ async def test_permissions_unknown_requests_and_a_crashing_app_server(
     assert replies["101"]["error"]["code"] == -32601  # unknown server requests get an error, not silence
     failed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
     assert failed and "exited with code 3" in failed[0].title and "crashing on purpose" in failed[0].text
-    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert (await client.request(p.Summary(goal_id=goal_id))).status.goal.state == "failed"
 
 
 async def test_missing_codex_binary_fails_the_goal_clearly(start_runner, connect, tmp_path, monkeypatch):
@@ -525,7 +523,7 @@ async def test_missing_codex_binary_fails_the_goal_clearly(start_runner, connect
     events = await events_until_report(client, goal_id, timeout=20)
     failed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "failed" in e.data.title]
     assert failed and "no Codex CLI at" in failed[0].title
-    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert (await client.request(p.Summary(goal_id=goal_id))).status.goal.state == "failed"
 
 
 def codex_settings(monkeypatch, **env) -> CodexSettings:

@@ -7,7 +7,7 @@ import pytest
 
 from goaltender.display.facts import format_bar, format_duration, format_metric, format_params
 from goaltender.display.terminal import ConsoleThread
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import (
     Approval,
     ApprovalDecided,

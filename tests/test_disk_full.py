@@ -30,9 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_recovery import TESTS, alive, connect_when_up
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner import disk_guard, goal_records
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 from goaltender.runner.trust import user_name
 from goaltender.storage.records import ExperimentFinished, GoalStateChanged, MilestoneReported
 from goaltender.storage.space import FreeSpace
@@ -142,7 +142,7 @@ async def test_a_run_that_ends_on_a_full_disk_is_closed_once_there_is_room(tmp_p
 
         # The disk is full and the run has ended; the runner is alive and answers, the row waits
         # to be closed (it cannot be written yet).
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         assert status.running is not None and status.running.index == 1
         await eventually(lambda: not alive(status.running.pid))
         workspace = Path(status.goal.workspace)
@@ -184,7 +184,7 @@ async def test_no_experiment_starts_below_the_free_space_floor(tmp_path, short_d
         goal_id = await submit(client, "fill the disk, max 3 experiments", agent="a")
 
         async def paused():
-            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
             return status if status.goal.state == "paused" and status.running is None else None
 
         # The second run is refused at its start; or, when the runner's disk watch saw the disk
@@ -287,7 +287,7 @@ async def hog_on_a_small_disk(tmp_path: Path, short_dir: Path):
 
 async def paused_status(client, goal_id: int) -> p.GoalStatus | None:
     """The goal's status, once it shows paused (a predicate for `eventually`)."""
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     return status if status.goal.state == "paused" else None
 
 
@@ -311,7 +311,7 @@ async def test_a_run_that_keeps_the_disk_full_is_stopped_by_an_operator(tmp_path
         assert "runner.db records it (and the final report) when the disk has room" in out
         # The agent and the run (process groups) are gone, and the status says the goal stopped.
         await eventually(lambda: not any(alive(proc.pid) for proc in started), 30)
-        stopped = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        stopped = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         assert stopped.goal.state == "stopped" and stopped.goal.end_reason.endswith(": hogs the disk")
 
         runner_view(runner, workspace / "filler").unlink()  # room again
@@ -405,7 +405,7 @@ async def test_an_agent_write_on_a_full_disk_is_taken_and_its_question_refused(t
         client = await connect_when_up(socket)
         goal_id = await submit(client, "fill the disk and keep it full, max 3 experiments", agent="a")
         await eventually(lambda: out.exists() and "ask rc=" in out.read_text(), 60)
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         runner_view(runner, Path(status.goal.workspace) / "filler").unlink()  # room again
         code, _, stop_err = await goaltender(socket, "stop", str(goal_id))
         assert code == 0, stop_err
@@ -477,14 +477,12 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
             for ask in asks:
                 try:
                     if ask is None:
-                        await asyncio.wait_for(agent.call(p.Stop, p.Done, goal_id=goal_id), 60)
+                        await asyncio.wait_for(agent.request(p.Stop(goal_id=goal_id)), 60)
                     else:
                         title, text = ask
                         replies.append(
                             await asyncio.wait_for(
-                                agent.call(
-                                    p.ReportMilestone, p.Done, goal_id=goal_id, title=title, text=text
-                                ),
+                                agent.request(p.ReportMilestone(goal_id=goal_id, title=title, text=text)),
                                 60,
                             )
                         )
@@ -549,17 +547,17 @@ async def test_what_an_agent_sends_on_a_full_disk_is_answered_and_kept_in_order(
         await eventually(lambda: len(milestones(runner, home)) == before + len(taken), 60)
 
         # Its inbox: a message is given once, unmarked on a full disk, and marked once there is room.
-        await client.call(p.Steer, p.Done, goal_id=goal_id, text="try a smaller lr", author="ana")
+        await client.request(p.Steer(goal_id=goal_id, text="try a smaller lr", author="ana"))
         fill(ballast)
-        inbox = await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)
+        inbox = await agent.request(p.ReadInbox(goal_id=goal_id))
         assert [m.text for m in inbox.messages] == ["try a smaller lr"]
-        assert (await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)).messages == []
+        assert (await agent.request(p.ReadInbox(goal_id=goal_id))).messages == []
         unread = "SELECT COUNT(*) FROM inbox WHERE read_at IS NULL"
         assert runner_db(runner, home, unread) == [(1,)]
         ballast.unlink()
 
         async def read_when_there_is_room():
-            messages = (await agent.call(p.ReadInbox, p.InboxReply, goal_id=goal_id)).messages
+            messages = (await agent.request(p.ReadInbox(goal_id=goal_id))).messages
             assert messages == []  # given already
             return runner_db(runner, home, unread) == [(0,)]
 
@@ -587,7 +585,7 @@ async def test_milestones_folded_on_a_full_disk_are_kept_and_shown_once(tmp_path
         ballast = runner_view(runner, home / "ballast")
         fill(ballast)
         replies = [
-            await agent_client.call(p.ReportMilestone, p.Done, goal_id=goal_id, title=f"m{i}", text="")
+            await agent_client.request(p.ReportMilestone(goal_id=goal_id, title=f"m{i}", text=""))
             for i in range(12)
         ]
         ballast.unlink()  # room again
@@ -657,7 +655,7 @@ async def start_on_a_low_disk(client, disk: dict[str, float]) -> int:
     """Submit a TWO_RUNS goal while there is room, then let the disk run low and the agent go."""
     goal_id = await submit(client, "two runs, max 3 experiments", agent="a")
     disk["mb"] = 1
-    await client.call(p.Steer, p.Done, goal_id=goal_id, text="go")
+    await client.request(p.Steer(goal_id=goal_id, text="go"))
     return goal_id
 
 
@@ -688,7 +686,7 @@ async def test_a_disk_pause_outlives_a_restart(start_runner, connect, tmp_path, 
         states[states.index(paused) + 1].reason
         == f"resumed: disk space is back (100 MB free on {runner.settings.home})"
     )
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert [(e.description, e.status) for e in summary.ledger] == [("first", "keep"), ("second", "keep")]
     assert summary.status.goal.state == "finished"
 
@@ -701,11 +699,11 @@ async def test_a_person_takes_over_a_disk_pause(start_runner, connect, tmp_path,
     goal_id = await start_on_a_low_disk(client, disk)
     await eventually(lambda: "first rc=4" in said(runner, goal_id))
 
-    done = await client.call(p.Pause, p.Done, goal_id=goal_id, by="ana")
+    done = await client.request(p.Pause(goal_id=goal_id, by="ana"))
     assert done.message.endswith("(it was paused for a full disk); it stays paused until resumed")
     assert not await runner.store.paused_for_disk(goal_id)  # room alone no longer resumes it
     disk["mb"] = 100
-    await client.call(p.Resume, p.Done, goal_id=goal_id, by="ana")
+    await client.request(p.Resume(goal_id=goal_id, by="ana"))
     events = await events_until_report(client, goal_id)
 
     reasons = [s.reason for s in goal_states(events)]
@@ -724,4 +722,4 @@ async def test_no_new_goal_on_a_full_disk(start_runner, connect, tmp_path, monke
     assert refused.value.error.message.startswith(
         f"no room for a new goal: disk full: 3 MB free on {runner.settings.home}"
     )
-    assert (await client.call(p.Status, p.StatusReply)).goals == []
+    assert (await client.request(p.Status())).goals == []

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from conftest import events_until_report, eventually, submit, write_agent
 
+from goaltender.protocol import messages as p
 from goaltender.runner import disk_guard
-from goaltender.runner import protocol as p
 from goaltender.storage.records import GoalStateChanged, MilestoneReported
 from goaltender.storage.space import MB, FreeSpace
 
@@ -76,10 +76,10 @@ async def test_the_disk_filling_during_a_run_pauses_its_goal(start_runner, conne
     goal_id = await submit(client, "fill the disk, max 2 experiments", agent="a")
 
     async def state() -> str:
-        return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.state
+        return (await client.request(p.Status(goal_id=goal_id))).goals[0].goal.state
 
     async def running() -> bool:
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         return status.running is not None and status.running.status == "running"
 
     await eventually(running)
@@ -96,7 +96,7 @@ async def test_the_disk_filling_during_a_run_pauses_its_goal(start_runner, conne
     reasons = [e.data.reason for e in events if isinstance(e.data, GoalStateChanged)]
     assert any(r.startswith("disk full: 10 MB free") for r in reasons)
     assert any(r.startswith("resumed: disk space is back") for r in reasons)
-    assert [e.status for e in (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger] == [
+    assert [e.status for e in (await client.request(p.Summary(goal_id=goal_id))).ledger] == [
         "keep",
         "keep",
     ]
@@ -107,6 +107,6 @@ async def _is(value, expected) -> bool:
 
 
 async def _ledger_with(client, goal_id: int, count: int):
-    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
     finished = [e for e in ledger if e.finished]
     return finished if len(finished) >= count else None

@@ -12,7 +12,7 @@ import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 from engine_probes import RAY, ray_job, require
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 RUN = (
     "goaltender experiment -d 'on {engine}' --metric score {flags} -- python -c "
@@ -40,7 +40,7 @@ async def test_an_experiment_runs_on_a_cluster_and_lands_in_the_ledger(
     goal_id = await submit(client, goal_text, agent="a")
     await events_until_report(client, goal_id, timeout=120)
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     [row] = summary.ledger
     assert row.status == "keep" and row.metric_value == 0.75, row.note
     assert row.executor == engine and row.job_id and row.host
@@ -50,7 +50,7 @@ async def test_an_experiment_runs_on_a_cluster_and_lands_in_the_ledger(
         in (runner.settings.workspaces / f"goal-{goal_id}" / "experiments" / "001" / "run.log").read_text()
     )
     assert row.wall_seconds is not None and row.compute_hours == pytest.approx(row.cpu_seconds / 3600)
-    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    series = await client.request(p.GetSeries(goal_id=goal_id, name="loss"))
     assert series.points == [(1.0, 0.5)]
 
 
@@ -61,13 +61,13 @@ async def test_stop_cancels_the_job_in_its_engine(start_runner, connect, tmp_pat
     goal_id = await submit(client, "a long run, max 1 experiments", agent="a")
 
     async def placed():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         return status.running if status.running and status.running.job_id else None
 
     running = await eventually(placed, timeout=60)
     await eventually(lambda: _engine_says(engine, running.job_id, "running"), timeout=60)
-    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana")
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    await client.request(p.Stop(goal_id=goal_id, by="ana"))
+    [row] = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert row.status == "crash" and row.note.startswith("ended with the goal: stopped by ana")
     assert row.job_id == running.job_id
     await eventually(lambda: _engine_says(engine, running.job_id, "stopped"), timeout=30)
@@ -107,7 +107,7 @@ async def test_a_cluster_job_outlives_a_runner_restart(start_runner, connect, tm
     goal_id = await submit(client, "outlive a restart, max 2 experiments", agent="a")
 
     async def placed():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         return status.running if status.running and status.running.job_id else None
 
     running = await eventually(placed, timeout=60)
@@ -120,9 +120,9 @@ async def test_a_cluster_job_outlives_a_runner_restart(start_runner, connect, tm
     (runner.settings.workspaces / f"goal-{goal_id}" / "go").write_text("")
 
     async def ended():
-        [row, *_] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        [row, *_] = (await client.request(p.Summary(goal_id=goal_id))).ledger
         return row if row.finished else None
 
     row = await eventually(ended, timeout=60)
     assert row.status == "keep" and row.metric_value == 0.5 and row.job_id == running.job_id
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))

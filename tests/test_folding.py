@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goaltender.bot import mrkdwn, render
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.folding import GoalPosts, PostRate
 from goaltender.storage.records import (
     Budget,
@@ -43,7 +43,7 @@ BURST, PER_MINUTE = 10, 6.0  # the runner's defaults, which the flood tests run 
 # flood with), then reports one more milestone through the CLI and keeps what it was told.
 FLOOD_AGENT = """
 import os, subprocess, sys
-from goaltender.runner.quick_client import Session, socket_from_env
+from goaltender.protocol.quick_client import Session, socket_from_env
 
 goal = int(os.environ["GOALTENDER_GOAL_ID"])
 runner = Session(socket_from_env(), f"agent:flood:{goal}")
@@ -237,7 +237,7 @@ async def test_folded_milestones_are_shown_before_the_goal_ends(start_runner, co
     client = await connect(runner)
     goal_id = await submit(client, "post five, max 1 experiments", agent="a")
     await eventually(lambda: _logged(runner.store, goal_id, 5), timeout=60)
-    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana")
+    await client.request(p.Stop(goal_id=goal_id, by="ana"))
     events = await events_until_report(client, goal_id)
 
     [(seq, fold)] = shown(events)
@@ -364,4 +364,4 @@ async def test_an_agent_cannot_flood_its_channel_with_questions(start_runner, co
     assert len(pending) == 5
     said = refused()[0].with_suffix(".out").read_text()
     assert "has 5 questions waiting for people already" in said and "wait for their answers" in said
-    await client.call(p.Stop, p.Done, goal_id=goal, by="ana")
+    await client.request(p.Stop(goal_id=goal, by="ana"))

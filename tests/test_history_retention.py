@@ -17,7 +17,7 @@ from conftest import eventually
 
 from goaltender.bot.keys import ApprovalKey, CardKey, EventKey
 from goaltender.bot.pruning import prune_bot
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.bot_store import BotStore
 from goaltender.storage.db import Database
 from goaltender.storage.pruning import file_size, prune_runner
@@ -255,10 +255,10 @@ async def test_prune_verb_on_a_stopped_runner_home_and_through_a_running_runner(
     assert runner.lost is None  # asked, not written under it
     assert event_kinds(home / "runner.db", old) == {"report": 1}
     client = await connect(runner)
-    audit = await client.call(p.Audit, p.AuditReply)
+    audit = await client.request(p.Audit())
     assert any(entry.action == "prune" and entry.outcome == "done" for entry in audit.entries)
     # The runner goes on writing, numbering events above those it had handed out.
-    status = await client.call(p.Status, p.StatusReply)
+    status = await client.request(p.Status())
     assert status.goals[0].goal.id == old
 
 

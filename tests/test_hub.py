@@ -37,9 +37,9 @@ from goaltender.agents.policy import classify_command
 from goaltender.bot.thread import WRITES, EventInThread
 from goaltender.cli import build_parser
 from goaltender.display.terminal import ConsoleThread
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
-from goaltender.runner.fetch_spec import FetchSpec, spec_problem
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
+from goaltender.protocol.fetch_spec import FetchSpec, spec_problem
 from goaltender.runner.fetches import MAX_GOAL_DOWNLOADS, MAX_GOAL_FETCHES, download_command
 from goaltender.runner.trust import user_name
 from goaltender.storage.records import Event, HubFetch, HubFetched, MilestoneReported, PostsFolded, utcnow
@@ -509,7 +509,7 @@ async def test_a_goal_records_what_its_agent_fetched(hub, start_runner, connect,
     assert "the account whose token is in HF_TOKEN has no access yet" in (workspace / "fetch.err").read_text()
     assert any(seen.with_token for seen in hub.requests)  # the granted token was used
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert "## From the hub" in summary.text
     assert (
         f"- model org/tiny (main, commit {tiny.commit}): 4 files, 4.0 MB, 4.0 MB downloaded — `{tiny.path}`"
@@ -773,7 +773,7 @@ async def test_stopping_a_goal_kills_its_download(hub, start_runner, connect, tm
         ]
 
     assert await eventually(milestones) == ["Downloading model org/tiny (4.0 MB)"]
-    stopped = await client.call(p.Stop, p.Done, goal_id=goal_id, reason="enough")
+    stopped = await client.request(p.Stop(goal_id=goal_id, reason="enough"))
     assert "stopped" in stopped.message
     assert not download.is_running()  # killed (and reaped) before the stop was answered
     events = await events_until_report(client, goal_id)
@@ -837,7 +837,7 @@ async def test_a_goals_fetches_are_bounded(hub, start_runner, connect, tmp_path,
         for _ in range(5)  # its in-flight requests: 8 a connection
     ]
     calls = [
-        asyncio.ensure_future(agents[i % 5].call(p.Fetch, p.FetchReply, goal_id=goal_id, repo=repo))
+        asyncio.ensure_future(agents[i % 5].request(p.Fetch(goal_id=goal_id, repo=repo)))
         for i, repo in enumerate(repos)
     ]
     try:
@@ -851,7 +851,7 @@ async def test_a_goals_fetches_are_bounded(hub, start_runner, connect, tmp_path,
         await eventually(lambda: hub.held == MAX_GOAL_DOWNLOADS and fetches.under_way(goal_id) == busy)
         assert len(downloads()) == MAX_GOAL_DOWNLOADS
 
-        await operator.call(p.Stop, p.Done, goal_id=goal_id)
+        await operator.request(p.Stop(goal_id=goal_id))
         assert not downloads() and fetches.under_way(goal_id) == (0, 0)
     finally:
         for agent in agents:
@@ -879,7 +879,7 @@ async def test_a_fetch_the_runner_cannot_take_is_refused(hub, start_runner, conn
         ({"repo": "org/tiny", "include": ["ok", "a\nb"]}, "not a file pattern: 'a\\nb'"),
     ]:
         with pytest.raises(p.ProtocolError) as refused:
-            await client.call(p.Fetch, p.FetchReply, goal_id=goal_id, **fields)
+            await client.request(p.Fetch(goal_id=goal_id, **fields))
         assert refused.value.error.code == "bad_request" and said in refused.value.error.message
     assert hub.requests == []
 

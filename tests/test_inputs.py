@@ -15,9 +15,9 @@ from conftest import eventually, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner import inputs
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 
 CAP = 4096
 names = st.one_of(
@@ -103,7 +103,7 @@ async def test_put_input_over_the_protocol_is_capped_and_for_people_only(start_r
     agent = write_agent(tmp_path, "sleepy.sh", "sleep 120\n")
     runner = await start_runner(agents={"sleepy": agent}, default_agent="sleepy", max_input_mb=0.001)
     client = await connect(runner)
-    goal = (await client.call(p.SubmitGoal, p.GoalReply, text="read the paper")).status.goal
+    goal = (await client.request(p.SubmitGoal(text="read the paper"))).status.goal
     who = p.Person(kind="slack", id="U0ALICE", name="Alice")
 
     def put(data: bytes, name: str = "paper.txt") -> dict:
@@ -115,19 +115,19 @@ async def test_put_input_over_the_protocol_is_capped_and_for_people_only(start_r
             "by": who,
         }
 
-    done = await client.call(p.PutInput, p.Done, **put(b"hello\n", "../../notes.txt"))
+    done = await client.request(p.PutInput(**put(b"hello\n", "../../notes.txt")))
     assert done.message == "inputs/notes.txt"
     assert (Path(goal.workspace) / "inputs" / "notes.txt").read_bytes() == b"hello\n"
     messages = await runner.store.read_inbox(goal.id, unread_only=False)
     assert messages[-1].author == "Alice" and "inputs/notes.txt" in messages[-1].text
     with pytest.raises(p.ProtocolError, match="GOALTENDER_MAX_INPUT_MB"):
-        await client.call(p.PutInput, p.Done, **put(b"x" * 2000))
+        await client.request(p.PutInput(**put(b"x" * 2000)))
 
     await eventually(runner.settings.agent_socket(goal.id).exists)
     agent_client = await RunnerClient.connect_unix(runner.settings.agent_socket(goal.id), client="agent")
     try:
         with pytest.raises(p.ProtocolError, match="an agent cannot give goals files"):
-            await agent_client.call(p.PutInput, p.Done, **put(b"sneaky\n", "sneaky.txt"))
+            await agent_client.request(p.PutInput(**put(b"sneaky\n", "sneaky.txt")))
     finally:
         await agent_client.close()
     assert sorted(f.name for f in (Path(goal.workspace) / "inputs").iterdir()) == ["notes.txt"]

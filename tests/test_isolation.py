@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_box_slots import gpu_box  # noqa: F401 (a fixture)
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.agent_env import CACHE_DIRS, experiment_environment
 from goaltender.runner.supervisor import spawn, wait_process
 from goaltender.storage.records import MilestoneReported
@@ -82,7 +82,7 @@ async def test_an_experiments_environment_widens_nothing(start_runner, connect, 
     )
     a = await submit(operator, "escape, max 1 experiments", agent="attacker")
     await eventually(lambda: _ended(runner, a), timeout=60)
-    [row] = (await operator.call(p.Summary, p.SummaryReply, goal_id=a)).ledger
+    [row] = (await operator.request(p.Summary(goal_id=a))).ledger
     said = Path(row.log_path).read_text()
 
     assert said.count("refused ") == len(CACHE_DIRS) and "wrote" not in said, said
@@ -476,7 +476,7 @@ async def test_a_goal_that_fills_its_disk_cap_stops_alone(start_runner, connect,
     rows_b = await runner.store.experiments(b)
     assert done_b.state == "finished" and [r.status for r in rows_b] == ["keep", "discard", "discard"]
     asked = time.monotonic()
-    status = await client.call(p.Status, p.StatusReply)
+    status = await client.request(p.Status())
     answered = time.monotonic() - asked
     assert {g.goal.id for g in status.goals} >= {a, b}
     print(  # measured, not asserted: `pytest -s -k disk_cap` (docs/runner.md, each goal's disk cap)

@@ -10,7 +10,7 @@ import re
 import psutil
 from conftest import events_until_report, eventually, submit, write_agent
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.experiments import Experiments
 from goaltender.storage.runner_store import RunnerStore
 
@@ -21,7 +21,7 @@ async def spinning(client, goal_id: int, cpu_s: float = 0.3):
     """Wait until the goal's run has burnt `cpu_s` of CPU (its whole sandboxed tree, as seen here)."""
 
     async def burnt():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         if not (status.running and status.running.pid):
             return None
         try:
@@ -48,7 +48,7 @@ async def test_a_run_killed_at_its_timeout_is_charged(start_runner, connect, tmp
     goal_id = await submit(client, "spin, max 1 experiments, 2s each", agent="a")
     await events_until_report(client, goal_id)
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     [row] = summary.ledger
     assert row.status == "crash" and row.note == "timeout after 2s"
     assert_charged(row, 2.0)
@@ -63,13 +63,13 @@ async def test_a_run_killed_by_stop_or_deadline_is_charged(start_runner, connect
     deadline = await submit(client, "spin until the deadline, budget 3s", agent="a")
 
     await spinning(client, stopped)
-    await client.call(p.Stop, p.Done, goal_id=stopped, by="ana")
+    await client.request(p.Stop(goal_id=stopped, by="ana"))
     await events_until_report(client, deadline)
 
-    [by_stop] = (await client.call(p.Summary, p.SummaryReply, goal_id=stopped)).ledger
+    [by_stop] = (await client.request(p.Summary(goal_id=stopped))).ledger
     assert by_stop.status == "crash" and by_stop.note.startswith("ended with the goal: stopped by ana")
     assert_charged(by_stop, 0.0)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=deadline)
+    summary = await client.request(p.Summary(goal_id=deadline))
     [by_deadline] = summary.ledger
     # The deadline's timer and the run's timeout (the time its goal had left when it started)
     # fall together; either way the killed run is charged.
@@ -120,11 +120,11 @@ async def test_a_goal_ending_while_a_finished_run_is_entered_waits_for_its_row(
     monkeypatch.setattr(Experiments, "_conclude", held)
     goal_id = await submit(client, "quick, max 2 experiments", agent="a")
     await concluding.wait()
-    stopping = asyncio.ensure_future(client.call(p.Stop, p.Done, goal_id=goal_id, by="ana"))
+    stopping = asyncio.ensure_future(client.request(p.Stop(goal_id=goal_id, by="ana")))
     await eventually(lambda: goal_id in runner.campaigns.records.ending)
     release.set()
     await stopping
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    [row] = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert (row.status, row.metric_value) == ("keep", 0.5)
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.goal.state == "stopped"

@@ -27,7 +27,7 @@ from daemons import Daemon
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.limits import GoalCgroups, Tree, joined, plan, runner_id
 
@@ -113,11 +113,11 @@ def in_goal_cgroup(proc_cgroup: str, runner, goal_id: int) -> bool:
 
 
 async def ledger(client, goal_id: int) -> list:
-    return (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    return (await client.request(p.Summary(goal_id=goal_id))).ledger
 
 
 async def state(client, goal_id: int) -> str:
-    return (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.state
+    return (await client.request(p.Status(goal_id=goal_id))).goals[0].goal.state
 
 
 async def ended(client, goal_id: int) -> bool:
@@ -126,14 +126,14 @@ async def ended(client, goal_id: int) -> bool:
 
 async def running_since(client, goal_id: int) -> float | None:
     """When the goal's run started (epoch seconds), once it runs."""
-    running = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].running
+    running = (await client.request(p.Status(goal_id=goal_id))).goals[0].running
     return running.started_at.timestamp() if running and running.started_at and running.pid else None
 
 
 async def steady_campaign(client, runner, tmp_path) -> list[float]:
     """A goal of three short runs, started and waited for: their wall times."""
     goal_id = await submit(client, "steady, max 3 experiments", agent="steady")
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     (Path(status.goal.workspace) / "go").touch()
     await eventually(lambda: ended(client, goal_id), timeout=180)
     rows = await ledger(client, goal_id)
@@ -177,13 +177,13 @@ async def test_a_fork_bomb_is_held_to_its_goal(start_runner, connect, tmp_path):
     answers = []
     steady_task = asyncio.ensure_future(steady_campaign(client, runner, tmp_path))
     asked = time.monotonic()
-    await client.call(p.Status, p.StatusReply)
+    await client.request(p.Status())
     answers.append(time.monotonic() - asked)
     during = await steady_task
     assert int(cgroup_file(runner, stopped, "pids", "pids.current").read_text()) > 32  # still bombing
 
     asked = time.monotonic()
-    await client.call(p.Stop, p.Done, goal_id=stopped, by="ana")
+    await client.request(p.Stop(goal_id=stopped, by="ana"))
     answers.append(time.monotonic() - asked)
     [by_stop] = await ledger(client, stopped)
     assert by_stop.status == "crash" and by_stop.note.startswith("ended with the goal: stopped by ana")
@@ -229,7 +229,7 @@ async def test_a_memory_bomb_loses_its_own_run_and_nothing_else(start_runner, co
         row.status == "crash"
         and row.note == "killed by the goal's memory limit, 128 MB (GOALTENDER_GOAL_MEMORY_MB)"
     )
-    goal = (await client.call(p.Status, p.StatusReply, goal_id=hogging)).goals[0].goal
+    goal = (await client.request(p.Status(goal_id=hogging))).goals[0].goal
     assert (Path(goal.workspace) / "hogged").exists()  # its agent outlived the run: the hog was chosen
     assert await state(client, hogging) == "finished"
     print(
@@ -237,7 +237,7 @@ async def test_a_memory_bomb_loses_its_own_run_and_nothing_else(start_runner, co
         f"{row.peak_rss_mb:.0f} MB); the steady goal's runs beside it took {', '.join(f'{s:.2f}' for s in beside)} s"
     )
     await eventually(lambda: ended(client, agent), timeout=120)
-    goal = (await client.call(p.Status, p.StatusReply, goal_id=agent)).goals[0].goal
+    goal = (await client.request(p.Status(goal_id=agent))).goals[0].goal
     assert goal.state == "failed"
     assert goal.end_reason.startswith(
         "the agent exited with code -9, killed by the goal's memory limit, 128 MB (GOALTENDER_GOAL_MEMORY_MB):"
@@ -266,7 +266,7 @@ async def test_every_process_of_a_goal_is_in_its_cgroup(start_runner, connect, t
     )
     client = await connect(runner)
     goal_id = await submit(client, "where am I, max 2 experiments", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     await eventually(lambda: (workspace / "ran").exists(), timeout=60)
 
     assert in_goal_cgroup((workspace / "agent.cgroup").read_text(), runner, goal_id)
@@ -281,7 +281,7 @@ async def test_every_process_of_a_goal_is_in_its_cgroup(start_runner, connect, t
     for pid in waiting:
         for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
             assert in_goal_cgroup(Path(f"/proc/{proc.pid}/cgroup").read_text(), runner, goal_id)
-    agent = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.agent_pid
+    agent = (await client.request(p.Status(goal_id=goal_id))).goals[0].goal.agent_pid
     assert agent in tree(runner).members(goal_id)  # the agent's sandbox, as the runner started it
     assert os.getpid() not in tree(runner).members(goal_id)
 
@@ -301,7 +301,7 @@ async def test_a_sandboxed_agent_cannot_leave_its_cgroup_or_lift_its_limits(star
     runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", ESCAPE_ATTEMPTS)})
     client = await connect(runner)
     goal_id = await submit(client, "leave", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     await eventually(lambda: (workspace / "tried").exists(), timeout=60)
     assert not (workspace / "escaped").exists(), (workspace / "escaped").read_text()
     assert in_goal_cgroup((workspace / "after.cgroup").read_text(), runner, goal_id)
@@ -334,15 +334,15 @@ async def test_stop_kills_every_process_of_the_goal_even_one_that_left_its_sessi
     runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", ESCAPING)}, sandbox=sandbox)
     client = await connect(runner)
     goal_id = await submit(client, "escape, max 1 experiments", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     await eventually(lambda: (workspace / "agent-escaped").exists() and (workspace / "run-escaped").exists())
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     sessions = {status.goal.agent_pid, status.running.pid}
     members = processes(tree(runner).members(goal_id))
     escaped = [member for member in members if os.getsid(member.pid) not in sessions]
     assert escaped, "the agent and its run each left a process in a session of its own"
 
-    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana")
+    await client.request(p.Stop(goal_id=goal_id, by="ana"))
     assert not [member for member in members if alive(member)]
     assert not any(path.exists() for path in tree(runner).goal_dirs(goal_id))
 
@@ -467,7 +467,7 @@ async def test_without_cgroups_the_runner_says_so_once_and_doctor_says_how(short
         client = await connect_when_up(short_dir / "runner.sock")
         goal_id = await submit(client, "where am I", agent="a")
         await eventually(lambda: ended(client, goal_id), timeout=60)
-        goal = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal
+        goal = (await client.request(p.Status(goal_id=goal_id))).goals[0].goal
         assert goal.state == "finished", goal.end_reason
         assert "goaltender-" not in (Path(goal.workspace) / "cgroup").read_text()  # in the runner's own
         await client.close()

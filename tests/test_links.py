@@ -14,8 +14,8 @@ from conftest import events_until_report, eventually, submit, write_agent
 
 from goaltender.bot.links import NoRunnerAvailable, RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, open_client
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.storage.records import Event, FinalReport, MilestoneReported
 
 
@@ -88,16 +88,16 @@ def milestone_agent(directory: Path, count: int, pause: float = 0.03) -> list[st
         "milestones.sh",
         f"""exec python - <<'PY'
 import asyncio, os
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, socket_from_env
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, socket_from_env
 
 async def main():
     goal = int(os.environ["GOALTENDER_GOAL_ID"])
     async with await RunnerClient.connect_unix(socket_from_env(), client="agent") as runner:
         for i in range(1, {count} + 1):
-            await runner.call(p.ReportMilestone, p.Done, goal_id=goal, title=f"step {{i}}", text="x" * 200)
+            await runner.request(p.ReportMilestone(goal_id=goal, title=f"step {{i}}", text="x" * 200))
             await asyncio.sleep({pause})
-        await runner.call(p.SubmitReport, p.Done, goal_id=goal, text="all steps reported")
+        await runner.request(p.SubmitReport(goal_id=goal, text="all steps reported"))
 
 asyncio.run(main())
 PY
@@ -125,7 +125,7 @@ async def test_streamlocal_round_trip(start_runner, ssh_box, tmp_path):
     box = await ssh_box({str(runner.settings.socket_path)})
     client = await open_client(box.target(remote_socket=str(runner.settings.socket_path)), "bot")
     assert client.runner_name == "test-runner"
-    assert (await client.call(p.Status, p.StatusReply)).goals == []
+    assert (await client.request(p.Status())).goals == []
 
     goal_id = await submit(client, "try a baseline, max 1 experiments", agent="script")
     events = await events_until_report(client, goal_id)
@@ -133,7 +133,7 @@ async def test_streamlocal_round_trip(start_runner, ssh_box, tmp_path):
     assert kinds[0] == "goal_accepted" and kinds[-1] == "report"
     assert {"milestone", "experiment_started", "experiment_finished"} <= set(kinds)
     assert [e.seq for e in events] == [e.seq for e in await runner_events(runner) if e.goal_id == goal_id]
-    status = await client.call(p.Status, p.StatusReply, goal_id=goal_id)
+    status = await client.request(p.Status(goal_id=goal_id))
     assert status.goals[0].goal.state == "finished"
 
     assert len(box.connections) == 1
@@ -153,7 +153,7 @@ async def test_attach_round_trip(start_runner, ssh_box, tmp_path, bridge):
         await open_client(box.target(remote_socket=socket), "bot")
 
     client = await open_client(box.target(remote_socket=socket, mode="attach"), "bot")
-    assert (await client.call(p.Status, p.StatusReply)).goals == []
+    assert (await client.request(p.Status())).goals == []
     goal_id = await submit(client, "try a baseline, max 1 experiments", agent="script")
     events = await events_until_report(client, goal_id)
     assert [e.data.kind for e in events][-1] == "report"
@@ -288,7 +288,7 @@ async def test_link_survives_ssh_drops_mid_campaign(start_runner, ssh_box, tmp_p
     running = asyncio.ensure_future(link.run())
     try:
         await asyncio.wait_for(link.wait_healthy(), 10)
-        await link.call(p.SubmitGoal, p.GoalReply, text="report 60 steps", agent="steps")
+        await link.request(p.SubmitGoal(text="report 60 steps", agent="steps"))
         await eventually(lambda: len(bot.stored) >= 10, timeout=30)
 
         # 1. sshd kills the connection.
@@ -303,7 +303,7 @@ async def test_link_survives_ssh_drops_mid_campaign(start_runner, ssh_box, tmp_p
         await box.stop()
         await eventually(lambda: not link.healthy)
         with pytest.raises(RunnerUnavailable, match="runner gpu is not connected"):
-            await link.call(p.Status, p.StatusReply)
+            await link.request(p.Status())
         await eventually(lambda: "cannot reach 127.0.0.1" in (link.last_error or ""), timeout=10)
         restarted_at = time.monotonic()
         await box.start()
@@ -394,7 +394,7 @@ async def test_pool_picks_by_name_by_load_and_says_when_none_is_up(
     try:
         for link in pool:
             await asyncio.wait_for(link.wait_healthy(), 10)
-        submitted = await pool["alpha"].call(p.SubmitGoal, p.GoalReply, text="keep busy", agent="busy")
+        submitted = await pool["alpha"].request(p.SubmitGoal(text="keep busy", agent="busy"))
         await eventually(lambda: ("alpha", 1) in bot.stored, timeout=30)
 
         assert (await pool.pick("alpha")).name == "alpha"  # by name
@@ -405,7 +405,7 @@ async def test_pool_picks_by_name_by_load_and_says_when_none_is_up(
             await pool.pick("gamma")
         # Links carry requests too: stop the busy goal through its link.
         goal_id = submitted.status.goal.id
-        stopped = await pool["alpha"].call(p.Stop, p.Done, goal_id=goal_id, by="test")
+        stopped = await pool["alpha"].request(p.Stop(goal_id=goal_id, by="test"))
         assert "stopped by test" in stopped.message
         await eventually(
             lambda: any(
@@ -435,7 +435,7 @@ async def test_pool_picks_by_name_by_load_and_says_when_none_is_up(
         assert message.startswith("no runner is available right now: alpha (")
         assert "gone.sock" in message and "beta (cannot reach 127.0.0.1:1" in message
         with pytest.raises(RunnerUnavailable, match="runner alpha is not connected"):
-            await (await down.pick("alpha")).call(p.Status, p.StatusReply)
+            await (await down.pick("alpha")).request(p.Status())
     finally:
         down.stop()
         await asyncio.wait_for(running, 10)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import events_until_report, eventually, submit, write_agent
 
+from goaltender.protocol import messages as p
 from goaltender.runner import mlflow_mirror
-from goaltender.runner import protocol as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.mlflow_mirror import CURSOR_NAME, mlflow_client_class, mlflow_key
 from goaltender.runner.secrets import Redactor
@@ -119,7 +119,7 @@ async def test_a_goal_and_its_rows_are_mirrored(start_runner, connect, tmp_path)
     assert broken["history"]["loss"] == [(1, 2.0), (2, 1.0), (3, pytest.approx(2 / 3))]
     assert "ledger/acc" not in broken["history"]
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     ids = {str(row.id) for row in summary.ledger}
     assert {run["tags"]["goaltender.experiment_id"] for run in runs.values()} == ids
 
@@ -176,7 +176,7 @@ async def test_an_unreachable_tracking_server_does_not_touch_goals(start_runner,
     goal_id = await submit(client, "find a good lr, max 5 experiments", agent="script")
     await events_until_report(client, goal_id, timeout=30)
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "finished"
     assert [row.status for row in summary.ledger] == ["keep", "crash"]
     await eventually(lambda: f"mirroring to http://127.0.0.1:{port} is failing" in caplog.text)

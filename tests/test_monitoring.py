@@ -23,9 +23,9 @@ from daemons import Daemon
 from fake_slack import ALICE
 from prometheus_client.parser import text_string_to_metric_families
 
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner import monitoring
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
 
 SECRET = "hf_monitoringSecret0123456789"  # a token shape, in every daemon's environment here
 GOAL_WORD = "zanzibar"  # in every goal's text: no metric may show it
@@ -156,9 +156,9 @@ async def test_runner_metrics_follow_goals_and_slots(tmp_path, short_dir):
         second = await submit(client, f"{GOAL_WORD} two, max 1 experiments")
         await shows(running=2, slots_in_use=1, slot_queue_experiments=1, slot_queue_goals=1)
 
-        await client.call(p.Stop, p.Done, goal_id=first)
+        await client.request(p.Stop(goal_id=first))
         await shows(running=1, slots_in_use=1, slot_queue_experiments=0, slot_queue_goals=0)
-        await client.call(p.Stop, p.Done, goal_id=second)
+        await client.request(p.Stop(goal_id=second))
         await shows(running=0, slots_in_use=0, slot_queue_experiments=0)
     finally:
         if client is not None:
@@ -247,7 +247,7 @@ async def test_the_endpoint_answers_beside_a_stalled_scrape(start_runner, connec
         samples, _ = await scrape(runner.metrics.url)
         assert value(samples, "goaltender_state_read_ok") == 1
         client = await connect(runner)
-        status = await asyncio.wait_for(client.call(p.Status, p.StatusReply), 30)
+        status = await asyncio.wait_for(client.request(p.Status()), 30)
         assert status.goals == []
     finally:
         stalled.close()

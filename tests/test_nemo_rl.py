@@ -25,7 +25,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from goaltender.agents.policy import classify_command
 from goaltender.display import plots
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import MilestoneReported
 from goaltender.training import nemo_rl, tb_events
 from goaltender.training.checkpoints import best_checkpoint, finished_checkpoints, info_key
@@ -68,9 +68,7 @@ echo $? > nemo.rc
 
 
 async def series(client, goal_id: int, name: str, experiment_id: int | None = None) -> list:
-    reply = await client.call(
-        p.GetSeries, p.SeriesReply, goal_id=goal_id, name=name, experiment_id=experiment_id
-    )
+    reply = await client.request(p.GetSeries(goal_id=goal_id, name=name, experiment_id=experiment_id))
     return reply.points
 
 
@@ -107,12 +105,12 @@ async def test_sft_streams_series_and_names_the_best_checkpoint(start_runner, co
     await eventually(twenty_steps, timeout=60)
     held = await series(client, goal_id, "train/loss")
     assert [step for step, _ in held] == list(range(1, 21))
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.running is not None and status.running.status == "running"
     (workspace / "release").touch()
 
     events = await events_until_report(client, goal_id, timeout=90)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     (row,) = summary.ledger
     assert (workspace / "nemo.rc").read_text().strip() == "0", (workspace / "nemo.out").read_text()
     assert (row.status, row.metric_name, row.metric_value) == ("keep", "validation/val_loss", 0.3)
@@ -164,7 +162,7 @@ async def test_a_process_the_trainer_leaves_does_not_hold_the_run(start_runner, 
     workspace = runner.settings.workspaces / f"goal-{goal_id}"
     try:
         await events_until_report(client, goal_id, timeout=90)
-        (row,) = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        (row,) = (await client.request(p.Summary(goal_id=goal_id))).ledger
         said = Path(row.log_path).read_text()
         assert (row.status, row.metrics["best_checkpoint_step"]) == ("keep", 40), said
         assert "the trainer exited, but a process it left holds its output: not waiting for it" in said
@@ -187,9 +185,9 @@ async def test_a_stopped_run_keeps_the_best_checkpoint_it_named(start_runner, co
         return len(await series(client, goal_id, "validation/val_loss")) >= 2
 
     await eventually(two_checkpoints, timeout=60)
-    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    await client.request(p.Stop(goal_id=goal_id, by="ana", reason="enough"))
     await events_until_report(client, goal_id, timeout=60)
-    (row,) = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    (row,) = (await client.request(p.Summary(goal_id=goal_id))).ledger
     said = Path(row.log_path).read_text()
     assert row.status == "crash" and row.metrics.get("best_checkpoint_step") == 20, said
     assert (row.metric_name, row.metric_value) == ("validation/val_loss", row.metrics["validation/val_loss"])
@@ -212,7 +210,7 @@ async def test_without_tensorboard_the_output_is_read(start_runner, connect, tmp
     client = await connect(runner)
     goal_id = await submit(client, "GRPO with NeMo RL, max 1 experiments")
     events = await events_until_report(client, goal_id, timeout=90)
-    (row,) = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    (row,) = (await client.request(p.Summary(goal_id=goal_id))).ledger
     log = Path(row.log_path).read_text()
     assert "TensorBoard is off" in log and not (Path(row.log_path).parent / "logs").exists()
     assert (row.status, row.metric_name, row.metric_value) == ("keep", "validation/accuracy", 0.969)

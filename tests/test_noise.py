@@ -10,8 +10,8 @@ from conftest import events_until_report, eventually, pending_approval, submit, 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from goaltender.protocol import messages as p
 from goaltender.runner import noise
-from goaltender.runner import protocol as p
 
 # An experiment printing an accuracy measured on 64 examples.
 SCORED = "goaltender experiment -d 'acc {acc}' --metric accuracy -- python -c \"print('accuracy: {acc}'); print('n: 64')\"\n"
@@ -54,12 +54,10 @@ async def test_gains_within_noise_are_flagged_and_the_humans_asked(start_runner,
     assert asked.kind == "low_signal"
     assert asked.question.startswith("The last 2 gains are within noise (#2 0.27 (Wilson 95%, n=64:")
     assert "--repeat 3" in asked.detail
-    await client.call(
-        p.Decide, p.DecisionReply, approval_id=asked.id, approve=False, by="ana", comment="try 3 seeds"
-    )
+    await client.request(p.Decide(approval_id=asked.id, approve=False, by="ana", comment="try 3 seeds"))
     await events_until_report(client, goal_id)
 
-    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert [(e.status, e.within_noise) for e in ledger] == [
         ("keep", False),  # the first has nothing to be within the noise of
         ("keep", True),
@@ -70,7 +68,7 @@ async def test_gains_within_noise_are_flagged_and_the_humans_asked(start_runner,
     assert (round(first.interval_low, 3), round(first.interval_high, 3)) == (0.16, 0.368)
     heard = (runner.settings.workspaces / f"goal-{goal_id}" / "heard.txt").read_text()
     assert "the humans said: change course: try 3 seeds" in heard
-    report = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).text
+    report = (await client.request(p.Summary(goal_id=goal_id))).text
     assert "**within noise**" in report and "Wilson 95%, n=64" in report
 
 
@@ -83,7 +81,7 @@ async def test_repeat_runs_seeds_and_records_mean_and_sd(start_runner, connect, 
     client = await connect(runner)
     goal_id = await submit(client, "seeds, max 1 experiments", agent="a")
     await events_until_report(client, goal_id)
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    [row] = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert row.status == "keep" and row.repeats == 3
     assert row.metric_value == pytest.approx(2.1)
     assert row.metrics["loss/sd"] == pytest.approx(0.1)
@@ -110,4 +108,4 @@ async def test_a_training_curve_that_has_not_moved_asks_the_humans(start_runner,
     assert asked.question == (
         "The training curve of #1 has not moved (train_loss 0.6931 → 0.6931 over 8 points). Go on as planned?"
     )
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))

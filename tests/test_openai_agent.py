@@ -20,7 +20,7 @@ from aiohttp import web
 from conftest import approval_prompts, events_until_report, eventually, submit, vouched
 from fake_openai import Fail, FakeOpenAI, Seen, ToolCall, Turn, finished
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_members
 
 AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
@@ -66,15 +66,15 @@ def answer_approvals(connect, runner, goal_id, decide):
         async for approval in approval_prompts(watcher, goal_id):
             seen.append(approval)
             approve, comment = decide(approval)
-            await watcher.call(
-                p.Decide, p.DecisionReply, approval_id=approval.id, approve=approve, by="ana", comment=comment
+            await watcher.request(
+                p.Decide(approval_id=approval.id, approve=approve, by="ana", comment=comment)
             )
 
     return asyncio.ensure_future(watch()), seen
 
 
 async def workspace_of(client, goal_id) -> Path:
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     return Path(status.goal.workspace)
 
 
@@ -132,7 +132,7 @@ async def test_campaign_tools_experiment_metrics_and_steer(start_runner, connect
     goal_id = await submit(client, "get acc to 0.9 on the toy task, max 3 experiments", agent="openai")
     ws = await workspace_of(client, goal_id)
     await file_appears(ws / "waiting")
-    await client.call(p.Steer, p.Done, goal_id=goal_id, text="focus on lr only", author="ana")
+    await client.request(p.Steer(goal_id=goal_id, text="focus on lr only", author="ana"))
     (ws / "go").touch()
     events = await events_until_report(client, goal_id, timeout=40)
 
@@ -155,7 +155,7 @@ async def test_campaign_tools_experiment_metrics_and_steer(start_runner, connect
     posted, experiment = tool_results(bodies[2])
     assert posted == "milestone posted"
     assert "Experiment #1: keep (new best)" in experiment and "acc: 0.5" in experiment
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     [row] = summary.ledger
     assert (row.status, row.metric_name, row.metric_value, row.params) == ("keep", "acc", 0.5, {"lr": 0.1})
     # The steer entered as a user message at the next turn boundary, after the tool result.
@@ -169,11 +169,11 @@ async def test_campaign_tools_experiment_metrics_and_steer(start_runner, connect
     report = events[-1].data
     assert report.end_reason == "the agent finished"
     assert "## From the agent" in report.text and "FINAL-MARK (steered)" in report.text
-    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="agent/input_tokens")
+    series = await client.request(p.GetSeries(goal_id=goal_id, name="agent/input_tokens"))
     assert [step for step, _ in series.points] == [1, 2, 3, 4]
     values = [value for _, value in series.points]
     assert values == sorted(values) and values[0] > 0
-    output = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="agent/output_tokens")
+    output = await client.request(p.GetSeries(goal_id=goal_id, name="agent/output_tokens"))
     assert len(output.points) == 4
     assert "get acc to 0.9" in (ws / "AGENTS.md").read_text()
 
@@ -235,7 +235,7 @@ async def test_approvals_and_the_command_policy(start_runner, connect, fake, mon
     assert not (ws / "pip_ran").exists()  # rejected: never ran
     assert (ws / "net_ok").exists()  # approved: ran
     assert not (ws / "denied_ran").exists()  # denied: never ran, nobody asked
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.goal.state == "finished" and status.pending_approvals == []
 
 
@@ -323,11 +323,11 @@ async def test_stop_mid_campaign_hands_in_a_report(start_runner, connect, fake):
     assert len(shells) == 2 and agent_pid not in shells
 
     started = time.monotonic()
-    done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    done = await client.request(p.Stop(goal_id=goal_id, by="ana", reason="enough"))
     assert time.monotonic() - started < 4.0  # the agent went on SIGTERM, not at SIGKILL
     assert f"stopped by {vouched('ana')}: enough" in done.message
     events = await events_until_report(client, goal_id, timeout=5)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "stopped"
     report = events[-1].data
     assert report.end_reason == f"stopped by {vouched('ana')}: enough"
@@ -381,9 +381,9 @@ async def test_compaction_keeps_goal_and_handoff(start_runner, connect, fake, mo
     # Every later request still carries the goal and the handoff; the campaign ends normally.
     for later in bodies[compacted[0] :]:
         assert "GOAL-TEXT-MARK" in system_text(later) and "HANDOFF-MARK-42" in system_text(later)
-    compactions = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="agent/compactions")
+    compactions = await client.request(p.GetSeries(goal_id=goal_id, name="agent/compactions"))
     assert len(compactions.points) >= 1
-    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "finished"
+    assert (await client.request(p.Summary(goal_id=goal_id))).status.goal.state == "finished"
 
 
 def within_window(window: int, answer):
@@ -443,7 +443,7 @@ async def test_resume_after_runner_restart_reinjects_the_brief(start_runner, con
     )
     ws = await workspace_of(client, goal_id)
     await file_appears(ws / "started")
-    await client.call(p.Steer, p.Done, goal_id=goal_id, text="prefer small models", author="bob")
+    await client.request(p.Steer(goal_id=goal_id, text="prefer small models", author="bob"))
     await client.close()
     await first.close()  # the agent is stopped; the goal stays active
 
@@ -486,7 +486,7 @@ async def test_the_turn_cap_ends_the_campaign_as_stopped_without_finishing(
     events = await events_until_report(client, goal_id, timeout=30)
     assert len(fake.requests) == 2
     assert "AGENTS.md" in tool_results(fake.requests[1].body)[0]
-    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.state == "failed"
+    assert (await client.request(p.Summary(goal_id=goal_id))).status.goal.state == "failed"
     assert "The agent stopped without finishing" in events[-1].data.end_reason
     assert "turn cap (2, GOALTENDER_MAX_TURNS)" in events[-1].data.text
     assert "step 1" in events[-1].data.text
@@ -504,7 +504,7 @@ async def test_dead_endpoint_fails_the_goal_clearly(start_runner, connect, fake,
     goal_id = await submit(client, "talk to nobody, max 1 experiments", agent="openai")
     events = await events_until_report(client, goal_id, timeout=30)
     assert time.monotonic() - started < 15
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "failed"
     title = f"Model endpoint unreachable: {dead}: Connection error."
     assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
@@ -556,7 +556,7 @@ async def test_a_malformed_reply_is_retried_then_fails_the_goal(
     goal_id = await submit(client, "odd endpoint, max 1 experiments", agent="openai")
     events = await events_until_report(client, goal_id, timeout=30)
     assert len(fake.requests) == 2  # the first try and one retry
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "failed"
     title = f"Model endpoint returned {what}"
     assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
@@ -595,7 +595,7 @@ async def test_a_content_filter_refusal_fails_the_goal(start_runner, connect, fa
     client = await connect(runner)
     goal_id = await submit(client, "filtered, max 1 experiments", agent="openai")
     events = await events_until_report(client, goal_id, timeout=30)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "failed"
     title = f"Model endpoint's content filter refused the reply: {fake.base_url}"
     assert any(e.data.kind == "milestone" and e.data.title == title for e in events)
@@ -632,7 +632,7 @@ async def test_a_trickling_endpoint_times_out(start_runner, connect, monkeypatch
         title = f"Model endpoint unreachable: {server.base_url}: no complete answer within 2s"
         assert any(e.data.kind == "milestone" and e.data.title.startswith(title) for e in events)
         assert len(server.requests) == 2
-        summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+        summary = await client.request(p.Summary(goal_id=goal_id))
         assert summary.status.goal.state == "failed"
     finally:
         await server.close()

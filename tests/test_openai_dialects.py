@@ -12,7 +12,7 @@ from conftest import events_until_report, submit
 from fake_openai import Fail, ToolCall, Turn, finished
 from test_openai_agent import AGENTS, system_text, tool_results, user_texts, within_window
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 BASELINE = ToolCall(
     "run_experiment",
@@ -25,7 +25,7 @@ async def run_goal(start_runner, connect, text: str, timeout: float = 40):
     client = await connect(runner)
     goal_id = await submit(client, text, agent="openai")
     events = await events_until_report(client, goal_id, timeout=timeout)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     return events, summary
 
 

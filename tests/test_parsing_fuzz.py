@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 import goaltender
 from goaltender.bot import budget_size
 from goaltender.bot.budget_size import Threshold
-from goaltender.runner import budget, stages
-from goaltender.runner.budget import (
+from goaltender.protocol import budget
+from goaltender.protocol.budget import (
     MAX_COMPUTE_HOURS,
     MAX_DURATION_S,
     MAX_EXPERIMENTS,
@@ -43,6 +43,7 @@ from goaltender.runner.budget import (
     parse_duration,
     parse_goal_text,
 )
+from goaltender.runner import stages
 from goaltender.runner.stages import parse_stages
 from goaltender.selftest import engine_bugs
 from goaltender.storage.records import Budget

@@ -1,4 +1,4 @@
-"""runner/protocol.py: every message round-trips; a live daemon answers malformed input with errors."""
+"""protocol/messages.py: every message round-trips; a live daemon answers malformed input with errors."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import eventually
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.records import (
     Budget,
     Event,
@@ -190,7 +190,7 @@ async def test_daemon_survives_malformed_input_and_serves_others(start_runner, c
     reply = await _exchange(reader, writer, b'{"type": "status", "id": 7}\n')
     assert reply["type"] == "status" and reply["id"] == 7
     other = await connect(runner)
-    status = await other.call(p.Status, p.StatusReply)
+    status = await other.request(p.Status())
     assert status.goals == []
     writer.close()
 
@@ -317,13 +317,13 @@ async def test_the_client_keeps_the_link_through_lines_it_cannot_read():
     assert (event.seq, event.goal_id) == (5, 2) and isinstance(event.data, UnreadableEvent)
     assert event.data.stored_kind == "teleported" and "cannot read" in event.data.reason
 
-    status = asyncio.ensure_future(client.call(p.Status, p.StatusReply))
+    status = asyncio.ensure_future(client.request(p.Status()))
     await eventually(lambda: stream.sent)
     stream.feed({"type": "status", "id": 1, "goals": "not a list"})
     with pytest.raises(p.ProtocolError, match="cannot read"):
         await status
     stream.feed({"type": "hologram"})  # no id, no event: logged and left
-    done = asyncio.ensure_future(client.call(p.Ack, p.Done, seq=5))
+    done = asyncio.ensure_future(client.request(p.Ack(seq=5)))
     await eventually(lambda: len(stream.sent) == 2)
     stream.feed({"type": "done", "id": 2, "message": "acked 5"})
     assert (await done).message == "acked 5"

@@ -25,8 +25,8 @@ from conftest import eventually, submit, write_agent
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
-from goaltender.runner import wire
+from goaltender.protocol import messages as p
+from goaltender.protocol import wire
 
 EXAMPLES = {
     "mutated": 4000,
@@ -549,12 +549,12 @@ async def test_fuzzed_lines_through_a_real_runner_change_nothing(start_runner, c
 async def asked(client, goal: int):
     """The goal's pending approvals once it waits for them (its state is written after the
     approval's row: a snapshot between the two saw a goal still running)."""
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal))).goals[0]
     return status.goal.state == "waiting_for_approval" and status.pending_approvals
 
 
 async def snapshot(runner, client, goal: int) -> dict[str, Any]:
-    status = (await client.call(p.Status, p.StatusReply)).goals
+    status = (await client.request(p.Status())).goals
     inbox = await runner.store.db.fetchall("SELECT id, text, read_at FROM inbox")
     audit = await runner.store.audit_entries(limit=10_000)
     events = await runner.store.head_seq()

@@ -15,9 +15,9 @@ from conftest import eventually, write_agent
 from fake_slack import ALICE
 from test_runner_identity import connect_when_up, runner_process
 
-from goaltender.runner import protocol as p
-from goaltender.runner import versions
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol import versions
+from goaltender.protocol.client import RunnerClient
 
 UPGRADE_RUNNER = (
     "runner at protocol 1, bot at 2: upgrade the runner "
@@ -110,7 +110,7 @@ async def test_a_bot_of_a_newer_release_that_still_speaks_the_runners_version_wo
     bot = await make_bot(runner_socket)
     link = bot.pool["box"]
     assert link.healthy
-    status = await link.call(p.Status, p.StatusReply)
+    status = await link.request(p.Status())
     assert status.goals == []
     client = await RunnerClient.connect_unix(runner_socket, client="test")
     assert client.protocol_version == 1

@@ -19,7 +19,7 @@ import pytest
 from conftest import events_until_report, submit
 from llama_server import CONTEXT_TOKENS, MODEL_ALIAS, RealModel
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import AGENT_LOG, FinalReport
 
 AGENTS = {"openai": [sys.executable, "-m", "goaltender.agents.openai_agent"]}
@@ -59,7 +59,7 @@ async def test_a_goal_runs_on_a_real_model(start_runner, connect, real_model):
     goal_id = await submit(client, GOAL, agent="openai")
     events = await events_until_report(client, goal_id, timeout=MAX_TURNS * REQUEST_TIMEOUT_S + 60)
     took = time.monotonic() - started
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     goal = summary.status.goal
     log = (Path(goal.workspace) / AGENT_LOG).read_text()
     seen = f"agent.log:\n{log[-3000:]}\nthe model's turns:\n{real_model.transcript()}"

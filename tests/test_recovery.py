@@ -14,8 +14,8 @@ import psutil
 from conftest import events_until_report, eventually, submit
 from toy_task import AGENT as TOY_AGENT
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 
 TESTS = Path(__file__).parent
 
@@ -67,7 +67,7 @@ async def sigkill_while_running(tmp_path, short_dir, goal_text: str, index: int)
         goal_id = await submit(client, goal_text, agent="toy")
 
         async def experiment_running():
-            status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+            status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
             return status if status.running and status.running.index == index and status.running.pid else None
 
         status = await eventually(experiment_running, 30)
@@ -81,7 +81,7 @@ async def sigkill_while_running(tmp_path, short_dir, goal_text: str, index: int)
         try:
             client = await connect_when_up(socket)
             await events_until_report(client, goal_id, timeout=60)
-            summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+            summary = await client.request(p.Summary(goal_id=goal_id))
             head = await client.subscribe(since=0)
             all_events = []
             async for event in client.events():

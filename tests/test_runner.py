@@ -16,7 +16,7 @@ import pytest
 from conftest import BIN, approval_prompts, events_until_report, eventually, submit, write_agent
 
 from goaltender import cli
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner import server
 from goaltender.runner.supervisor import MAX_SUMMARY, group_members
 from goaltender.storage import db as db_module
@@ -52,15 +52,11 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
     async def answer_approvals():
         watcher = await connect(runner, "watcher")
         async for approval in approval_prompts(watcher, goal_id):
-            await watcher.call(p.Steer, p.Done, goal_id=goal_id, text="also try warmup", author="bob")
-            decided = await watcher.call(
-                p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana"
-            )
+            await watcher.request(p.Steer(goal_id=goal_id, text="also try warmup", author="bob"))
+            decided = await watcher.request(p.Decide(approval_id=approval.id, approve=True, by="ana"))
             assert decided.approval.state == "approved"
             with pytest.raises(p.ProtocolError, match="already approved by ana"):
-                await watcher.call(
-                    p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="bob"
-                )
+                await watcher.request(p.Decide(approval_id=approval.id, approve=False, by="bob"))
             return
 
     answering = asyncio.ensure_future(answer_approvals())
@@ -70,13 +66,13 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
     assert kinds(events)[:3] == ["goal_accepted", "goal_state", "milestone"]
     assert kinds(events)[-2:] == ["goal_state", "report"]
     assert [e.seq for e in events] == sorted(e.seq for e in events)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert [(e.index, e.status) for e in summary.ledger] == [(1, "keep"), (2, "discard"), (3, "crash")]
     assert summary.ledger[0].metric_value == 0.5 and summary.ledger[0].params == {"lr": 0.1}
     assert summary.ledger[2].note == "exit code 3"
     assert summary.status.goal.state == "finished"
     assert summary.status.best.index == 1
-    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    series = await client.request(p.GetSeries(goal_id=goal_id, name="loss"))
     assert series.points == [(1.0, 0.9)]
 
     out = (Path(summary.status.goal.workspace) / "agent.out").read_text()
@@ -90,7 +86,7 @@ async def test_goal_life_with_a_script_agent(start_runner, connect, tmp_path):
 
     # A finished goal takes no more steering, and says why.
     with pytest.raises(p.ProtocolError, match=r"goal #1 is finished \(the agent finished\)"):
-        await client.call(p.Steer, p.Done, goal_id=goal_id, text="one more?")
+        await client.request(p.Steer(goal_id=goal_id, text="one more?"))
 
 
 async def test_the_stop_status_counts_the_target_and_stops_with_the_goal(start_runner, connect, tmp_path):
@@ -105,12 +101,12 @@ async def test_the_stop_status_counts_the_target_and_stops_with_the_goal(start_r
     client = await connect(runner)
     goal_id = await submit(client, "reach 95% acc, budget 1h, max 5 experiments", agent="a")
     report = (await events_until_report(client, goal_id))[-1].data
-    workspace = Path((await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.workspace)
+    workspace = Path((await client.request(p.Summary(goal_id=goal_id))).status.goal.workspace)
     assert "stop condition met (target): 1/5 attempted, " in (workspace / "said").read_text()
     [line] = [line for line in report.text.splitlines() if line.startswith("**Stop status:**")]
     assert line.startswith("**Stop status:** stop condition met (target): 1/5 attempted, ")
 
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.stop_status == line.removeprefix("**Stop status:** ")  # as it ended, not as of now
 
 
@@ -135,7 +131,7 @@ async def test_a_run_that_prints_a_lot_stalls_no_subscriber(start_runner, connec
     goal_id = await submit(client, "chatty, max 1 experiments", agent="a")
     events = await events_until_report(client, goal_id)
     assert any(e.data.kind == "milestone" and e.data.title == "after the chatty run" for e in events)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     [row] = summary.ledger
     assert (
         row.metric_value == 0.75 and len(row.metrics) <= MAX_SUMMARY and "example_59999_score" in row.metrics
@@ -143,7 +139,7 @@ async def test_a_run_that_prints_a_lot_stalls_no_subscriber(start_runner, connec
     assert (Path(summary.status.goal.workspace) / "rc").read_text().strip() == "experiment rc=0"
     logged = [e for e in events if e.data.kind == "metrics"]
     assert sum(len(e.data.points) for e in logged) == 80000 and len(logged) > 1
-    series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="loss")
+    series = await client.request(p.GetSeries(goal_id=goal_id, name="loss"))
     assert len(series.points) == p.MAX_SERIES_POINTS  # thinned evenly, first and last kept
     assert series.points[0] == (0.0, 1.0) and series.points[-1] == (39999.0, 1 / 40000)
     assert [step for step, _ in series.points] == sorted(step for step, _ in series.points)
@@ -160,7 +156,7 @@ async def test_a_database_locked_by_another_process_holds_writes_up_not_goals(
     runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", script)})
     client = await connect(runner)
     goal_id = await submit(client, "locked out, max 1 experiments", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     holder = sqlite3.connect(runner.settings.db_path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # as an operator's sqlite3 shell might, while the run goes on
     with caplog.at_level(logging.WARNING, logger="goaltender.storage"):
@@ -169,7 +165,7 @@ async def test_a_database_locked_by_another_process_holds_writes_up_not_goals(
     holder.execute("COMMIT")
     holder.close()
     await events_until_report(client, goal_id)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "finished"
     assert [(e.status, e.metric_value) for e in summary.ledger] == [("keep", 0.5)]
 
@@ -182,10 +178,10 @@ async def test_per_experiment_timeout_is_a_crash_row(start_runner, connect, tmp_
     client = await connect(runner)
     goal_id = await submit(client, "slow, max 2 experiments, 1s each", agent="a")
     await events_until_report(client, goal_id)
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    [row] = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert row.status == "crash" and row.note == "timeout after 1s"
     assert row.wall_seconds < 10
-    ws = Path((await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).status.goal.workspace)
+    ws = Path((await client.request(p.Summary(goal_id=goal_id))).status.goal.workspace)
     assert (ws / "rc").read_text().strip() == "rc=1"
 
 
@@ -201,7 +197,7 @@ async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, con
     goal_id = await submit(client, "run forever, max 3 experiments", agent="a")
 
     async def running_experiment():
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         return status.running if status.running and status.running.pid else None
 
     experiment = await eventually(running_experiment)
@@ -209,13 +205,13 @@ async def test_stop_ends_agent_and_experiments_with_no_orphans(start_runner, con
     agent_pid = (await runner.store.get_goal(goal_id)).agent_pid
     assert group_members(agent_pid)
 
-    done = await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    done = await client.request(p.Stop(goal_id=goal_id, by="ana", reason="enough"))
     stopped = f"stopped by ana via test (uid {os.getuid()}): enough"
     assert stopped in done.message
 
     assert group_members(experiment.pid) == []
     assert group_members(agent_pid) == []
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "stopped"
     [row] = summary.ledger
     assert row.status == "crash" and row.note == f"ended with the goal: {stopped}"
@@ -244,7 +240,7 @@ async def test_stop_ends_what_the_agent_started_in_groups_of_its_own(start_runne
     job = await eventually(the_job)
     assert os.getpgid(job) != agent_pid and os.getsid(job) == agent_pid
 
-    await client.call(p.Stop, p.Done, goal_id=goal_id, by="ana", reason="enough")
+    await client.request(p.Stop(goal_id=goal_id, by="ana", reason="enough"))
     assert group_members(agent_pid) == []
     assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE
 
@@ -263,13 +259,13 @@ async def test_default_stop_rule_asks_before_going_on(start_runner, connect, tmp
         watcher = await connect(runner, "watcher")
         async for approval in approval_prompts(watcher, goal_id):
             assert approval.kind == "continue" and "4/4 attempted" in approval.question
-            await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, by="ana")
+            await watcher.request(p.Decide(approval_id=approval.id, approve=False, by="ana"))
             return
 
     rejecting = asyncio.ensure_future(reject_continue())
     await events_until_report(client, goal_id)
     await rejecting
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert len(summary.ledger) == 4
     rcs = (Path(summary.status.goal.workspace) / "rcs").read_text().split()
     assert rcs == ["0", "0", "0", "0", "5"]  # the fifth was refused: budget used up
@@ -282,7 +278,7 @@ async def test_deadline_ends_the_goal(start_runner, connect, tmp_path):
     goal_id = await submit(client, "quick one, budget 2s", agent="a")
     events = await events_until_report(client, goal_id)
     assert events[-1].data.end_reason == "deadline reached"
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "finished"
     assert summary.ledger[0].status == "crash"
 
@@ -298,11 +294,11 @@ async def test_pause_holds_new_experiments_until_resume(start_runner, connect, t
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal_id = await submit(client, "pausable, max 2 experiments", agent="a")
-    await client.call(p.Pause, p.Done, goal_id=goal_id, by="ana")
+    await client.request(p.Pause(goal_id=goal_id, by="ana"))
     (Path((await runner.store.get_goal(goal_id)).workspace) / "paused").touch()
     await eventually(lambda: f"goal #{goal_id} is paused: its next experiment waits" in caplog.text)
-    assert (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger == []
-    await client.call(p.Resume, p.Done, goal_id=goal_id, by="ana")
+    assert (await client.request(p.Summary(goal_id=goal_id))).ledger == []
+    await client.request(p.Resume(goal_id=goal_id, by="ana"))
     events = await events_until_report(client, goal_id)
     states = [(e.seq, e.data.state) for e in events if e.data.kind == "goal_state"]
     started = next(e.seq for e in events if isinstance(e.data, ExperimentStarted))
@@ -315,32 +311,24 @@ async def test_with_names_any_configured_agent(start_runner, connect, tmp_path):
     agent = write_agent(tmp_path, "a.sh", "sleep 30\n")
     runner = await start_runner(agents={"sweep": agent, "staged": agent, "openai": agent})
     client = await connect(runner)
-    goal = await client.call(
-        p.SubmitGoal, p.GoalReply, text="tune lr with warmup, with staged, max 1 experiments"
-    )
+    goal = await client.request(p.SubmitGoal(text="tune lr with warmup, with staged, max 1 experiments"))
     assert goal.status.goal.agent == "staged"  # `with warmup` names no agent and is passed over
-    plain = await client.call(p.SubmitGoal, p.GoalReply, text="tune lr with warmup, max 1 experiments")
+    plain = await client.request(p.SubmitGoal(text="tune lr with warmup, max 1 experiments"))
     assert plain.status.goal.agent == "sweep"
     with pytest.raises(
         p.ProtocolError, match="unknown agent 'mine-agent'; this runner has: sweep, staged, openai"
     ):
-        await client.call(p.SubmitGoal, p.GoalReply, text="x with mine-agent, max 1 experiments")
+        await client.request(p.SubmitGoal(text="x with mine-agent, max 1 experiments"))
     # A staged goal needs an agent that can pass its gates: never the sweep.
     with pytest.raises(p.ProtocolError, match="a staged goal needs an agent that can do each stage's work"):
-        await client.call(
-            p.SubmitGoal, p.GoalReply, text="implement OAPL, max 2 experiments, stages: plan, campaign"
-        )
-    staged = await client.call(
-        p.SubmitGoal,
-        p.GoalReply,
-        text="implement OAPL with openai, max 2 experiments, stages: plan, campaign",
+        await client.request(p.SubmitGoal(text="implement OAPL, max 2 experiments, stages: plan, campaign"))
+    staged = await client.request(
+        p.SubmitGoal(text="implement OAPL with openai, max 2 experiments, stages: plan, campaign")
     )
     assert staged.status.goal.stages == ["plan", "campaign"]
     # The list of stages ends where the budget's words begin.
-    both = await client.call(
-        p.SubmitGoal,
-        p.GoalReply,
-        text="implement OAPL, stages: plan, campaign, max 2 experiments, with openai",
+    both = await client.request(
+        p.SubmitGoal(text="implement OAPL, stages: plan, campaign, max 2 experiments, with openai")
     )
     assert both.status.goal.stages == ["plan", "campaign"] and both.status.goal.budget.max_experiments == 2
 
@@ -350,25 +338,25 @@ async def test_steer_can_change_the_budget(start_runner, connect, tmp_path):
     runner = await start_runner(agents={"a": agent})
     client = await connect(runner)
     goal_id = await submit(client, "anything, max 2 experiments", agent="a")
-    done = await client.call(p.Steer, p.Done, goal_id=goal_id, text="max 6 experiments", author="ana")
+    done = await client.request(p.Steer(goal_id=goal_id, text="max 6 experiments", author="ana"))
     assert "budget changed: max experiments 6" in done.message
-    goal = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal
+    goal = (await client.request(p.Status(goal_id=goal_id))).goals[0].goal
     assert goal.budget.max_experiments == 6
     with pytest.raises(p.ProtocolError, match="no budget in"):
-        await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="more please")
+        await client.request(p.ChangeBudget(goal_id=goal_id, change="more please"))
     with pytest.raises(p.ProtocolError, match="unknown agent 'nope'"):
-        await client.call(p.SubmitGoal, p.GoalReply, text="x", agent="nope")
+        await client.request(p.SubmitGoal(text="x", agent="nope"))
     with pytest.raises(p.ProtocolError, match="a budget or limit is never negative"):
-        await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="budget -1h")
+        await client.request(p.ChangeBudget(goal_id=goal_id, change="budget -1h"))
     with pytest.raises(p.ProtocolError, match="a goal needs words"):
-        await client.call(p.SubmitGoal, p.GoalReply, text=" \n ", agent="a")
-    assert len((await client.call(p.Status, p.StatusReply)).goals) == 1  # none made
+        await client.request(p.SubmitGoal(text=" \n ", agent="a"))
+    assert len((await client.request(p.Status())).goals) == 1  # none made
     # The model the runner reads refuses it before it is sent, as the runner would, in one line.
     with pytest.raises(
         p.ProtocolError, match=r"^bad_request: invalid steer: text: is blank: it must say something$"
     ):
-        await client.call(p.Steer, p.Done, goal_id=goal_id, text=" \n\t", author="ana")
-    stopped = await client.call(p.Stop, p.Done, goal_id=goal_id, reason="   ")
+        await client.request(p.Steer(goal_id=goal_id, text=" \n\t", author="ana"))
+    stopped = await client.request(p.Stop(goal_id=goal_id, reason="   "))
     assert re.fullmatch(r"goal #\d+ stopped by [^:]+; final report written", stopped.message), stopped.message
 
 
@@ -419,8 +407,8 @@ def test_cli_without_runner_says_how_to_start_one(tmp_path):
 async def test_ack_records_the_clients_position(start_runner, connect):
     runner = await start_runner()
     client = await connect(runner, "bot")
-    await client.call(p.Ack, p.Done, seq=7)
-    await client.call(p.Ack, p.Done, seq=3)  # never moves backwards
+    await client.request(p.Ack(seq=7))
+    await client.request(p.Ack(seq=3))  # never moves backwards
     assert await runner.store.cursor("bot") == 7
 
 
@@ -437,7 +425,7 @@ async def test_the_runner_measures_the_headline_with_the_eval_command(start_runn
     client = await connect(runner)
     goal_id = await submit(client, "verify me, max 3 experiments", agent="v")
     events = await events_until_report(client, goal_id)
-    reported, verified, broken = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    reported, verified, broken = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert reported.metric_value == 0.99 and not reported.verified
     # The run claimed 0.99; the runner's own evaluation says 0.61, and that is the headline.
     assert verified.metric_value == 0.61 and verified.verified
@@ -511,10 +499,10 @@ async def test_active_only_status_among_many_finished_goals(start_runner, connec
     for goal in goals[:-2]:
         await runner.store.set_goal_state(goal.id, "finished", "done")
     client = await connect(runner)
-    reply = await client.call(p.Status, p.StatusReply, active_only=True)
+    reply = await client.request(p.Status(active_only=True))
     assert [s.goal.id for s in reply.goals] == [g.id for g in goals[-2:]]
     assert all(s.attempted == 0 and s.best is None for s in reply.goals)
-    assert len((await client.call(p.Status, p.StatusReply)).goals) == 25
+    assert len((await client.request(p.Status())).goals) == 25
 
 
 def test_a_line_too_long_for_any_client_is_never_sent():
@@ -558,16 +546,16 @@ async def test_a_goal_whose_budget_does_not_read_back_is_blocked_not_the_runner(
         db.execute("UPDATE goals SET budget = ? WHERE id = ?", ('{"max_experiments": "lots"}', goal_id))
     runner = await start_runner(agents=agents)
     client = await connect(runner)
-    [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+    [status] = (await client.request(p.Status(goal_id=goal_id))).goals
     assert status.goal.blocked.startswith("its budget in runner.db does not read back (max_experiments: ")
-    assert (await client.call(p.Status, p.StatusReply, goal_id=other)).goals[0].goal.blocked is None
+    assert (await client.request(p.Status(goal_id=other))).goals[0].goal.blocked is None
     workspace = Path(status.goal.workspace)
     (workspace / "go").touch()
     assert (
         await eventually(lambda: (workspace / "rc").exists() and (workspace / "rc").read_text())
     ) == "rc=4\n"
-    await client.call(p.ChangeBudget, p.Done, goal_id=goal_id, change="max 5 experiments")
-    [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+    await client.request(p.ChangeBudget(goal_id=goal_id, change="max 5 experiments"))
+    [status] = (await client.request(p.Status(goal_id=goal_id))).goals
     assert status.goal.blocked is None and status.goal.budget.max_experiments == 5
 
 
@@ -578,12 +566,12 @@ async def test_a_submission_sent_again_under_its_key_gets_the_goal_it_made(start
     client = await connect(runner)
     fields = {"text": "once only, max 1 experiments", "agent": "idle", "key": "slack-goal-1"}
     first, again = await asyncio.gather(
-        client.call(p.SubmitGoal, p.GoalReply, **fields), client.call(p.SubmitGoal, p.GoalReply, **fields)
+        client.request(p.SubmitGoal(**fields)), client.request(p.SubmitGoal(**fields))
     )
-    later = await client.call(p.SubmitGoal, p.GoalReply, **fields)
+    later = await client.request(p.SubmitGoal(**fields))
     assert first.status.goal.id == again.status.goal.id == later.status.goal.id
-    other = await client.call(p.SubmitGoal, p.GoalReply, **{**fields, "key": "slack-goal-2"})
-    unnamed = await client.call(p.SubmitGoal, p.GoalReply, text="no key, max 1 experiments", agent="idle")
+    other = await client.request(p.SubmitGoal(**{**fields, "key": "slack-goal-2"}))
+    unnamed = await client.request(p.SubmitGoal(text="no key, max 1 experiments", agent="idle"))
     assert len({first.status.goal.id, other.status.goal.id, unnamed.status.goal.id}) == 3
     assert len(await runner.store.list_goals()) == 3
 

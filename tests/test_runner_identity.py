@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import eventually, submit, write_agent
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.storage.db import Database
 from goaltender.storage.high_water import FILE as HIGH_WATER
 from goaltender.storage.runner_schema import MIGRATIONS
@@ -147,7 +147,7 @@ async def test_runner_db_lost_under_a_running_runner_stops_it(tmp_path, short_di
     resumed = runner_process(home, socket, agent)
     try:
         client = await connect_when_up(socket)
-        status = await client.call(p.Status, p.StatusReply)
+        status = await client.request(p.Status())
         assert [s.goal.id for s in status.goals] == [first]
         assert status.goals[0].goal.state == "running"
         await client.close()
@@ -233,7 +233,7 @@ async def test_a_restored_database_never_hands_out_an_id_twice(start_runner, con
     )
     client = await connect(restored)
     assert restored.store.runner_id == runner_id  # the same database, restored
-    assert [s.goal.id for s in (await client.call(p.Status, p.StatusReply)).goals] == [first]
+    assert [s.goal.id for s in (await client.request(p.Status())).goals] == [first]
 
     workspace = restored.settings.workspaces / f"goal-{later[-1] + 1}"
     assert not workspace.exists()
@@ -250,7 +250,7 @@ async def test_a_restored_database_never_hands_out_an_id_twice(start_runner, con
 
 
 async def pending_approvals(client: RunnerClient, count: int = 1) -> list[int] | None:
-    status = await client.call(p.Status, p.StatusReply)
+    status = await client.request(p.Status())
     found = sorted(a.id for s in status.goals for a in s.pending_approvals)
     return found if len(found) >= count else None
 

@@ -20,7 +20,7 @@ from conftest import approval_prompts, events_until_report, eventually, submit, 
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.campaign import _tail_text
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.secrets import (
@@ -536,13 +536,13 @@ async def test_planted_secrets_never_reach_a_client(start_runner, connect, tmp_p
     async def approve():
         watcher = await connect(runner, "watcher")
         async for approval in approval_prompts(watcher, goal_id):
-            await watcher.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana")
+            await watcher.request(p.Decide(approval_id=approval.id, approve=True, by="ana"))
             return
 
     approving = asyncio.ensure_future(approve())
     events = await events_until_report(client, goal_id)
     await approving
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     received = await read_everything(runner.settings.socket_path, goal_id, [e.id for e in summary.ledger])
 
     text = received.decode()
@@ -717,16 +717,14 @@ async def test_no_piece_of_a_secret_leaves_in_a_log_chunk_of_any_size(
     goal_id = await submit(client, "leak, max 1 experiments", agent="a")
 
     async def logged():
-        ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
         return ledger and ledger[0].status != "running" and ledger[0].id
 
     experiment = await eventually(logged)
     size = len(CUT_LOG.encode())
     for limit in (1, 2, 5, 8, 12, 20, 64):
         for offset in range(size + 1):
-            reply = await client.call(
-                p.GetLog, p.LogReply, experiment_id=experiment, offset=offset, limit=limit
-            )
+            reply = await client.request(p.GetLog(experiment_id=experiment, offset=offset, limit=limit))
             for secret in (CUT_SECRET, CUT_PASSWORD):
                 for piece in (secret[i : i + 3] for i in range(len(secret) - 2)):
                     assert piece not in reply.text, (limit, offset, reply.text)
@@ -761,23 +759,19 @@ async def test_an_artifact_is_redacted_as_a_log_is(start_runner, connect, tmp_pa
     goal_id = await submit(client, "art, max 1 experiments", agent="a")
 
     async def done():
-        ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+        ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
         return ledger and ledger[0].status != "running" and ledger[0]
 
     experiment = await eventually(done)
     assert experiment.exit_code == 0, experiment.note
-    errors = await client.call(
-        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="errors.json"
-    )
+    errors = await client.request(p.GetArtifact(experiment_id=experiment.id, name="errors.json"))
     text = base64.b64decode(errors.data).decode()
     assert key not in text and json.loads(text)["text"].startswith("saw [redacted:OPENAI_API_KEY] and ")
-    image = await client.call(
-        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
-    )
+    image = await client.request(p.GetArtifact(experiment_id=experiment.id, name="hard_cases.png"))
     assert base64.b64decode(image.data) == b"\x89PNG\r\n\x1a\n\x00[redacted:OPENAI_API_KEY]\xff"
     clean = Path(experiment.log_path).parent / "errors.json"
     clean.write_bytes(b'{"n": 1, "\xc3\xa9": "\xff"}')  # not even UTF-8: left as it is
-    again = await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="errors.json")
+    again = await client.request(p.GetArtifact(experiment_id=experiment.id, name="errors.json"))
     assert base64.b64decode(again.data) == clean.read_bytes()
 
     # A PNG's text chunks are not its picture: they go, compressed (zTXt, iTXt) or not.
@@ -792,20 +786,14 @@ async def test_an_artifact_is_redacted_as_a_log_is(start_runner, connect, tmp_pa
     picture.save(gallery, pnginfo=info)
     assert b"zTXt" in gallery.read_bytes() and b"iTXt" in gallery.read_bytes()
     served = base64.b64decode(
-        (
-            await client.call(
-                p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
-            )
-        ).data
+        (await client.request(p.GetArtifact(experiment_id=experiment.id, name="hard_cases.png"))).data
     )
     assert b"tEXt" not in served and b"zTXt" not in served and b"iTXt" not in served
     shown = Image.open(io.BytesIO(served))
     assert shown.size == (8, 4) and shown.getpixel((3, 2)) == (10, 200, 30) and not shown.text
     plain = Image.new("L", (3, 3), 7)
     plain.save(gallery)  # nothing but its picture: byte for byte
-    again = await client.call(
-        p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png"
-    )
+    again = await client.request(p.GetArtifact(experiment_id=experiment.id, name="hard_cases.png"))
     assert base64.b64decode(again.data) == gallery.read_bytes()
 
 

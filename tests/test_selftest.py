@@ -19,7 +19,7 @@ from goaltender.runner.doctor import check_python
 from goaltender.selftest import engine_bugs, interpreter_problem, misread_samples
 
 DEBIAN_PYTHON = Path("/usr/bin/python3")
-MISREAD = "import re; from goaltender.runner import budget; budget._DURATION = re.compile('(?!)'); "
+MISREAD = "import re; from goaltender.protocol import budget; budget._DURATION = re.compile('(?!)'); "
 
 
 def test_this_interpreter_reads_every_sample_right():

@@ -33,8 +33,8 @@ from test_bot_faults import GATED_AGENT, Goal, bot_env, both_steps_arrive_once
 from test_recovery import connect_when_up
 
 from goaltender.bot.config import BotSettings
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.config import RunnerSettings
 from goaltender.services import DEPLOY, Layout, hidden_by_private_tmp
 from goaltender.storage.bot_store import BotStore
@@ -241,7 +241,7 @@ async def test_the_runner_is_ready_when_it_answers_and_a_sigterm_ends_it_cleanly
         await eventually(lambda: len(started.read_text().split()) == 2, 60)
         # Resumed before the runner was ready, the agent was not given the socket either.
         assert (started.parent / "notify-socket").read_text() == "unset\n"
-        [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+        [status] = (await client.request(p.Status(goal_id=goal_id))).goals
         assert status.goal.state == "running"
         await client.close()
     finally:
@@ -370,7 +370,7 @@ async def test_the_sandbox_works_under_the_runner_units_hardening(short_dir, not
             seen = home / "workspaces" / f"goal-{goal_id}" / "seen"
 
             async def settled() -> p.GoalStatus | None:
-                [status] = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals
+                [status] = (await client.request(p.Status(goal_id=goal_id))).goals
                 return status if status.goal.state == "failed" or seen.exists() else None
 
             status = await eventually(settled, 60)

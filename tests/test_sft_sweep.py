@@ -19,7 +19,7 @@ from goaltender.agents import sft_sweep
 from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.sft_sweep import FIRST_SFT, UNTRAINED
 from goaltender.agents.sweep_planner import Planner, Row
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import MilestoneReported
 
 TESTS = Path(__file__).parent
@@ -48,7 +48,7 @@ async def test_a_goal_of_three_runs_the_base_model_then_two_sft_configs(start_ru
     client = await connect(runner)
     goal_id = await submit(client, "train Qwen3-VL-2B on star count with SFT, max 3 experiments")
     events = await events_until_report(client, goal_id, timeout=180)
-    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
 
     assert [(e.status, e.params, e.metric_value) for e in ledger] == [
         ("keep", UNTRAINED, 0.25),
@@ -107,7 +107,7 @@ echo $? > sft.rc
     events = await events_until_report(client, goal_id, timeout=120)
     workspace = runner.settings.workspaces / f"goal-{goal_id}"
     assert (workspace / "sft.rc").read_text().strip() == "0", (workspace / "sft.out").read_text()
-    base, sft = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    base, sft = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert (base.metric_name, base.metric_value, base.verified) == ("exact_accuracy", 0.25, True)
     assert (sft.status, sft.metric_name, sft.metric_value, sft.verified) == (
         "keep",

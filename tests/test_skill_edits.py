@@ -19,7 +19,7 @@ from pathlib import Path
 from conftest import BIN, blocks_text, eventually, pending_approval, submit, write_agent
 from fake_slack import ALICE, BOB
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.skill_folder import SkillFolder
 from goaltender.storage.records import MilestoneReported
 
@@ -106,7 +106,7 @@ async def test_an_approved_skill_edit_is_committed_read_by_the_next_goal_and_rev
         rc, said = results[name]
         assert rc == 4 and says in said, (name, rc, said)
 
-    await operator.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=True, by="ana")
+    await operator.request(p.Decide(approval_id=approval.id, approve=True, by="ana"))
     await eventually(lambda: (workspace / "done").exists())
     rc, said = read_results(workspace)["edit"]
     assert rc == 0 and "approved by ana via operator" in said and "applied as commit" in said, said
@@ -140,7 +140,7 @@ async def test_an_approved_skill_edit_is_committed_read_by_the_next_goal_and_rev
     assert f"reverted by uid {os.getuid()}" in git(folder, "log", "-n", "1", "--format=%B")
     again = await cli(runner, "skills", "revert", commit)
     assert again.returncode == 4 and "undone already" in again.stderr, again
-    audit = await operator.call(p.Audit, p.AuditReply)
+    audit = await operator.request(p.Audit())
     reverts = [e.outcome for e in audit.entries if e.action == "skill revert" and e.actor.startswith("uid ")]
     assert reverts == ["done", "refused"]
     refused = {e.action for e in audit.entries if e.actor == f"agent of goal {goal}"}
@@ -157,7 +157,7 @@ async def test_a_rejected_skill_edit_changes_nothing(start_runner, connect, tmp_
 
     goal = await submit(operator, "learn something, max 3 experiments", agent="proposer")
     approval = await approval_awaited(operator, goal)
-    await operator.call(p.Decide, p.DecisionReply, approval_id=approval.id, approve=False, comment="no")
+    await operator.request(p.Decide(approval_id=approval.id, approve=False, comment="no"))
     workspace = Path((await runner.store.get_goal(goal)).workspace)
     await eventually(lambda: (workspace / "done").exists())
     rc, said = read_results(workspace)["edit"]

@@ -34,9 +34,9 @@ import pytest
 from conftest import events_until_report, eventually, submit
 
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, _ssh_connect, open_client
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerUnavailable
 from goaltender.runner import operators
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerUnavailable
 from goaltender.storage.records import FinalReport
 
 SSHD = "/usr/sbin/sshd"
@@ -342,7 +342,7 @@ async def test_a_goal_through_sshd_and_a_forced_command(box: Box):
     bot_uid = pwd.getpwnam(box.accounts.bot).pw_uid
     operator = await open_client(box.target(box.accounts.bot, key), "auditor")
     try:
-        entries = (await operator.call(p.Audit, p.AuditReply, goal_id=goal_id)).entries
+        entries = (await operator.request(p.Audit(goal_id=goal_id))).entries
     finally:
         await operator.close()
     assert any(e.actor == f"slack:U1 via goaltender-bot (uid {bot_uid})" for e in entries), entries

@@ -11,7 +11,7 @@ from conftest import events_until_report, eventually, pending_approval, submit, 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.stages import compare, parse_stages
 from goaltender.storage.records import MilestoneReported, PostsFolded
 
@@ -71,16 +71,14 @@ def said(runner, goal_id: int) -> str:
 
 
 async def decide(client, approval_id: int, approve: bool, comment: str = "") -> None:
-    await client.call(
-        p.Decide, p.DecisionReply, approval_id=approval_id, approve=approve, by="ana", comment=comment
-    )
+    await client.request(p.Decide(approval_id=approval_id, approve=approve, by="ana", comment=comment))
 
 
 async def test_a_staged_goal_waits_at_each_gate(start_runner, connect, tmp_path):
     runner = await start_runner(agents={"a": write_agent(tmp_path, "a.sh", STAGED)})
     client = await connect(runner)
     goal_id = await submit(client, "stages: plan, implement, campaign; max 3 experiments", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
 
     plan = await eventually(lambda: pending_approval(client, goal_id))
     # No experiment before the campaign stage.
@@ -104,9 +102,9 @@ async def test_a_staged_goal_waits_at_each_gate(start_runner, connect, tmp_path)
         "implement again rc=0",
         "campaign rc=0",
     ]
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.goal.stage_name == "campaign" and status.attempted == 1
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
 
 
 async def _newer(approval_coro, than: int):
@@ -126,7 +124,7 @@ async def test_a_disagreeing_cross_check_blocks_the_campaign(start_runner, conne
         prompt.question == "The two implementations disagree on 1 of 2 numbers. Go on to experiments anyway?"
     )
     assert "| grad | 1.5 | 1.6 | 0.1 |" in prompt.detail
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.goal.blocked.startswith("cross-check #1 disagrees on 1 number(s)")
     await decide(client, prompt.id, False, "B drops the bias term")
 
@@ -137,7 +135,7 @@ async def test_a_disagreeing_cross_check_blocks_the_campaign(start_runner, conne
         "was rejected: fix the implementations and cross-check again" in (workspace / "after.err").read_text()
     )
     assert (workspace / "cross-checks" / "001" / "b.log").read_text() == "loss: 0.6931\ngrad: 1.6\n"
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
 
 
 async def test_an_agreeing_cross_check_lets_the_campaign_go(start_runner, connect, tmp_path):
@@ -147,7 +145,7 @@ async def test_an_agreeing_cross_check_lets_the_campaign_go(start_runner, connec
     goal_id = await submit(client, "port the loss, max 3 experiments", agent="a")
     await eventually(lambda: "after rc=" in said(runner, goal_id), timeout=30)
     assert said(runner, goal_id).splitlines() == ["check rc=0", "after rc=0"]
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
 
 
 async def test_agreeing_cross_checks_past_the_goals_rate_are_folded(start_runner, connect, tmp_path):
@@ -159,7 +157,7 @@ async def test_agreeing_cross_checks_past_the_goals_rate_are_folded(start_runner
     client = await connect(runner)
     goal_id = await submit(client, "port the loss, max 3 experiments", agent="a")
     await eventually(lambda: "done" in said(runner, goal_id), timeout=60)
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
     events = await events_until_report(client, goal_id)
 
     agreed = [e.data for e in events if isinstance(e.data, MilestoneReported) and "agreed" in e.data.title]

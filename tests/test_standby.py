@@ -23,7 +23,7 @@ from conftest import events_until_report, eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.runner.executors import Job, LocalExecutor
 from goaltender.runner.sandbox import Sandbox
@@ -116,12 +116,12 @@ def started(monkeypatch) -> set[int]:
 async def campaign(runner, connect, goal_id: int) -> list:
     """Let the goal's agent go once it has a standby; its ledger at the end."""
     client = await connect(runner)
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     if runner.campaigns.standbys.enabled:
         await eventually(lambda: standby_pids(runner, goal_id))
     (Path(status.goal.workspace) / "go").touch()
     await events_until_report(client, goal_id)
-    return (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    return (await client.request(p.Summary(goal_id=goal_id))).ledger
 
 
 def reports(ledger) -> dict[str, dict]:
@@ -279,7 +279,7 @@ async def test_a_preloaded_module_edited_while_the_standby_waited_is_imported_an
     )
     client = await connect(runner)
     goal_id = await submit(client, "stale, max 4 experiments", agent="a")
-    workspace = Path((await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].goal.workspace)
+    workspace = Path((await client.request(p.Status(goal_id=goal_id))).goals[0].goal.workspace)
     await eventually(lambda: standby_pids(runner, goal_id))
     (workspace / "go").touch()
     kept = runner.campaigns.standbys._kept[goal_id]
@@ -288,7 +288,7 @@ async def test_a_preloaded_module_edited_while_the_standby_waited_is_imported_an
     await eventually(lambda: len(kept.ready) == 2 and all(s.warm for s in kept.ready))
     (workspace / "edit").touch()
     await events_until_report(client, goal_id)
-    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
     logs = [Path(e.log_path).read_text() for e in ledger]
     assert logs == ["value: old\n", "value: old\n", "value: new, longer\n"]
     assert [int(e.job_id) in started for e in ledger] == [False, True, True]
@@ -310,7 +310,7 @@ async def test_a_standbys_run_times_out_and_is_killed_like_any_other(start_runne
     client = await connect(runner)
     goal_id = await submit(client, "sleep, max 3 experiments, 1s each", agent="a")
     await events_until_report(client, goal_id)
-    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    ledger = (await client.request(p.Summary(goal_id=goal_id))).ledger
     assert [(e.status, e.note) for e in ledger] == [("crash", "timeout after 1s")] * 2
     for experiment in ledger:
         assert "asleep" in Path(experiment.log_path).read_text()

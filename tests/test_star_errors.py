@@ -22,7 +22,7 @@ from PIL import Image
 
 from goaltender.bot.gallery import asks_for_examples
 from goaltender.environments.star_count.errors import ERROR_CLASSES, analyse, classify
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.trust import goal_named
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -278,7 +278,7 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
     assert (Path(experiment.log_path).parent / "hard_cases.png").is_symlink()
     client = await connect(runner)
     with pytest.raises(p.ProtocolError) as refused:
-        await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=experiment.id, name="hard_cases.png")
+        await client.request(p.GetArtifact(experiment_id=experiment.id, name="hard_cases.png"))
     assert refused.value.error.code == "not_found"
     await fake.user_replies(general, second.ts, "examples", user=BOB)
     [told] = await fake.wait_for(lambda: [e for e in fake.ephemerals(BOB) if e.thread_ts == second.ts], 30)
@@ -287,7 +287,7 @@ async def test_show_examples_posts_the_gallery_and_a_planted_link_is_refused(
 
     # The same read works for goal 1's, and the name is held to the fixed list.
     [first] = await runner.store.experiments(1)
-    reply = await client.call(p.GetArtifact, p.ArtifactReply, experiment_id=first.id, name="hard_cases.png")
+    reply = await client.request(p.GetArtifact(experiment_id=first.id, name="hard_cases.png"))
     assert base64.b64decode(reply.data) == png
     other = p.parse_request(b'{"type": "get_artifact", "id": 1, "experiment_id": 1, "name": "model.pkl"}')
     assert isinstance(other, p.Error) and other.code == "bad_request"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from test_recovery import connect_when_up, start_runner_process
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.runner.config import RunnerSettings
 from goaltender.storage.runner_schema import MIGRATIONS
 
@@ -133,7 +133,7 @@ async def test_a_second_runner_on_the_same_socket(tmp_path, short_dir):
         lines = start_and_fail(tmp_path / "two", socket)
         assert lines[-1] == f"goaltender runner: cannot start: a runner is already serving {socket}"
         # The first runner's socket is left alone: it still answers.
-        assert (await client.call(p.Status, p.StatusReply)).goals == []
+        assert (await client.request(p.Status())).goals == []
         await client.close()
     finally:
         first.terminate()
@@ -153,7 +153,7 @@ async def test_a_second_runner_on_the_same_home(tmp_path, short_dir):
             f"goaltender runner: cannot start: another runner uses the home {home} (pid {first.pid}"
         )
         assert not (short_dir / "two.sock").exists()
-        assert (await client.call(p.Status, p.StatusReply)).goals == []
+        assert (await client.request(p.Status())).goals == []
         await client.close()
     finally:
         first.kill()

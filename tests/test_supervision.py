@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from goaltender.bot.gallery import analysis_text
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.supervisor import (
     MAX_LINE,
     MAX_SUMMARY,
@@ -298,7 +298,7 @@ async def test_a_poisoned_run_is_killed_at_its_timeout_charged_and_holds_its_slo
     goal_id = await submit(client, "poison, max 10 experiments", agent="a")
     await events_until_report(client, goal_id, timeout=180)
 
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     rows = sorted(summary.ledger, key=lambda row: row.started_at)
     assert len(rows) == len(POISON) + 1 and summary.status.attempted == len(rows)
     for before, after in itertools.pairwise(rows):
@@ -312,7 +312,7 @@ async def test_a_poisoned_run_is_killed_at_its_timeout_charged_and_holds_its_slo
         f"(a {{…}} line that is not a JSON object, or a line over {MAX_LINE // 2**20} MiB)"
     )
     # Read on after the poison: each run's next line arrived.
-    after = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="after")
+    after = await client.request(p.GetSeries(goal_id=goal_id, name="after"))
     assert sorted(value for _, value in after.points) == [float(i) for i in range(len(POISON))]
     assert summary.status.compute_hours_used == pytest.approx(sum(row.compute_hours for row in rows))
 
@@ -327,11 +327,11 @@ async def test_stop_ends_a_goal_whose_run_printed_poison(start_runner, connect, 
     goal_id = await submit(client, "poison, max 3 experiments", agent="a")
 
     async def read_past_the_poison():
-        series = await client.call(p.GetSeries, p.SeriesReply, goal_id=goal_id, name="after")
+        series = await client.request(p.GetSeries(goal_id=goal_id, name="after"))
         return bool(series.points)
 
     await eventually(read_past_the_poison, timeout=60)
-    running = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0].running
+    running = (await client.request(p.Status(goal_id=goal_id))).goals[0].running
     assert running is not None and running.pid and group_alive(running.pid)
 
     stop = await asyncio.create_subprocess_exec(
@@ -346,7 +346,7 @@ async def test_stop_ends_a_goal_whose_run_printed_poison(start_runner, connect, 
     _out, err = await asyncio.wait_for(stop.communicate(), 60)
     assert stop.returncode == 0, err
     assert not group_alive(running.pid)
-    summary = await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)
+    summary = await client.request(p.Summary(goal_id=goal_id))
     assert summary.status.goal.state == "stopped"
     [row] = summary.ledger
     assert row.status == "crash" and row.note.startswith("ended with the goal: stopped by")
@@ -412,7 +412,7 @@ class StatusPinger:
         try:
             while not self.done.is_set():
                 asked = time.monotonic()
-                await asyncio.wait_for(client.call(p.Status, p.StatusReply, goal_id=self.goal_id), 120)
+                await asyncio.wait_for(client.request(p.Status(goal_id=self.goal_id)), 120)
                 self.waits.append(time.monotonic() - asked)
                 await asyncio.sleep(0.05)  # pacing: a reply is asked for about 20 times a second
         finally:
@@ -439,7 +439,7 @@ async def test_a_burst_of_output_leaves_the_runner_answering_and_its_memory_flat
     client = await connect(runner)
 
     async def finished() -> bool:
-        status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+        status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
         return status.goal.state == "finished"
 
     with PeakRss() as rss:
@@ -448,7 +448,7 @@ async def test_a_burst_of_output_leaves_the_runner_answering_and_its_memory_flat
         with StatusPinger(runner.settings.socket_path, goal_id) as pinger:
             await eventually(finished, timeout=600)
     took = time.monotonic() - started
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal_id)).ledger
+    [row] = (await client.request(p.Summary(goal_id=goal_id))).ledger
     print(
         f"\n{kind} burst of {megabytes} MB: {len(pinger.waits)} status replies, slowest {max(pinger.waits):.2f} s; "
         f"runner RSS +{rss.growth_mb:.0f} MB (from {rss.base / 2**20:.0f} MB); goal done in {took:.1f} s"

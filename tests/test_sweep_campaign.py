@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import events_until_report, submit
 from toy_task import AGENT as TOY_AGENT
 
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 from goaltender.storage.records import ExperimentFinished
 
 TESTS = str(Path(__file__).parent)
@@ -21,7 +21,7 @@ async def test_steer_narrows_the_search(start_runner, connect, monkeypatch):
     client = await connect(runner)
     goal_id = await submit(client, "toy sweep, max 5 experiments", agent="toy")
     # Delivered before the agent's first look at its inbox: search only y from the start.
-    await client.call(p.Steer, p.Done, goal_id=goal_id, text="only tune y", author="ana")
+    await client.request(p.Steer(goal_id=goal_id, text="only tune y", author="ana"))
     events = await events_until_report(client, goal_id, timeout=60)
 
     milestones = [e.data for e in events if e.data.kind == "milestone"]
@@ -50,9 +50,7 @@ async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
     goal_id = await submit(client, "noisy sweep, max 5 experiments", agent="noisy")
 
     asked = await eventually(lambda: pending_approval(client, goal_id, "low_signal"), timeout=60)
-    await client.call(
-        p.Decide, p.DecisionReply, approval_id=asked.id, approve=False, by="ana", comment="check the seeds"
-    )
+    await client.request(p.Decide(approval_id=asked.id, approve=False, by="ana", comment="check the seeds"))
 
     async def answer_in_inbox() -> bool:
         events = await runner.store.events_since(0, goal_id=goal_id)

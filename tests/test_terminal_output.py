@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_cli_input import GOALTENDER
 
 from goaltender.display.plain import clean
-from goaltender.runner import protocol as p
+from goaltender.protocol import messages as p
 
 CONTROLS = {*map(chr, range(0x00, 0x20)), "\x7f", *map(chr, range(0x80, 0xA0))} - {"\n", "\t"}
 HOSTILE = "red \x1b[31malert\x1b[0m \x1b]0;owned\x07title \x9b2Jcsi"
@@ -81,7 +81,7 @@ async def test_goal_texts_and_refusals_reach_a_terminal_clean_and_a_pipe_exact(
     runner = await start_runner(agents={"wait": write_agent(tmp_path, "wait.sh", "sleep 120\n")})
     client = await connect(runner)
     goal_id = await submit(client, f"{HOSTILE}, max 1 experiments", agent="wait")
-    await client.call(p.Stop, p.Done, goal_id=goal_id, reason=HOSTILE)
+    await client.request(p.Stop(goal_id=goal_id, reason=HOSTILE))
     socket = str(runner.settings.socket_path)
 
     for argv in (["status", "--all"], ["summary", str(goal_id)]):
@@ -120,7 +120,7 @@ async def test_a_runs_log_reaches_a_terminal_clean_and_a_pipe_exact(start_runner
         timeout=60,
     )
     assert "\x1b]0;owned\x07title\n\u009b2Jcsi\nstep 1\rstep 2\r\nacc: 0.5\n".encode() in exact.stdout
-    await client.call(p.Stop, p.Done, goal_id=goal_id)
+    await client.request(p.Stop(goal_id=goal_id))
 
 
 async def _ended(runner, goal_id: int) -> list:

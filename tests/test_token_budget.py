@@ -8,8 +8,8 @@ import pytest
 from conftest import events_until_report, submit, write_agent
 
 from goaltender.bot.render import status_card
-from goaltender.runner import protocol as p
-from goaltender.runner.budget import GoalTextError, parse_goal_text
+from goaltender.protocol import messages as p
+from goaltender.protocol.budget import GoalTextError, parse_goal_text
 from goaltender.storage.records import tokens_used
 
 # An agent metering its tokens the way the built-in ones do: cumulative counters, one point a turn.
@@ -42,7 +42,7 @@ async def test_the_runner_stops_an_agent_past_its_token_budget(start_runner, con
     goal_id = await submit(client, "spend tokens, max 50k tokens, max 3 experiments", agent="a")
     events = await events_until_report(client, goal_id, timeout=60)
 
-    status = (await client.call(p.Status, p.StatusReply, goal_id=goal_id)).goals[0]
+    status = (await client.request(p.Status(goal_id=goal_id))).goals[0]
     assert status.goal.state == "finished"
     assert status.goal.end_reason == "token budget used: 50,000/50,000 tokens"
     assert status.tokens_used == 50_000

@@ -23,8 +23,8 @@ from conftest import BIN, eventually, submit, vouched, write_agent
 
 from goaltender.agents.codex_config import ALLOWED_VERBS
 from goaltender.agents.policy import CONTROL_VERBS
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.runner.server import MAX_GOAL_CONNECTIONS, MAX_IN_FLIGHT
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -45,8 +45,8 @@ attempt() {{ name=$1; shift; out=$("$@" 2>&1); rc=$?
   printf '%s\\t%s\\t%s\\n' "$name" "$rc" "$(printf '%s' "$out" | tr '\\n\\t' '  ' | cut -c1-600)" >> results.tsv; }}
 cat > raw.py <<'EOF'
 import asyncio, os, sys
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 async def main(kind, arg):
     socket = os.environ.get("RAW_SOCKET") or os.environ["GOALTENDER_SOCKET"]
     try:
@@ -57,7 +57,7 @@ async def main(kind, arg):
     async with runner:
         try:
             if kind == "decide":  # in the owner's name, as the bot would say it
-                await runner.call(p.Decide, p.DecisionReply, approval_id=int(arg), approve=True, by="slack:UOWNER")
+                await runner.request(p.Decide(approval_id=int(arg), approve=True, by="slack:UOWNER"))
             elif kind == "nul":  # bwrap's options smuggled in through the experiment's environment
                 smuggle = p.RunExperiment.model_construct(id=1, goal_id=int(arg), command=["true"],
                     description="smuggle", env={{"X": "a\\0--bind\\0/\\0/host"}})  # unchecked here
@@ -165,8 +165,8 @@ BARE_ATTEMPTS = ["bare-operator-socket", "bare-default-socket", "bare-goal-B-soc
 
 
 async def goal_b_state(runner, operator: RunnerClient, b: int) -> dict:
-    summary = await operator.call(p.Summary, p.SummaryReply, goal_id=b)
-    diary = await operator.call(p.ReadDiary, p.DiaryReply, goal_id=b)
+    summary = await operator.request(p.Summary(goal_id=b))
+    diary = await operator.request(p.ReadDiary(goal_id=b))
     return {
         "state": summary.status.goal.state,
         "budget": summary.status.goal.budget,
@@ -190,12 +190,12 @@ async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
     b = await submit(operator, "victim goal, max 5 experiments", agent="victim")
 
     async def b_waits():
-        status = (await operator.call(p.Status, p.StatusReply, goal_id=b)).goals[0]
+        status = (await operator.request(p.Status(goal_id=b))).goals[0]
         return status.pending_approvals and status
 
     b_status = await eventually(b_waits)
     [b_approval] = b_status.pending_approvals
-    await operator.call(p.Steer, p.Done, goal_id=b, text="operator note", author="ana")
+    await operator.request(p.Steer(goal_id=b, text="operator note", author="ana"))
     before = await goal_b_state(runner, operator, b)
     [b_experiment] = before["ledger"]
 
@@ -243,15 +243,15 @@ async def test_an_agent_cannot_act_on_another_goal_or_decide_its_own_approvals(
 
     # Nothing of B changed, and A's own approval still waits for a person.
     assert await goal_b_state(runner, operator, b) == before
-    [message] = (await operator.call(p.ReadInbox, p.InboxReply, goal_id=b, all=True)).messages
+    [message] = (await operator.request(p.ReadInbox(goal_id=b, all=True))).messages
     assert message.text == "operator note" and message.read_at is None  # not even read by A
     own = int((workspace / "own-approval").read_text())
-    a_status = (await operator.call(p.Status, p.StatusReply, goal_id=a)).goals[0]
+    a_status = (await operator.request(p.Status(goal_id=a))).goals[0]
     assert [x.id for x in a_status.pending_approvals] == [own]
     assert a_status.goal.state == "waiting_for_approval" and a_status.goal.budget == before["budget"]
 
     # Every attempt that reached the runner is in the audit trail, as refused, with its real actor.
-    audit = await operator.call(p.Audit, p.AuditReply)
+    audit = await operator.request(p.Audit())
     refused = [e for e in audit.entries if e.actor == f"agent of goal {a}"]
     assert all(e.outcome == "refused" for e in refused)
     assert len(refused) == len(CONTROL_ATTEMPTS) + len(OTHER_GOAL_ATTEMPTS)
@@ -277,24 +277,20 @@ async def test_an_agent_cannot_log_metrics_into_another_goals_run(start_runner, 
     MLflow mirror showed the points in the other goal's run)."""
     runner, operator, a, b = await _two_idle_goals(start_runner, connect, tmp_path)
     agent_b = await RunnerClient.connect_unix(runner.settings.agent_socket(b), client="agent")
-    ran = await agent_b.call(
-        p.RunExperiment,
-        p.ExperimentReply,
-        goal_id=b,
-        command=["sh", "-c", "echo acc: 0.5"],
-        description="b's run",
+    ran = await agent_b.request(
+        p.RunExperiment(goal_id=b, command=["sh", "-c", "echo acc: 0.5"], description="b's run")
     )
     await agent_b.close()
     agent_a = await RunnerClient.connect_unix(runner.settings.agent_socket(a), client="agent")
     point = {"name": "injected", "value": 12345.0, "step": 1}
     with pytest.raises(p.ProtocolError, match=rf"goal #{a} has no experiment #{ran.experiment.id}"):
-        await agent_a.call(p.LogMetrics, p.Done, goal_id=a, experiment_id=ran.experiment.id, points=[point])
+        await agent_a.request(p.LogMetrics(goal_id=a, experiment_id=ran.experiment.id, points=[point]))
     with pytest.raises(p.ProtocolError, match=rf"goal #{a} has no experiment #999"):
-        await agent_a.call(p.LogMetrics, p.Done, goal_id=a, experiment_id=999, points=[point])
-    await agent_a.call(p.LogMetrics, p.Done, goal_id=a, points=[point])  # its own goal's: still fine
+        await agent_a.request(p.LogMetrics(goal_id=a, experiment_id=999, points=[point]))
+    await agent_a.request(p.LogMetrics(goal_id=a, points=[point]))  # its own goal's: still fine
     await agent_a.close()
     for goal in (a, b):
-        series = await operator.call(p.GetSeries, p.SeriesReply, goal_id=goal, name="injected")
+        series = await operator.request(p.GetSeries(goal_id=goal, name="injected"))
         assert series.points == ([(1.0, 12345.0)] if goal == a else [])
 
 
@@ -319,11 +315,11 @@ async def test_an_agent_cannot_take_the_runners_connections_or_memory(start_runn
     other = await RunnerClient.connect_unix(
         runner.settings.agent_socket(b), "agent"
     )  # other goals are served
-    await other.call(p.ReportMilestone, p.Done, goal_id=b, title="still here")
-    await operator.call(p.Status, p.StatusReply)
+    await other.request(p.ReportMilestone(goal_id=b, title="still here"))
+    await operator.request(p.Status())
     await held.pop().close()
     again = await eventually(lambda: _connected(runner.settings.agent_socket(a)))
-    await again.call(p.ReportMilestone, p.Done, goal_id=a, title="one closed, one more in")
+    await again.request(p.ReportMilestone(goal_id=a, title="one closed, one more in"))
 
     # Requests in flight: a handler that waits shows how many of a connection's the runner took on.
     started, release = [], asyncio.Event()
@@ -385,7 +381,7 @@ async def test_a_foreign_uid_is_refused(start_runner, connect, tmp_path):
     assert "uid 65534 (nobody) is not an operator of this runner" in refused.stderr
     assert f"operators: uid {os.getuid()}" in refused.stderr and "GOALTENDER_OPERATORS" in refused.stderr
     operator = await connect(runner)
-    [entry] = (await operator.call(p.Audit, p.AuditReply)).entries
+    [entry] = (await operator.request(p.Audit())).entries
     assert (entry.actor, entry.action, entry.outcome) == ("uid 65534 (nobody)", "hello", "refused")
 
 
@@ -407,17 +403,17 @@ async def test_operators_are_recorded_as_who_they_vouch_for(start_runner, connec
     goal = await submit(bot, "asks twice, max 1 experiments", agent="a", owner="slack:U123")
 
     async def pending():
-        return (await bot.call(p.Status, p.StatusReply, goal_id=goal)).goals[0].pending_approvals
+        return (await bot.request(p.Status(goal_id=goal))).goals[0].pending_approvals
 
     [first] = await eventually(pending)
-    decided = await bot.call(p.Decide, p.DecisionReply, approval_id=first.id, approve=True, by="slack:U123")
+    decided = await bot.request(p.Decide(approval_id=first.id, approve=True, by="slack:U123"))
     assert decided.approval.decided_by == f"slack:U123 via goaltender-bot (uid {os.getuid()})"
     [second] = await eventually(lambda: _other_than(pending, first.id))
     approved = await _cli(runner, "approve", str(second.id))
     assert approved.returncode == 0, approved.stderr
     me = f"uid {os.getuid()} ({_user()})"
     assert (await runner.store.get_approval(second.id)).decided_by == me
-    entries = (await bot.call(p.Audit, p.AuditReply, goal_id=goal)).entries
+    entries = (await bot.request(p.Audit(goal_id=goal))).entries
     assert [(e.actor, e.action, e.outcome) for e in entries] == [
         (f"slack:U123 via goaltender-bot (uid {os.getuid()})", "submit", "done"),
         (f"slack:U123 via goaltender-bot (uid {os.getuid()})", "approve", "done"),
@@ -448,7 +444,7 @@ async def test_the_sandbox_keeps_supervision_working(start_runner, connect, tmp_
     await eventually(
         lambda: _state(runner, goal, lambda g: g.state == "finished"),
     )
-    [row] = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+    [row] = (await client.request(p.Summary(goal_id=goal))).ledger
     assert row.status == "keep" and row.verified and row.metric_value == 0.8
     assert row.cpu_seconds >= 0.35 and row.metrics["run/acc"] == 0.7  # the run's, measured through bwrap
     eval_log = (Path(row.log_path).parent / "eval.log").read_text()
@@ -473,12 +469,12 @@ async def test_the_runner_follows_no_link_the_agent_leaves_in_its_workspace(star
     client = await connect(runner)
     goal = await submit(client, "links, max 3 experiments", agent="a")
     await eventually(lambda: _state(runner, goal, lambda g: g.state == "finished"))
-    ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+    ledger = (await client.request(p.Summary(goal_id=goal))).ledger
     assert [(e.status, e.note.split(":")[0]) for e in ledger] == [("crash", "could not start")] * 2
     assert "Too many levels of symbolic links" in ledger[0].note
     assert secret.read_text() == "the runner's own\n" and not (runner.settings.home / "run.log").exists()
     with pytest.raises(p.ProtocolError, match="cannot be read"):  # nor read out through the link
-        await client.call(p.GetLog, p.LogReply, experiment_id=ledger[0].id)
+        await client.request(p.GetLog(experiment_id=ledger[0].id))
     workspace = Path((await runner.store.get_goal(goal)).workspace)
     assert (workspace / "log.rc").read_text() == "4\n" and "cannot be read" in (
         workspace / "log.out"
@@ -621,7 +617,7 @@ async def test_a_goals_caches_are_its_own_and_go_with_it(start_runner, connect, 
     second = await submit(client, "cache again, max 2 experiments", agent="a")
     await eventually(lambda: _state(runner, second, lambda g: g.state == "finished"))
     for goal in (first, second):
-        ledger = (await client.call(p.Summary, p.SummaryReply, goal_id=goal)).ledger
+        ledger = (await client.request(p.Summary(goal_id=goal))).ledger
         said = [Path(row.log_path).read_text().splitlines()[0] for row in ledger]
         assert said == ["none", f"kept by {goal}"], said  # its own first run's, never the other goal's
         assert not runner.settings.goal_cache(goal).exists()

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goaltender.runner import protocol as p
-from goaltender.runner.client import RunnerClient, RunnerUnavailable
+from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient, RunnerUnavailable
 from goaltender.runner.report import BEST_CHECKPOINT_STEP
 from goaltender.storage.direction import sign
 from goaltender.storage.records import Curves, MetricPoint
@@ -184,11 +184,11 @@ class RunnerLink:
     async def milestone(self, title: str, text: str, curves: Curves | None) -> None:
         await self._call(p.ReportMilestone, title=title[:300], text=text, curves=curves)
 
-    async def _call(self, kind: type[p.Request], **fields: object) -> None:
+    async def _call(self, kind: type[p.LogMetrics] | type[p.ReportMilestone], **fields: object) -> None:
         if self.failed:
             return
         try:
-            await self.client.call(kind, p.Done, goal_id=self.goal_id, **fields)
+            await self.client.request(kind(goal_id=self.goal_id, **fields))
         except (p.ProtocolError, RunnerUnavailable) as exc:
             self.failed = True  # the goal ended or the runner went: training goes on regardless
             say(f"the runner did not take {kind.model_fields['type'].default}: {exc}; no more reports")

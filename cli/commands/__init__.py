@@ -6,7 +6,7 @@ paid on every milestone and metric.
 One module per audience: box.py (processes and set-up on the GPU box: runner, bot, service, demo,
 doctor, preflight, fetch, backup, restore), operator.py (people driving goals: submit, status, …,
 skills), agent.py (the verbs an agent runs from inside its goal: milestone, metrics, experiment, …;
-the hottest of them talk through runner/quick_client.py, on the standard library alone).
+the hottest of them talk through protocol/quick_client.py, on the standard library alone).
 
 A name of two words ("skills edit") is a verb of a group: `goaltender skills edit …`. Old names stay
 as aliases (ALIASES), accepted but not listed."""

@@ -3,7 +3,7 @@ environment): milestone, metrics, experiment, nemo-rl, ask, stage-done, cross-ch
 report, skills edit.
 
 Each is a process of its own, paid on every milestone and metric, so this module imports the
-standard library's lightest and runner/quick_client.py alone: milestone, metrics, diary write and
+standard library's lightest and protocol/quick_client.py alone: milestone, metrics, diary write and
 report send plain JSON through it (no pydantic, no asyncio; tests/test_cli_quick.py). The verbs that
 wait on the runner (experiment, ask, …) import the protocol and the asyncio client when they run."""
 
@@ -32,15 +32,15 @@ from goaltender.cli.common import (
     read_text,
     whole_number,
 )
-from goaltender.runner.quick_client import encode
+from goaltender.protocol.quick_client import encode
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from typing import Any
 
-    from goaltender.runner import protocol as p
-    from goaltender.runner.client import RunnerClient
+    from goaltender.protocol import messages as p
+    from goaltender.protocol.client import RunnerClient
 
 
 def _decided(approval: p.Approval) -> str:
@@ -53,7 +53,7 @@ def _decided(approval: p.Approval) -> str:
 DECIDED_EXIT = {"approved": EXIT_OK, "rejected": EXIT_NO}  # else expired
 
 
-# ---- the quick verbs: plain JSON through runner/quick_client.py ----
+# ---- the quick verbs: plain JSON through protocol/quick_client.py ----
 
 
 class Milestone(Command):
@@ -128,13 +128,13 @@ class Diary(Command):
         return self.read(args)
 
     def read(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         kind = "handoff" if args.handoff else None
         fields = talk.checked(p.ReadDiary, goal_id=goal_id(args), last=args.last, kind=kind)
 
         async def body(runner: RunnerClient) -> None:
-            diary = await runner.call(p.ReadDiary, p.DiaryReply, **fields)
+            diary = await runner.request(p.ReadDiary(**fields))
             if not diary.entries:
                 print("(the diary is empty)")
             for e in diary.entries:
@@ -231,7 +231,7 @@ class Experiment(Command):
         goal_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
@@ -283,7 +283,7 @@ class NemoRL(Command):
         add_recipe_parsers(parser, recipe_arguments)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
         from goaltender.training.launch import LaunchError, plan
 
         goal = goal_id(args)
@@ -328,10 +328,10 @@ class NemoRL(Command):
 def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitable[int]]:
     """Run the experiment and print its ledger row."""
     from goaltender.display.params import format_params
-    from goaltender.runner import protocol as p
+    from goaltender.protocol import messages as p
 
     async def body(runner: RunnerClient) -> int:
-        reply = await runner.call(p.RunExperiment, p.ExperimentReply, **fields)
+        reply = await runner.request(p.RunExperiment(**fields))
         e = reply.experiment
         how = " (verified by the runner)" if e.verified else " (reported)"
         value = f"{e.metric_name} = {e.metric_value:.4g}{how}" if e.metric_value is not None else "no metric"
@@ -416,7 +416,7 @@ class Ask(Command):
         goal_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(
             p.Ask,
@@ -428,7 +428,7 @@ class Ask(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            approval = (await runner.call(p.Ask, p.DecisionReply, **fields)).approval
+            approval = (await runner.request(p.Ask(**fields))).approval
             print(_decided(approval))
             return DECIDED_EXIT.get(approval.state, EXIT_EXPIRED)
 
@@ -450,7 +450,7 @@ class StageDone(Command):
         goal_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         summary = read_text(args.file.read_bytes, str(args.file)) if args.file else args.summary
         if not summary:
@@ -465,7 +465,7 @@ class StageDone(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            reply = await runner.call(p.StageDone, p.StageReply, **fields)
+            reply = await runner.request(p.StageDone(**fields))
             print(_decided(reply.approval))
             if reply.approval.state == "approved":
                 print(f"stage {reply.goal.stage + 1}/{len(reply.goal.stages)}: {reply.goal.stage_name}")
@@ -492,7 +492,7 @@ class CrossCheck(Command):
         goal_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(
             p.CrossCheck,
@@ -507,7 +507,7 @@ class CrossCheck(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            reply = await runner.call(p.CrossCheck, p.CrossCheckReply, **fields)
+            reply = await runner.request(p.CrossCheck(**fields))
             if reply.differing == 0:
                 print(f"agreed: {reply.compared} numbers")
             else:
@@ -526,12 +526,12 @@ class Inbox(Command):
         goal_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(p.ReadInbox, goal_id=goal_id(args), all=args.all)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.call(p.ReadInbox, p.InboxReply, **fields)
+            reply = await runner.request(p.ReadInbox(**fields))
             if not reply.messages:
                 print("(no new messages)")
             for m in reply.messages:
@@ -565,7 +565,7 @@ class SkillsEdit(Command):
         goal_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         content = read_file_or_stdin(args.file)
         fields = talk.checked(
@@ -579,7 +579,7 @@ class SkillsEdit(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            reply = await runner.call(p.SkillEdit, p.SkillEditReply, **fields)
+            reply = await runner.request(p.SkillEdit(**fields))
             print(_decided(reply.approval))
             print(reply.message)
             if reply.approval.state == "approved":

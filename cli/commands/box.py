@@ -27,8 +27,8 @@ TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of P
 if TYPE_CHECKING:
     from typing import Any
 
-    from goaltender.runner.client import RunnerClient
-    from goaltender.runner.fetch_spec import FetchSpec
+    from goaltender.protocol.client import RunnerClient
+    from goaltender.protocol.fetch_spec import FetchSpec
     from goaltender.storage.records import HubFetch
 
 
@@ -84,7 +84,7 @@ class Demo(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.demo import run_demo
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         talk.require_sound_interpreter()  # its runner runs in this process: the default goal's `budget 3m` too
         if args.goal is not None:
@@ -304,7 +304,7 @@ class Fetch(Command):
         parser.add_argument("--keep-free", type=COUNT, default=0, help=argparse.SUPPRESS)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner.fetch_spec import FetchSpec, spec_problem
+        from goaltender.protocol.fetch_spec import FetchSpec, spec_problem
 
         spec = FetchSpec(args.repo, args.repo_type, args.revision, tuple(args.include))
         if problem := spec_problem(spec):
@@ -318,7 +318,7 @@ class Fetch(Command):
 
 def _fetch_through_the_runner(args: argparse.Namespace, spec: FetchSpec) -> int:
     """Inside a goal: the runner downloads, outside the sandbox, and records it."""
-    from goaltender.runner import protocol as p
+    from goaltender.protocol import messages as p
 
     fields = talk.checked(
         p.Fetch,
@@ -330,7 +330,7 @@ def _fetch_through_the_runner(args: argparse.Namespace, spec: FetchSpec) -> int:
     )
 
     async def body(runner: RunnerClient) -> int:
-        reply = await runner.call(p.Fetch, p.FetchReply, **fields)
+        reply = await runner.request(p.Fetch(**fields))
         if reply.fetch is None:
             print(f"goaltender: {reply.failure}", file=sys.stderr)
             return EXIT_NO

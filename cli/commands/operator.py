@@ -20,8 +20,8 @@ TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of P
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from goaltender.runner import protocol as p
-    from goaltender.runner.client import RunnerClient
+    from goaltender.protocol import messages as p
+    from goaltender.protocol.client import RunnerClient
 
 
 def print_status(status: p.GoalStatus) -> None:
@@ -45,13 +45,13 @@ class Submit(Command):
         parser.add_argument("--agent", help="agent to run the goal (default: the runner's default)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(p.SubmitGoal, text=args.text, owner=args.owner, agent=args.agent)
         talk.check_goal_words(args.text)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.call(p.SubmitGoal, p.GoalReply, **fields)
+            reply = await runner.request(p.SubmitGoal(**fields))
             print_status(reply.status)
 
         return talk.run(args, body)
@@ -69,7 +69,7 @@ class Status(Command):
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         if args.goal_id is not None:
             fields = talk.checked(p.Status, goal_id=args.goal_id)
@@ -79,7 +79,7 @@ class Status(Command):
             fields = talk.checked(p.Status, active_only=True)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.call(p.Status, p.StatusReply, **fields)
+            reply = await runner.request(p.Status(**fields))
             for status in reply.goals:
                 print_status(status)
             if not reply.goals:
@@ -100,12 +100,12 @@ class Summary(Command):
         parser.add_argument("goal_id", type=ID)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(p.Summary, goal_id=args.goal_id)
 
         async def body(runner: RunnerClient) -> None:
-            print((await runner.call(p.Summary, p.SummaryReply, **fields)).text)
+            print((await runner.request(p.Summary(**fields))).text)
 
         return talk.run(args, body)
 
@@ -121,14 +121,14 @@ class DoneRequest(Command):
         """What to refuse before the runner is asked, beyond what the model refuses."""
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         self.check(args)
         kind = p.REQUEST_MODELS[self.request]
         fields = talk.checked(kind, **{field: getattr(args, field) for field in self.fields})
 
         async def body(runner: RunnerClient) -> None:
-            print((await runner.call(kind, p.Done, **fields)).message)
+            print((await runner.request(kind(**fields), p.Done)).message)
 
         return talk.run(args, body)
 
@@ -187,14 +187,14 @@ class Approve(Command):
         parser.add_argument("--comment")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(
             p.Decide, approval_id=args.approval_id, approve=self.approve, comment=args.comment
         )
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.call(p.Decide, p.DecisionReply, **fields)
+            reply = await runner.request(p.Decide(**fields))
             print(f"approval #{reply.approval.id} {reply.approval.state}")
 
         return talk.run(args, body)
@@ -210,12 +210,12 @@ class Audit(Command):
         parser.add_argument("--limit", type=COUNT, default=200, help="the newest N entries (default 200)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(p.Audit, goal_id=args.goal_id, limit=args.limit)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.call(p.Audit, p.AuditReply, **fields)
+            reply = await runner.request(p.Audit(**fields))
             for e in reply.entries:
                 goal = f"goal #{e.goal_id}" if e.goal_id is not None else "-"
                 print(f"{e.ts:%Y-%m-%d %H:%M:%S}  {e.actor}  {e.action}  {goal}  {e.outcome}  {e.detail}")
@@ -240,7 +240,7 @@ class Prune(Command):
         """runner.db through the runner when it runs (another process writing its file would stop
         it), else here; bot.db here (SQLite lets the bot and this write it in turn)."""
         from goaltender import lifecycle
-        from goaltender.runner.quick_client import RunnerUnavailable, encode, exchange
+        from goaltender.protocol.quick_client import RunnerUnavailable, encode, exchange
 
         try:
             request = encode({"type": "prune", "days": args.days, "dry_run": args.dry_run})
@@ -266,7 +266,7 @@ class Events(Command):
         parser.add_argument("--follow", "-f", action="store_true")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         talk.checked(p.Subscribe, since=args.since, goal_id=args.goal_id)
 
@@ -287,13 +287,13 @@ class DiskUsage(Command):
         parser.add_argument("goal_id", nargs="?", type=ID, help="only this goal (an agent: its own)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
         from goaltender.runner.report import format_bytes
 
         fields = talk.checked(p.DiskUsage, goal_id=args.goal_id)  # an agent is answered for its own goal
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.call(p.DiskUsage, p.DiskUsageReply, **fields)
+            reply = await runner.request(p.DiskUsage(**fields))
             for goal in reply.goals:
                 print(f"goal #{goal.goal_id} ({goal.state}): {format_bytes(goal.total)}")
                 for line in goal.lines:
@@ -309,7 +309,7 @@ class Log(Command):
         parser.add_argument("--offset", type=COUNT, default=0)
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         talk.checked(p.GetLog, experiment_id=args.experiment_id, offset=args.offset)
         shown = isinstance(sys.stdout, PlainTerminal)  # shown, not saved: decoded and cleaned as it comes
@@ -345,12 +345,12 @@ class SkillsLog(Command):
         parser.add_argument("--limit", type=COUNT, default=20, help="how many commits (default 20)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(p.SkillLog, limit=args.limit)
 
         async def body(runner: RunnerClient) -> None:
-            for c in (await runner.call(p.SkillLog, p.SkillLogReply, **fields)).commits:
+            for c in (await runner.request(p.SkillLog(**fields))).commits:
                 print(f"{c.commit}  {c.at:%Y-%m-%d %H:%M}  {c.subject}")
 
         return talk.run(args, body)
@@ -363,11 +363,11 @@ class SkillsRevert(Command):
         parser.add_argument("commit", help="the commit's hash (from `goaltender skills log`)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from goaltender.runner import protocol as p
+        from goaltender.protocol import messages as p
 
         fields = talk.checked(p.RevertSkill, commit=args.commit)
 
         async def body(runner: RunnerClient) -> None:
-            print((await runner.call(p.RevertSkill, p.Done, **fields)).message)
+            print((await runner.request(p.RevertSkill(**fields))).message)
 
         return talk.run(args, body)

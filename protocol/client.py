@@ -1,7 +1,7 @@
 """A small asyncio client for the runner protocol, over any line stream.
 
     async with await RunnerClient.connect_unix(path, client="bot") as runner:
-        reply = await runner.call(p.Status, p.StatusReply, goal_id=3)
+        reply = await runner.request(p.Status(goal_id=3))
         head = await runner.subscribe(since=0)
         async for event in runner.events():
             ...
@@ -23,16 +23,16 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from pydantic import ValidationError
 
-from goaltender.runner import protocol as p
-from goaltender.runner import versions, wire
-from goaltender.runner.quick_client import RunnerUnavailable as RunnerUnavailable
-from goaltender.runner.quick_client import socket_from_env as socket_from_env
-from goaltender.runner.quick_client import unix_address as unix_address
-from goaltender.runner.quick_client import unreachable
+from goaltender.protocol import messages as p
+from goaltender.protocol import versions, wire
+from goaltender.protocol.quick_client import RunnerUnavailable as RunnerUnavailable
+from goaltender.protocol.quick_client import socket_from_env as socket_from_env
+from goaltender.protocol.quick_client import unix_address as unix_address
+from goaltender.protocol.quick_client import unreachable
 from goaltender.storage.records import Event, MetricPoint, UnreadableEvent, utcnow
 
 R = TypeVar("R", bound=p.Reply)
@@ -156,7 +156,7 @@ class RunnerClient:
             raise
 
     async def hello(self, client: str) -> RunnerClient:
-        """Say hello: at the newest protocol version both speak (runner/versions.py), asking for
+        """Say hello: at the newest protocol version both speak (protocol/versions.py), asking for
         the runner's identity. A runner that predates a field of the hello (`identity`, `oldest`)
         refuses it, and is asked again without; one sharing no version raises ProtocolError
         (`version_mismatch`) with the line naming what to upgrade."""
@@ -166,7 +166,7 @@ class RunnerClient:
             fields["oldest"] = oldest
         while True:
             try:
-                welcome = await self.call(p.Hello, p.Welcome, **fields)
+                welcome = await self.request(p.Hello(**fields))
                 break
             except p.ProtocolError as exc:
                 fields = _hello_again(fields, exc, client)
@@ -190,12 +190,11 @@ class RunnerClient:
             self._stream.close()
             await self._stream.wait_closed()
 
-    async def call(self, kind: type[p.Request], expect: type[R], /, **fields) -> R:
-        """Build a `kind` request with a fresh id, send it, and return its reply."""
-        return await self.request(_built(kind, next(self._ids), fields), expect)
-
-    async def request(self, request: p.Request, expect: type[R]) -> R:
-        """Send one request and wait for its `expect` reply; an `error` reply raises ProtocolError."""
+    async def request(self, request: p.Request[R], expect: type[R] | None = None) -> R:
+        """Send one request (numbered here, when built without an id) and wait for its reply, the request's `reply_type`
+        (mypy knows it: `await runner.request(p.Stop(goal_id=3))` is a p.Done). An `error` reply,
+        or a reply of another type, raises ProtocolError."""
+        request = self._numbered(request)
         future: asyncio.Future[p.AnyReply] = asyncio.get_running_loop().create_future()
         self._pending[request.id] = future
         try:
@@ -203,17 +202,13 @@ class RunnerClient:
             reply = await future
         finally:
             self._pending.pop(request.id, None)
-        return _expected(reply, expect)
+        return _expected(reply, expect or _reply_type(request))
 
-    async def call_many(
-        self, kind: type[p.Request], expect: type[R], /, many: Sequence[dict[str, Any]]
-    ) -> list[R]:
-        """Send one `kind` request per item of `many` without waiting between them, then return
-        their replies in order: one round trip for all. The first `error` reply raises ProtocolError
-        (the runner still answered the rest; each was handled on its own)."""
-        return await self.request_many([_built(kind, next(self._ids), fields) for fields in many], expect)
-
-    async def request_many(self, requests: Sequence[p.Request], expect: type[R]) -> list[R]:
+    async def request_many(self, requests: Sequence[p.Request[R]]) -> list[R]:
+        """Send every request without waiting between them, then return their replies in order:
+        one round trip for all. The first `error` reply raises ProtocolError (the runner still
+        answered the rest; each was handled on its own)."""
+        requests = [self._numbered(request) for request in requests]
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[p.AnyReply]] = []
         for request in requests:
@@ -225,7 +220,14 @@ class RunnerClient:
         finally:
             for request in requests:
                 self._pending.pop(request.id, None)
-        return [_expected(reply, expect) for reply in replies]
+        return [
+            _expected(reply, _reply_type(request)) for reply, request in zip(replies, requests, strict=True)
+        ]
+
+    def _numbered(self, request: p.Request[R]) -> p.Request[R]:
+        """A request built to be sent (id 0, Request.__init__) gets the next id; one with an id of
+        its own (call(), a test's hand-made line) keeps it."""
+        return request.model_copy(update={"id": next(self._ids)}) if request.id == 0 else request
 
     async def subscribe(self, since: int = 0, goal_id: int | None = None, *, batch: bool = True) -> int:
         """Ask for events with seq > since (of one goal, or all); returns the newest seq right now.
@@ -233,7 +235,7 @@ class RunnerClient:
         the runner sends many events a line (a runner too old for that sends them one a line)."""
         if batch and self._batches is not False:
             try:
-                reply = await self.call(p.Subscribe, p.Subscribed, since=since, goal_id=goal_id, batch=True)
+                reply = await self.request(p.Subscribe(since=since, goal_id=goal_id, batch=True))
             except p.ProtocolError as exc:  # an older runner: `batch` is a field it does not know
                 if exc.error.code != "bad_request" or "batch" not in exc.error.message:
                     raise
@@ -241,7 +243,7 @@ class RunnerClient:
             else:
                 self._batches = True
                 return reply.head
-        reply = await self.call(p.Subscribe, p.Subscribed, since=since, goal_id=goal_id)
+        reply = await self.request(p.Subscribe(since=since, goal_id=goal_id))
         return reply.head
 
     async def events(self) -> AsyncIterator[Event]:
@@ -382,6 +384,10 @@ class RunnerClient:
             self._events.put_nowait(error)  # why the link dropped reaches events() readers too
 
 
+def _reply_type(request: p.Request[R]) -> type[R]:
+    return cast("type[R]", type(request).reply_type)  # what Request[R] says, kept by the class
+
+
 def _expected(reply: p.AnyReply, expect: type[R]) -> R:
     """`reply` when it is an `expect`; an `error` reply (or any other) raises ProtocolError."""
     if isinstance(reply, p.Error):
@@ -430,8 +436,8 @@ class MetricBuffer:
     async def flush(self) -> None:
         points, self._points = self._points, []
         if points:
-            await self.runner.call(
-                p.LogMetrics, p.Done, goal_id=self.goal_id, points=points, experiment_id=self.experiment_id
+            await self.runner.request(
+                p.LogMetrics(goal_id=self.goal_id, points=points, experiment_id=self.experiment_id)
             )
 
     async def __aenter__(self) -> MetricBuffer:
@@ -447,15 +453,6 @@ def _raw_log_reply(line: bytes) -> bool:
     except (ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and raw.get("type") == "log" and "raw_bytes" in raw
-
-
-def _built(kind: type[p.Request], request_id: int, fields: dict[str, Any]) -> p.Request:
-    """The request, or the ProtocolError the runner would answer it with (`bad_request`, one line):
-    a caller handles a request it could not build as one refused, never as pydantic's dump."""
-    try:
-        return kind(id=request_id, **fields)
-    except ValidationError as exc:
-        raise p.ProtocolError(p.invalid_request(kind, request_id, exc)) from None
 
 
 def _salvage(line: bytes, exc: ValidationError) -> p.EventMessage | p.Error | None:

@@ -3,7 +3,7 @@ verbs that send a request or a few and exit (`goaltender milestone`, `metrics`, 
 
 Every agent verb is a process of its own: importing pydantic and asyncio for RunnerClient cost
 several times a bare Python's start-up on every milestone and metric (issue 13). Here a request is
-the JSON of a plain dict shaped as runner/protocol.py's model encodes it; the runner validates it.
+the JSON of a plain dict shaped as protocol/messages.py's model encodes it; the runner validates it.
 
     [reply] = exchange(socket_from_env(), "cli:milestone", [encode({"type": "milestone", ...})])
 
@@ -24,14 +24,57 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 
-from goaltender.runner.wire import MAX_LINE, PROTOCOL_VERSION
+from goaltender.protocol.wire import MAX_LINE, PROTOCOL_VERSION
 
 TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of Python's start-up
 if TYPE_CHECKING:
-    from typing import Any, TypeAlias
+    from typing import Any, Literal, TypeAlias, TypedDict, overload
 
     # A path as str or pathlib.Path: pathlib's import is a tenth of a quick verb's start-up.
     SocketPath: TypeAlias = str | os.PathLike[str]
+
+    # The replies as this client hands them back: plain dicts, as protocol/messages.py's models
+    # encode them (named after them), typed for mypy alone; what they hold further in is as the
+    # models say (a Goal, an Experiment, an Approval), read as dicts.
+    class DoneView(TypedDict):
+        id: int
+        type: Literal["done"]
+        message: str
+
+    class WelcomeView(TypedDict):
+        id: int
+        type: Literal["welcome"]
+        version: int
+        runner: str
+
+    class SummaryView(TypedDict):
+        id: int
+        type: Literal["summary"]
+        status: dict[str, Any]  # a GoalStatus
+        ledger: list[dict[str, Any]]  # Experiments
+        text: str
+
+    class ExperimentView(TypedDict):
+        id: int
+        type: Literal["experiment"]
+        experiment: dict[str, Any]
+        new_best: bool
+        stop_status: str
+
+    class DecisionView(TypedDict):
+        id: int
+        type: Literal["decision"]
+        approval: dict[str, Any]
+
+    class InboxView(TypedDict):
+        id: int
+        type: Literal["inbox"]
+        messages: list[dict[str, Any]]  # InboxMessages
+
+    class DiaryView(TypedDict):
+        id: int
+        type: Literal["diary"]
+        entries: list[dict[str, Any]]  # DiaryEntries
 
 
 class RunnerUnavailable(ConnectionError):
@@ -159,7 +202,24 @@ class Session:
         self._buffer = b""
         self._ids = 0
 
-    def call(self, kind: str, expect: str, /, **fields: Any) -> dict[str, Any]:
+    if TYPE_CHECKING:  # the reply's view, by the reply type asked for; start-up pays nothing
+
+        @overload
+        def call(self, kind: str, expect: Literal["done"], /, **fields: Any) -> DoneView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["summary"], /, **fields: Any) -> SummaryView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["experiment"], /, **fields: Any) -> ExperimentView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["decision"], /, **fields: Any) -> DecisionView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["inbox"], /, **fields: Any) -> InboxView: ...
+        @overload
+        def call(self, kind: str, expect: Literal["diary"], /, **fields: Any) -> DiaryView: ...
+        @overload
+        def call(self, kind: str, expect: str, /, **fields: Any) -> dict[str, Any]: ...
+
+    def call(self, kind: str, expect: str, /, **fields: Any) -> Any:
         """Send a `kind` request with `fields` and return its `expect` reply (a dict as the runner
         sent it). An `error` reply raises RunnerRefused; a lost link RunnerUnavailable; a reply
         after the `deadline` TimeoutError."""

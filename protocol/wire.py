@@ -6,7 +6,7 @@ stalled every subscriber), integers past SQLite's 64 bits (an OverflowError deep
 past Python's 4,300-digit conversion limit (a ValueError), nesting deep enough to exhaust the
 recursion limit, and `\\ud800`-style escapes that decode to lone surrogates (valid JSON, but no
 text at all: a reply echoing one cannot be encoded). All of these are refused here, while the line
-is parsed, so the models in runner/protocol.py only ever see UTF-8 text, finite floats, 64-bit
+is parsed, so the models in protocol/messages.py only ever see UTF-8 text, finite floats, 64-bit
 integers and shallow structures (much like I-JSON, RFC 7493). A refused line still gets its error
 reply, echoing the request's id when that id is itself safe to echo.
 """
@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # mypy reads it as True; importing typing is a tenth of P
 if TYPE_CHECKING:
     from typing import Any
 
-# The protocol's own constants live here, free of pydantic, for runner/quick_client.py too.
+# The protocol's own constants live here, free of pydantic, for protocol/quick_client.py too.
 PROTOCOL_VERSION = 1
 MAX_LINE = 1024 * 1024  # bytes, newline included
 MAX_POINTS = 10_000  # metric points in one log_metrics request

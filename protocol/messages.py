@@ -5,10 +5,15 @@ Every line is one message, a pydantic model below, told apart by `type`. A clien
 `event` messages (no id) from the durable, sequence-numbered event log. Lines are capped at
 MAX_LINE bytes; large things (logs, metric series) are fetched by request, with offsets.
 
+Each request carries its contract (Request): the reply that answers it (`class Stop(Request[Done])`,
+so `await client.request(Stop(goal_id=3))` is a Done to mypy too), who may send it (`sender`) and
+how the audit trail records it (`audited`); runner/trust.py and runner/audit.py derive their
+tables from these.
+
 Every request line gets exactly one reply: its answer, or an `error` saying what is wrong with it
 (echoing its id when that is safe to echo). A line over MAX_LINE gets a last `error` and the
 connection is closed, as the rest of it cannot be told from the next request. What a line may hold
-at all (UTF-8, finite numbers, 64-bit integers, limited nesting) is runner/wire.py's; the bounds of
+at all (UTF-8, finite numbers, 64-bit integers, limited nesting) is protocol/wire.py's; the bounds of
 each field are below. `internal` is only ever a bug in the runner, never the client's input.
 """
 
@@ -19,7 +24,7 @@ import gc
 import json
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -32,10 +37,10 @@ from pydantic import (
     model_validator,
 )
 
-from goaltender.runner import wire
-from goaltender.runner.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
-from goaltender.runner.fetch_spec import MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_REVISION_CHARS
-from goaltender.runner.quick_client import RunnerRefused
+from goaltender.protocol import wire
+from goaltender.protocol.budget import MAX_COMPUTE_HOURS, MAX_DURATION_S, MAX_EXPERIMENTS
+from goaltender.protocol.fetch_spec import MAX_PATTERN_CHARS, MAX_PATTERNS, MAX_REVISION_CHARS
+from goaltender.protocol.quick_client import RunnerRefused
 from goaltender.storage.records import (
     Approval,
     AuditEntry,
@@ -105,7 +110,7 @@ LATEST_DEADLINE = datetime(3000, 1, 1, tzinfo=UTC)
 
 def _sensible_budget(budget: Budget) -> Budget:
     """An explicit budget the runner can compute with: a zoned deadline, and limits no larger than
-    the goal text may ask for (runner/budget.py)."""
+    the goal text may ask for (protocol/budget.py)."""
     if budget.deadline is not None:
         if budget.deadline.tzinfo is None:
             raise ValueError("deadline needs a time zone (e.g. 2030-01-01T12:00:00Z)")
@@ -130,443 +135,12 @@ class Message(BaseModel):
     added_fields: ClassVar[frozenset[str]] = frozenset()
 
 
-class Request(Message):
-    # NaN and infinities are refused on the wire (runner/wire.py), and here too for requests made
-    # in Python (the CLI), before they are sent.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
-
-    id: RequestId
-    type: str  # each request narrows it to its own literal
-
-
-# ---- requests from the bot (or any operator client) ----
-# `by` / `author` / `owner` name whom an operator acts for: a Person (the bot: a Slack user, with
-# the name Slack shows), or a plain name (older clients, the CLI's `--by`). The runner's audit
-# trail records "<that> via <client> (uid N)" with the exact id; the text it writes for people
-# and agents names the person by their name (Person.name). It never takes a name from an agent.
-
-
-class Person(BaseModel):
-    """Someone an operator client acts for: where they are known (`kind`, e.g. "slack"), their id
-    there, and the name people know them by (None when it could not be looked up)."""
-
-    model_config = ConfigDict(extra="forbid", defer_build=True)
-
-    kind: str = Field(min_length=1, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$")
-    id: str = Field(min_length=1, max_length=200)
-    name: str | None = Field(default=None, max_length=200)
-
-    def record(self) -> str:
-        """The audit trail's form: the exact id, and the name ("slack:U123 (Alice)")."""
-        who = f"{self.kind}:{self.id}"
-        return f"{who} ({self.name})" if self.name else who
-
-    def said(self) -> str:
-        """How text for people and agents names them: their name ("a Slack user" without one)."""
-        if self.name:
-            return self.name
-        return f"a {self.kind.capitalize()} user" if self.kind == "slack" else f"{self.kind} user {self.id}"
-
-
-Actor = str | Person
-
-
-class Hello(Request):
-    type: Literal["hello"] = "hello"
-    version: Int64
-    client: str = Field(default="anonymous", max_length=200)
-    #: Ask for the runner's identity in the welcome (Welcome.runner_id); a runner that predates it
-    #: refuses the field, and the client says hello again without it.
-    identity: bool = False
-    #: The oldest protocol version the client speaks, when older than `version` (runner/versions.py):
-    #: the runner answers at the newest version both speak.
-    oldest: Int64 | None = None
-    added_fields = frozenset({"identity", "oldest"})
-
-
-class SubmitGoal(Request):
-    """A new goal. Budget phrases in `text` ("budget 5h", "max 20 experiments", ...) are honoured."""
-
-    type: Literal["submit_goal"] = "submit_goal"
-    text: str = Field(min_length=1, max_length=4000)  # blank: refused by parse_goal_text, with an example
-    owner: Actor | None = None  # default: the authenticated operator
-    agent: str | None = None
-    budget: Annotated[Budget, AfterValidator(_sensible_budget)] | None = None  # overrides the text
-    #: The client's own name for this submission: sent again (its reply was lost with the link),
-    #: it gets the goal the first made, not a second one. Per submitting user.
-    key: str | None = Field(default=None, min_length=1, max_length=200)
-    added_fields = frozenset({"key"})
-
-
-class Steer(Request):
-    type: Literal["steer"] = "steer"
-    goal_id: RowId
-    text: Words = Field(min_length=1, max_length=4000)
-    author: Actor | None = None
-
-
-class ChangeBudget(Request):
-    """`change` is budget phrasing: "+2h", "budget 5h", "max 10 experiments", "gpu-hours 8"."""
-
-    type: Literal["change_budget"] = "change_budget"
-    goal_id: RowId
-    change: Words = Field(min_length=1, max_length=200)
-    by: Actor | None = None
-
-
-class Stop(Request):
-    type: Literal["stop"] = "stop"
-    goal_id: RowId
-    by: Actor | None = None
-    reason: str = ""
-
-
-class Pause(Request):
-    type: Literal["pause"] = "pause"
-    goal_id: RowId
-    by: Actor | None = None
-
-
-class Resume(Request):
-    type: Literal["resume"] = "resume"
-    goal_id: RowId
-    by: Actor | None = None
-
-
-class Decide(Request):
-    type: Literal["decide"] = "decide"
-    approval_id: RowId
-    approve: bool
-    by: Actor | None = None
-    comment: str | None = None
-
-
-class Audit(Request):
-    """The audit trail, newest `limit` entries (of one goal, or all), oldest first. Operators only."""
-
-    type: Literal["audit"] = "audit"
-    goal_id: RowId | None = None
-    limit: int = Field(default=200, gt=0, le=10_000)
-
-
-class Prune(Request):
-    """Prune the history of goals that ended `days` ago or more (default: the runner's retention,
-    GOALTENDER_RETENTION_DAYS; storage/pruning.py); `dry_run` says what would go. Operators only."""
-
-    type: Literal["prune"] = "prune"
-    days: int | None = Field(default=None, ge=1, le=100_000)
-    dry_run: bool = False
-
-
-STATUS_PAGE_MAX = 200  # goals per Status reply page: well under MAX_LINE, whatever their ledgers
-
-
-class Status(Request):
-    type: Literal["status"] = "status"
-    goal_id: RowId | None = None  # None: every goal
-    active_only: bool = False  # only goals not yet finished, stopped or failed (cheap on a long history)
-    # A page of history: the newest `limit` goals (with ids under `before`). Without a limit every
-    # goal is listed, which on a long history makes a reply over MAX_LINE.
-    limit: int | None = Field(default=None, gt=0, le=STATUS_PAGE_MAX)
-    before: RowId | None = None
-
-
-class Summary(Request):
-    type: Literal["summary"] = "summary"
-    goal_id: RowId
-
-
-class Subscribe(Request):
-    type: Literal["subscribe"] = "subscribe"
-    since: Seq = 0
-    goal_id: RowId | None = None
-    # Many events a line (`events` messages) rather than one `event` each. A runner older than
-    # this field refuses the request (bad_request), and the client asks again without it; a client
-    # that never sets it gets `event` messages as before.
-    batch: bool = False
-    added_fields = frozenset({"batch"})
-
-
-class Ack(Request):
-    """The client has durably stored every event up to `seq` (kept per client name)."""
-
-    type: Literal["ack"] = "ack"
-    seq: Seq
-
+# ---- replies and pushed messages from the runner (before the requests, which name them) ----
 
 MAX_LOG_CHUNK = 512 * 1024  # bytes of a log in one get_log reply's JSON text
 MAX_RAW_LOG_CHUNK = 4 * 1024 * 1024  # bytes of a log in one raw get_log reply (no line carries them)
 #: The most bytes a raw reply may say follow its line: a chunk, grown by redaction's markers.
 MAX_RAW_BYTES = 4 * MAX_RAW_LOG_CHUNK
-
-
-class GetLog(Request):
-    """A chunk of an experiment's log: the bytes from `offset` (moved on to the first that starts a
-    character, up to 3) to `offset + limit` (moved on likewise); the reply says where it began.
-
-    With `raw`, the chunk is not JSON-encoded into the reply: its `text` is empty, and the chunk's
-    text follows the reply's line as `raw_bytes` bytes of UTF-8, redacted just the same; `limit` may
-    then go up to MAX_RAW_LOG_CHUNK. Neither side encodes or parses a log as JSON, which was most of
-    a fetch's cost. A runner older than `raw` refuses it (bad_request), and the client asks again
-    without it."""
-
-    type: Literal["get_log"] = "get_log"
-    experiment_id: RowId
-    offset: Annotated[int, Field(ge=0, le=wire.INT64_MAX)] = 0
-    limit: int = Field(default=64 * 1024, gt=0, le=MAX_RAW_LOG_CHUNK)
-    raw: bool = False
-    added_fields = frozenset({"raw"})
-
-    @model_validator(mode="after")
-    def _fits_a_line(self) -> GetLog:
-        if not self.raw and self.limit > MAX_LOG_CHUNK:
-            raise ValueError(f"limit: at most {MAX_LOG_CHUNK} bytes in a reply's text (raw replies: more)")
-        return self
-
-
-#: Points in one series reply: a longer series comes thinned evenly (its first and last kept), as
-#: a plot would show it; it fits a line either way.
-MAX_SERIES_POINTS = 20_000
-
-
-class GetSeries(Request):
-    type: Literal["get_series"] = "get_series"
-    goal_id: RowId
-    name: str = Field(max_length=200)  # echoed in the reply
-    experiment_id: RowId | None = None
-
-
-#: The files of an experiment's directory GetArtifact may read (what evaluations write for people).
-Artifact = Literal["hard_cases.png", "errors.json"]
-#: Bigger artifacts are refused: base64 of this many bytes still fits in one line (MAX_LINE).
-MAX_ARTIFACT_BYTES = (MAX_LINE - 4096) * 3 // 4
-
-
-class GetArtifact(Request):
-    """One file an experiment's evaluation wrote (e.g. the star-count gallery of hard cases)."""
-
-    type: Literal["get_artifact"] = "get_artifact"
-    experiment_id: RowId
-    name: Artifact
-
-
-class DiskUsage(Request):
-    """What each goal's workspace holds on the big disk (one goal, or every goal)."""
-
-    type: Literal["disk_usage"] = "disk_usage"
-    goal_id: RowId | None = None
-
-
-# ---- agent verbs (the `goaltender <verb>` CLI and the built-in agents' tools) ----
-
-
-class ReportMilestone(Request):
-    type: Literal["milestone"] = "milestone"
-    goal_id: RowId
-    title: Words = Field(min_length=1, max_length=300)
-    text: str = Field(default="", max_length=20_000)
-    curves: Curves | None = None  # training curves to show with it (the bot draws them)
-
-
-class LogMetrics(Request):
-    type: Literal["log_metrics"] = "log_metrics"
-    goal_id: RowId
-    points: list[MetricPoint] = Field(min_length=1, max_length=MAX_POINTS)
-    experiment_id: RowId | None = None
-
-
-class RunExperiment(Request):
-    """Run `command` under supervision; the reply comes when it has finished."""
-
-    type: Literal["run_experiment"] = "run_experiment"
-    goal_id: RowId
-    command: list[OsText] = Field(min_length=1)
-    description: Words = Field(min_length=1, max_length=2000, description="the hypothesis this run tests")
-    params: dict[str, Any] = Field(default_factory=dict)
-    metric: str | None = None  # the headline metric; defaults to the goal's
-    direction: Literal["maximize", "minimize"] | None = None
-    timeout_s: Seconds | None = None
-    cwd: OsText | None = None
-    env: dict[Annotated[str, AfterValidator(_env_name)], OsText] = Field(default_factory=dict)
-    # Run by the runner itself after a successful run (GOALTENDER_EXPERIMENT_DIR points at the
-    # run's directory); its `metric: value` line becomes the verified headline.
-    eval_command: list[OsText] | None = Field(default=None, min_length=1)
-    # Where it runs and with how many GPUs; default: its goal's, else the box's.
-    executor: Literal["local", "ray", "slurm"] | None = None
-    gpus: int | None = Field(default=None, ge=0, le=1024)
-    # Run it (and its eval) this many times, GOALTENDER_SEED=0, 1, …: the row holds their mean ± sd.
-    repeat: int = Field(default=1, ge=1, le=20)
-
-
-class Ask(Request):
-    """Ask the humans; the reply comes when someone decides or the prompt expires (= rejected)."""
-
-    type: Literal["ask"] = "ask"
-    goal_id: RowId
-    question: Words = Field(min_length=1, max_length=3000)
-    detail: str = Field(default="", max_length=20_000)
-    kind: str = "generic"
-    timeout_s: Seconds | None = None
-
-
-class StageDone(Request):
-    """The agent ends its goal's stage: the humans are asked; the reply comes with their decision."""
-
-    type: Literal["stage_done"] = "stage_done"
-    goal_id: RowId
-    summary: Words = Field(min_length=1, max_length=20_000)
-    document: str | None = Field(default=None, max_length=200_000)  # the plan, say
-    document_name: str | None = Field(default=None, max_length=200)
-
-
-class CrossCheck(Request):
-    """Run two implementations on the same toy input and compare every number both print."""
-
-    type: Literal["cross_check"] = "cross_check"
-    goal_id: RowId
-    description: Words = Field(min_length=1, max_length=2000)
-    a: list[OsText] = Field(min_length=1)
-    b: list[OsText] = Field(min_length=1)
-    rtol: float = Field(default=1e-5, ge=0, le=1)
-    atol: float = Field(default=1e-8, ge=0)
-    cwd: OsText | None = None
-    env: dict[Annotated[str, AfterValidator(_env_name)], OsText] = Field(default_factory=dict)
-
-
-class ReadInbox(Request):
-    type: Literal["read_inbox"] = "read_inbox"
-    goal_id: RowId
-    all: bool = False
-
-
-class WriteDiary(Request):
-    type: Literal["write_diary"] = "write_diary"
-    goal_id: RowId
-    text: Words = Field(min_length=1, max_length=50_000)
-    kind: Literal["note", "handoff"] = "note"
-
-
-class ReadDiary(Request):
-    type: Literal["read_diary"] = "read_diary"
-    goal_id: RowId
-    last: int = Field(default=20, gt=0, le=1000)
-    kind: Literal["note", "handoff"] | None = None
-
-
-class SubmitReport(Request):
-    """The agent's own words for the final report (what was learnt, what to try next)."""
-
-    type: Literal["submit_report"] = "submit_report"
-    goal_id: RowId
-    text: Words = Field(min_length=1, max_length=50_000)
-
-
-class Fetch(Request):
-    """Bring a model or data set from the hub into the shared hub cache, and record it in the
-    goal's ledger. The runner downloads it itself, outside every sandbox (the cache is read-only
-    in them; runner/fetches.py), posting milestones as a big download goes; the reply comes when
-    it is there, or says in one line why not."""
-
-    type: Literal["fetch"] = "fetch"
-    goal_id: RowId
-    repo: OsText = Field(min_length=1, max_length=200)  # owner/name; checked as the hub checks it
-    repo_type: Literal["model", "dataset"] = "model"
-    revision: OsText | None = Field(default=None, max_length=MAX_REVISION_CHARS)
-    include: list[Annotated[OsText, Field(max_length=MAX_PATTERN_CHARS)]] = Field(
-        default_factory=list, max_length=MAX_PATTERNS
-    )
-
-
-# ---- the box's skill folder (runner/skill_folder.py) ----
-MAX_SKILL_EDIT_CHARS = 256_000  # the runner refuses a skill file over 64 KB itself, saying so
-
-
-class SkillEdit(Request):
-    """An agent proposes new content for one file of a skill (SKILL.md or references/<name>) in the
-    box's skill folder. The humans see the diff; the reply comes with their decision, and an
-    approved edit is applied and committed by then (`commit`)."""
-
-    type: Literal["skill_edit"] = "skill_edit"
-    goal_id: RowId
-    skill: str = Field(min_length=1, max_length=64)
-    path: OsText = Field(default="SKILL.md", min_length=1, max_length=300)
-    content: str = Field(max_length=MAX_SKILL_EDIT_CHARS)
-    why: str = Field(default="", max_length=2000)
-    timeout_s: Seconds | None = None
-
-
-class SkillLog(Request):
-    """The skill folder's history, newest first. Operators only."""
-
-    type: Literal["skill_log"] = "skill_log"
-    limit: int = Field(default=20, gt=0, le=1000)
-
-
-class RevertSkill(Request):
-    """Undo one commit of the skill folder with a new commit. Operators only; audited."""
-
-    type: Literal["revert_skill"] = "revert_skill"
-    commit: str = Field(pattern=r"^[0-9a-f]{4,40}$")
-    by: Actor | None = None
-
-
-INPUT_CHUNK = 512 * 1024  # bytes of a file in one PutInput (base64 makes it ~700 kB of a line)
-
-
-class PutInput(Request):
-    """A chunk of a file for a goal's agent (runner/inputs.py): written into its workspace's
-    `inputs/` under a safe name; the last chunk makes it whole and tells the agent in its inbox.
-    `size`: the whole file's bytes; `data`: this chunk, base64. Operators only; audited."""
-
-    type: Literal["put_input"] = "put_input"
-    goal_id: RowId
-    name: str = Field(min_length=1, max_length=255)
-    size: int = Field(ge=1, le=wire.INT64_MAX)
-    offset: int = Field(default=0, ge=0, le=wire.INT64_MAX)
-    data: str = Field(max_length=(INPUT_CHUNK * 4) // 3 + 4)
-    last: bool = True
-    mimetype: str | None = Field(default=None, max_length=200)
-    by: Actor | None = None
-
-
-AnyRequest = Annotated[
-    Hello
-    | SubmitGoal
-    | Steer
-    | ChangeBudget
-    | Stop
-    | Pause
-    | Resume
-    | Decide
-    | Audit
-    | Prune
-    | SkillLog
-    | RevertSkill
-    | PutInput
-    | SkillEdit
-    | Status
-    | Summary
-    | Subscribe
-    | Ack
-    | GetLog
-    | GetSeries
-    | GetArtifact
-    | ReportMilestone
-    | LogMetrics
-    | RunExperiment
-    | Ask
-    | StageDone
-    | CrossCheck
-    | ReadInbox
-    | WriteDiary
-    | ReadDiary
-    | SubmitReport
-    | Fetch,
-    Field(discriminator="type"),
-]
-
-
-# ---- replies and pushed messages from the runner ----
 
 
 class Reply(Message):
@@ -576,7 +150,7 @@ class Reply(Message):
 
 class Welcome(Reply):
     type: Literal["welcome"] = "welcome"
-    version: int = PROTOCOL_VERSION  # the version this connection speaks (runner/versions.py)
+    version: int = PROTOCOL_VERSION  # the version this connection speaks (protocol/versions.py)
     runner: str
     #: The runner's identity (made with its database; a runner with another database has another),
     #: sent to a hello that asks for it: the bot keys a runner's goals by it.
@@ -813,6 +387,598 @@ AnyReply = Annotated[
     | Error,
     Field(discriminator="type"),
 ]
+
+
+# ---- requests ----
+
+
+#: Who may send a request (runner/trust.py enforces it; an operator may send every request):
+#: "operator" — people only, through an operator client; "agent" — the goal's agent too (an agent
+#: verb); "read" — the goal's agent too, of its own goal; "connection" — whoever holds the
+#: connection (hello, ack).
+Sender = Literal["operator", "agent", "read", "connection"]
+SENDERS: tuple[Sender, ...] = ("operator", "agent", "read", "connection")
+
+ReplyT = TypeVar("ReplyT", bound=Reply)
+ReplyModel = type[Reply]  # named out here: in a request's body `type` is its field
+
+
+class _ReplyOf:
+    """What `Request[SomeReply]` is at run time: a base that leaves only Request among the bases
+    and keeps SomeReply as the request's reply type. pydantic's generic models would build a model
+    class for each request instead, paid by every CLI verb's start-up; mypy sees typing.Generic."""
+
+    def __init__(self, base: type | None, reply: Any):
+        self.base = base
+        self.reply = reply
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        return (self.base,) if self.base is not None else ()
+
+
+if TYPE_CHECKING:
+    from typing import Generic as _GenericInReply
+else:
+
+    class _GenericInReply:
+        def __class_getitem__(cls, reply: Any) -> _ReplyOf:
+            return _ReplyOf(None, reply)
+
+
+if TYPE_CHECKING:
+    from pydantic._internal._model_construction import ModelMetaclass as _RequestClass
+else:
+
+    class _RequestClass(type(BaseModel)):
+        def __call__(cls, /, **data: Any) -> Any:
+            """A request built to be sent, without an id (RunnerClient.request numbers it): one the
+            runner would refuse is refused here as it would be, a ProtocolError (`bad_request`,
+            one line), so a caller handles bad input as one refused, never as pydantic's dump.
+            Built with an id (cli.py's checks, tests), or read from a line (model_validate, which
+            never comes here), a request is pydantic's as usual: an id is required."""
+            if "id" in data:
+                return super().__call__(**data)
+            try:
+                return super().__call__(id=0, **data)
+            except ValidationError as exc:
+                raise ProtocolError(invalid_request(cls, None, exc)) from None
+
+
+class Request(Message, _GenericInReply[ReplyT], metaclass=_RequestClass):
+    """A request, and its contract: the reply it gets (its type parameter, `reply_type`), who may
+    send it (`sender`) and how the audit trail records it (`audited`). Every request declares
+    them; a class that does not is refused when it is defined (`__pydantic_init_subclass__`)."""
+
+    # NaN and infinities are refused on the wire (protocol/wire.py), and here too for requests made
+    # in Python (the CLI), before they are sent.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
+
+    if TYPE_CHECKING:
+        id: RequestId = 0  # built to be sent: the client numbers it (_RequestClass.__call__)
+    else:
+        id: RequestId  # the runner refuses a request line without one
+    type: str  # each request narrows it to its own literal
+
+    #: The reply model that answers it (an `error` apart): `class Stop(Request[Done])`.
+    reply_type: ClassVar[ReplyModel]
+    sender: ClassVar[Sender]
+    #: For "operator" requests, what an agent that asks is told it cannot do ("an agent cannot …").
+    people_do: ClassVar[str] = ""
+    #: Its action in the audit trail (runner/audit.py): set for control actions, recorded done or
+    #: refused; "" for the rest, recorded only when refused for who asked.
+    audited: ClassVar[str] = ""
+
+    if not TYPE_CHECKING:
+
+        def __class_getitem__(cls, reply: Any) -> _ReplyOf:
+            return _ReplyOf(cls, reply)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        replies = [
+            base.reply for base in cls.__dict__.get("__orig_bases__", ()) if isinstance(base, _ReplyOf)
+        ]
+        if len(replies) != 1 or not (isinstance(replies[0], type) and issubclass(replies[0], Reply)):
+            raise TypeError(
+                f"{cls.__name__}: name its reply model, as in `class {cls.__name__}(Request[Done])`"
+            )
+        cls.reply_type = replies[0]
+        if cls.__dict__.get("sender") not in SENDERS:
+            raise TypeError(f"{cls.__name__}: say who may send it: sender = one of {', '.join(SENDERS)}")
+        if (cls.sender == "operator") != bool(cls.people_do):
+            raise TypeError(f"{cls.__name__}: people_do is what an agent is told, for operator requests only")
+
+    def audit_action(self) -> str:
+        """Its name in the audit trail."""
+        return self.audited or self.type
+
+
+# ---- requests from the bot (or any operator client) ----
+# `by` / `author` / `owner` name whom an operator acts for: a Person (the bot: a Slack user, with
+# the name Slack shows), or a plain name (older clients, the CLI's `--by`). The runner's audit
+# trail records "<that> via <client> (uid N)" with the exact id; the text it writes for people
+# and agents names the person by their name (Person.name). It never takes a name from an agent.
+
+
+class Person(BaseModel):
+    """Someone an operator client acts for: where they are known (`kind`, e.g. "slack"), their id
+    there, and the name people know them by (None when it could not be looked up)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    kind: str = Field(min_length=1, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$")
+    id: str = Field(min_length=1, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
+
+    def record(self) -> str:
+        """The audit trail's form: the exact id, and the name ("slack:U123 (Alice)")."""
+        who = f"{self.kind}:{self.id}"
+        return f"{who} ({self.name})" if self.name else who
+
+    def said(self) -> str:
+        """How text for people and agents names them: their name ("a Slack user" without one)."""
+        if self.name:
+            return self.name
+        return f"a {self.kind.capitalize()} user" if self.kind == "slack" else f"{self.kind} user {self.id}"
+
+
+Actor = str | Person
+
+
+class Hello(Request[Welcome]):
+    type: Literal["hello"] = "hello"
+    sender = "connection"
+    version: Int64
+    client: str = Field(default="anonymous", max_length=200)
+    #: Ask for the runner's identity in the welcome (Welcome.runner_id); a runner that predates it
+    #: refuses the field, and the client says hello again without it.
+    identity: bool = False
+    #: The oldest protocol version the client speaks, when older than `version` (protocol/versions.py):
+    #: the runner answers at the newest version both speak.
+    oldest: Int64 | None = None
+    added_fields = frozenset({"identity", "oldest"})
+
+
+class SubmitGoal(Request[GoalReply]):
+    """A new goal. Budget phrases in `text` ("budget 5h", "max 20 experiments", ...) are honoured."""
+
+    type: Literal["submit_goal"] = "submit_goal"
+    sender = "operator"
+    people_do = "submit goals: people do, with /goal in Slack or `goaltender submit` as an operator"
+    audited = "submit"
+    text: str = Field(min_length=1, max_length=4000)  # blank: refused by parse_goal_text, with an example
+    owner: Actor | None = None  # default: the authenticated operator
+    agent: str | None = None
+    budget: Annotated[Budget, AfterValidator(_sensible_budget)] | None = None  # overrides the text
+    #: The client's own name for this submission: sent again (its reply was lost with the link),
+    #: it gets the goal the first made, not a second one. Per submitting user.
+    key: str | None = Field(default=None, min_length=1, max_length=200)
+    added_fields = frozenset({"key"})
+
+
+class Steer(Request[Done]):
+    type: Literal["steer"] = "steer"
+    sender = "operator"
+    people_do = (
+        "steer goals: people do, by replying in the goal's thread or with `goaltender steer` as an operator"
+    )
+    audited = "steer"
+    goal_id: RowId
+    text: Words = Field(min_length=1, max_length=4000)
+    author: Actor | None = None
+
+
+class ChangeBudget(Request[Done]):
+    """`change` is budget phrasing: "+2h", "budget 5h", "max 10 experiments", "gpu-hours 8"."""
+
+    type: Literal["change_budget"] = "change_budget"
+    sender = "operator"
+    people_do = (
+        "change budgets: people do, in the goal's thread (`budget +2h`) or with "
+        "`goaltender budget` as an operator"
+    )
+    audited = "budget"
+    goal_id: RowId
+    change: Words = Field(min_length=1, max_length=200)
+    by: Actor | None = None
+
+
+class Stop(Request[Done]):
+    type: Literal["stop"] = "stop"
+    sender = "operator"
+    people_do = "stop goals: people do, in the goal's thread or with `goaltender stop` as an operator"
+    audited = "stop"
+    goal_id: RowId
+    by: Actor | None = None
+    reason: str = ""
+
+
+class Pause(Request[Done]):
+    type: Literal["pause"] = "pause"
+    sender = "operator"
+    people_do = "pause goals: people do, in the goal's thread or with `goaltender pause` as an operator"
+    audited = "pause"
+    goal_id: RowId
+    by: Actor | None = None
+
+
+class Resume(Request[Done]):
+    type: Literal["resume"] = "resume"
+    sender = "operator"
+    people_do = "resume goals: people do, in the goal's thread or with `goaltender resume` as an operator"
+    audited = "resume"
+    goal_id: RowId
+    by: Actor | None = None
+
+
+class Decide(Request[DecisionReply]):
+    type: Literal["decide"] = "decide"
+    sender = "operator"
+    people_do = (
+        "decide approvals: a person does, in the goal's thread or with `goaltender approve` as an operator"
+    )
+    audited = "decide"
+    approval_id: RowId
+    approve: bool
+    by: Actor | None = None
+    comment: str | None = None
+
+    def audit_action(self) -> str:
+        return "approve" if self.approve else "reject"
+
+
+class Audit(Request[AuditReply]):
+    """The audit trail, newest `limit` entries (of one goal, or all), oldest first. Operators only."""
+
+    type: Literal["audit"] = "audit"
+    sender = "operator"
+    people_do = "read the audit trail: operators do, with `goaltender audit`"
+    goal_id: RowId | None = None
+    limit: int = Field(default=200, gt=0, le=10_000)
+
+
+class Prune(Request[PruneReply]):
+    """Prune the history of goals that ended `days` ago or more (default: the runner's retention,
+    GOALTENDER_RETENTION_DAYS; storage/pruning.py); `dry_run` says what would go. Operators only."""
+
+    type: Literal["prune"] = "prune"
+    sender = "operator"
+    people_do = "prune the runner's history: operators do, with `goaltender prune`"
+    audited = "prune"
+    days: int | None = Field(default=None, ge=1, le=100_000)
+    dry_run: bool = False
+
+
+STATUS_PAGE_MAX = 200  # goals per Status reply page: well under MAX_LINE, whatever their ledgers
+
+
+class Status(Request[StatusReply]):
+    type: Literal["status"] = "status"
+    sender = "read"
+    goal_id: RowId | None = None  # None: every goal
+    active_only: bool = False  # only goals not yet finished, stopped or failed (cheap on a long history)
+    # A page of history: the newest `limit` goals (with ids under `before`). Without a limit every
+    # goal is listed, which on a long history makes a reply over MAX_LINE.
+    limit: int | None = Field(default=None, gt=0, le=STATUS_PAGE_MAX)
+    before: RowId | None = None
+
+
+class Summary(Request[SummaryReply]):
+    type: Literal["summary"] = "summary"
+    sender = "read"
+    goal_id: RowId
+
+
+class Subscribe(Request[Subscribed]):
+    type: Literal["subscribe"] = "subscribe"
+    sender = "read"
+    since: Seq = 0
+    goal_id: RowId | None = None
+    # Many events a line (`events` messages) rather than one `event` each. A runner older than
+    # this field refuses the request (bad_request), and the client asks again without it; a client
+    # that never sets it gets `event` messages as before.
+    batch: bool = False
+    added_fields = frozenset({"batch"})
+
+
+class Ack(Request[Done]):
+    """The client has durably stored every event up to `seq` (kept per client name)."""
+
+    type: Literal["ack"] = "ack"
+    sender = "connection"
+    seq: Seq
+
+
+class GetLog(Request[LogReply]):
+    """A chunk of an experiment's log: the bytes from `offset` (moved on to the first that starts a
+    character, up to 3) to `offset + limit` (moved on likewise); the reply says where it began.
+
+    With `raw`, the chunk is not JSON-encoded into the reply: its `text` is empty, and the chunk's
+    text follows the reply's line as `raw_bytes` bytes of UTF-8, redacted just the same; `limit` may
+    then go up to MAX_RAW_LOG_CHUNK. Neither side encodes or parses a log as JSON, which was most of
+    a fetch's cost. A runner older than `raw` refuses it (bad_request), and the client asks again
+    without it."""
+
+    type: Literal["get_log"] = "get_log"
+    sender = "read"
+    experiment_id: RowId
+    offset: Annotated[int, Field(ge=0, le=wire.INT64_MAX)] = 0
+    limit: int = Field(default=64 * 1024, gt=0, le=MAX_RAW_LOG_CHUNK)
+    raw: bool = False
+    added_fields = frozenset({"raw"})
+
+    @model_validator(mode="after")
+    def _fits_a_line(self) -> GetLog:
+        if not self.raw and self.limit > MAX_LOG_CHUNK:
+            raise ValueError(f"limit: at most {MAX_LOG_CHUNK} bytes in a reply's text (raw replies: more)")
+        return self
+
+
+#: Points in one series reply: a longer series comes thinned evenly (its first and last kept), as
+#: a plot would show it; it fits a line either way.
+MAX_SERIES_POINTS = 20_000
+
+
+class GetSeries(Request[SeriesReply]):
+    type: Literal["get_series"] = "get_series"
+    sender = "read"
+    goal_id: RowId
+    name: str = Field(max_length=200)  # echoed in the reply
+    experiment_id: RowId | None = None
+
+
+#: The files of an experiment's directory GetArtifact may read (what evaluations write for people).
+Artifact = Literal["hard_cases.png", "errors.json"]
+#: Bigger artifacts are refused: base64 of this many bytes still fits in one line (MAX_LINE).
+MAX_ARTIFACT_BYTES = (MAX_LINE - 4096) * 3 // 4
+
+
+class GetArtifact(Request[ArtifactReply]):
+    """One file an experiment's evaluation wrote (e.g. the star-count gallery of hard cases)."""
+
+    type: Literal["get_artifact"] = "get_artifact"
+    sender = "read"
+    experiment_id: RowId
+    name: Artifact
+
+
+class DiskUsage(Request[DiskUsageReply]):
+    """What each goal's workspace holds on the big disk (one goal, or every goal)."""
+
+    type: Literal["disk_usage"] = "disk_usage"
+    sender = "read"
+    goal_id: RowId | None = None
+
+
+# ---- agent verbs (the `goaltender <verb>` CLI and the built-in agents' tools) ----
+
+
+class ReportMilestone(Request[Done]):
+    type: Literal["milestone"] = "milestone"
+    sender = "agent"
+    goal_id: RowId
+    title: Words = Field(min_length=1, max_length=300)
+    text: str = Field(default="", max_length=20_000)
+    curves: Curves | None = None  # training curves to show with it (the bot draws them)
+
+
+class LogMetrics(Request[Done]):
+    type: Literal["log_metrics"] = "log_metrics"
+    sender = "agent"
+    goal_id: RowId
+    points: list[MetricPoint] = Field(min_length=1, max_length=MAX_POINTS)
+    experiment_id: RowId | None = None
+
+
+class RunExperiment(Request[ExperimentReply]):
+    """Run `command` under supervision; the reply comes when it has finished."""
+
+    type: Literal["run_experiment"] = "run_experiment"
+    sender = "agent"
+    goal_id: RowId
+    command: list[OsText] = Field(min_length=1)
+    description: Words = Field(min_length=1, max_length=2000, description="the hypothesis this run tests")
+    params: dict[str, Any] = Field(default_factory=dict)
+    metric: str | None = None  # the headline metric; defaults to the goal's
+    direction: Literal["maximize", "minimize"] | None = None
+    timeout_s: Seconds | None = None
+    cwd: OsText | None = None
+    env: dict[Annotated[str, AfterValidator(_env_name)], OsText] = Field(default_factory=dict)
+    # Run by the runner itself after a successful run (GOALTENDER_EXPERIMENT_DIR points at the
+    # run's directory); its `metric: value` line becomes the verified headline.
+    eval_command: list[OsText] | None = Field(default=None, min_length=1)
+    # Where it runs and with how many GPUs; default: its goal's, else the box's.
+    executor: Literal["local", "ray", "slurm"] | None = None
+    gpus: int | None = Field(default=None, ge=0, le=1024)
+    # Run it (and its eval) this many times, GOALTENDER_SEED=0, 1, …: the row holds their mean ± sd.
+    repeat: int = Field(default=1, ge=1, le=20)
+
+
+class Ask(Request[DecisionReply]):
+    """Ask the humans; the reply comes when someone decides or the prompt expires (= rejected)."""
+
+    type: Literal["ask"] = "ask"
+    sender = "agent"
+    goal_id: RowId
+    question: Words = Field(min_length=1, max_length=3000)
+    detail: str = Field(default="", max_length=20_000)
+    kind: str = "generic"
+    timeout_s: Seconds | None = None
+
+
+class StageDone(Request[StageReply]):
+    """The agent ends its goal's stage: the humans are asked; the reply comes with their decision."""
+
+    type: Literal["stage_done"] = "stage_done"
+    sender = "agent"
+    goal_id: RowId
+    summary: Words = Field(min_length=1, max_length=20_000)
+    document: str | None = Field(default=None, max_length=200_000)  # the plan, say
+    document_name: str | None = Field(default=None, max_length=200)
+
+
+class CrossCheck(Request[CrossCheckReply]):
+    """Run two implementations on the same toy input and compare every number both print."""
+
+    type: Literal["cross_check"] = "cross_check"
+    sender = "agent"
+    goal_id: RowId
+    description: Words = Field(min_length=1, max_length=2000)
+    a: list[OsText] = Field(min_length=1)
+    b: list[OsText] = Field(min_length=1)
+    rtol: float = Field(default=1e-5, ge=0, le=1)
+    atol: float = Field(default=1e-8, ge=0)
+    cwd: OsText | None = None
+    env: dict[Annotated[str, AfterValidator(_env_name)], OsText] = Field(default_factory=dict)
+
+
+class ReadInbox(Request[InboxReply]):
+    type: Literal["read_inbox"] = "read_inbox"
+    sender = "agent"
+    goal_id: RowId
+    all: bool = False
+
+
+class WriteDiary(Request[Done]):
+    type: Literal["write_diary"] = "write_diary"
+    sender = "agent"
+    goal_id: RowId
+    text: Words = Field(min_length=1, max_length=50_000)
+    kind: Literal["note", "handoff"] = "note"
+
+
+class ReadDiary(Request[DiaryReply]):
+    type: Literal["read_diary"] = "read_diary"
+    sender = "agent"
+    goal_id: RowId
+    last: int = Field(default=20, gt=0, le=1000)
+    kind: Literal["note", "handoff"] | None = None
+
+
+class SubmitReport(Request[Done]):
+    """The agent's own words for the final report (what was learnt, what to try next)."""
+
+    type: Literal["submit_report"] = "submit_report"
+    sender = "agent"
+    goal_id: RowId
+    text: Words = Field(min_length=1, max_length=50_000)
+
+
+class Fetch(Request[FetchReply]):
+    """Bring a model or data set from the hub into the shared hub cache, and record it in the
+    goal's ledger. The runner downloads it itself, outside every sandbox (the cache is read-only
+    in them; runner/fetches.py), posting milestones as a big download goes; the reply comes when
+    it is there, or says in one line why not."""
+
+    type: Literal["fetch"] = "fetch"
+    sender = "agent"
+    goal_id: RowId
+    repo: OsText = Field(min_length=1, max_length=200)  # owner/name; checked as the hub checks it
+    repo_type: Literal["model", "dataset"] = "model"
+    revision: OsText | None = Field(default=None, max_length=MAX_REVISION_CHARS)
+    include: list[Annotated[OsText, Field(max_length=MAX_PATTERN_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_PATTERNS
+    )
+
+
+# ---- the box's skill folder (runner/skill_folder.py) ----
+MAX_SKILL_EDIT_CHARS = 256_000  # the runner refuses a skill file over 64 KB itself, saying so
+
+
+class SkillEdit(Request[SkillEditReply]):
+    """An agent proposes new content for one file of a skill (SKILL.md or references/<name>) in the
+    box's skill folder. The humans see the diff; the reply comes with their decision, and an
+    approved edit is applied and committed by then (`commit`)."""
+
+    type: Literal["skill_edit"] = "skill_edit"
+    sender = "agent"
+    goal_id: RowId
+    skill: str = Field(min_length=1, max_length=64)
+    path: OsText = Field(default="SKILL.md", min_length=1, max_length=300)
+    content: str = Field(max_length=MAX_SKILL_EDIT_CHARS)
+    why: str = Field(default="", max_length=2000)
+    timeout_s: Seconds | None = None
+
+
+class SkillLog(Request[SkillLogReply]):
+    """The skill folder's history, newest first. Operators only."""
+
+    type: Literal["skill_log"] = "skill_log"
+    sender = "operator"
+    people_do = "read the skill folder's history: operators do, with `goaltender skills log`"
+    limit: int = Field(default=20, gt=0, le=1000)
+
+
+class RevertSkill(Request[Done]):
+    """Undo one commit of the skill folder with a new commit. Operators only; audited."""
+
+    type: Literal["revert_skill"] = "revert_skill"
+    sender = "operator"
+    people_do = "revert skill edits: operators do, with `goaltender skills revert COMMIT`"
+    audited = "skill revert"
+    commit: str = Field(pattern=r"^[0-9a-f]{4,40}$")
+    by: Actor | None = None
+
+
+INPUT_CHUNK = 512 * 1024  # bytes of a file in one PutInput (base64 makes it ~700 kB of a line)
+
+
+class PutInput(Request[Done]):
+    """A chunk of a file for a goal's agent (runner/inputs.py): written into its workspace's
+    `inputs/` under a safe name; the last chunk makes it whole and tells the agent in its inbox.
+    `size`: the whole file's bytes; `data`: this chunk, base64. Operators only; audited."""
+
+    type: Literal["put_input"] = "put_input"
+    sender = "operator"
+    people_do = "give goals files: people do, by attaching them in the goal's thread"
+    audited = "input file"
+    goal_id: RowId
+    name: str = Field(min_length=1, max_length=255)
+    size: int = Field(ge=1, le=wire.INT64_MAX)
+    offset: int = Field(default=0, ge=0, le=wire.INT64_MAX)
+    data: str = Field(max_length=(INPUT_CHUNK * 4) // 3 + 4)
+    last: bool = True
+    mimetype: str | None = Field(default=None, max_length=200)
+    by: Actor | None = None
+
+
+AnyRequest = Annotated[
+    Hello
+    | SubmitGoal
+    | Steer
+    | ChangeBudget
+    | Stop
+    | Pause
+    | Resume
+    | Decide
+    | Audit
+    | Prune
+    | SkillLog
+    | RevertSkill
+    | PutInput
+    | SkillEdit
+    | Status
+    | Summary
+    | Subscribe
+    | Ack
+    | GetLog
+    | GetSeries
+    | GetArtifact
+    | ReportMilestone
+    | LogMetrics
+    | RunExperiment
+    | Ask
+    | StageDone
+    | CrossCheck
+    | ReadInbox
+    | WriteDiary
+    | ReadDiary
+    | SubmitReport
+    | Fetch,
+    Field(discriminator="type"),
+]
+
 
 # Each message is validated by the model its `type` names (read first), so only the models in use
 # are ever built; the whole union is built only for a reply of a type this client does not know.

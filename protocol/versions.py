@@ -8,7 +8,7 @@ is the lower: `runner at protocol 3, bot at 2: upgrade the bot (update goaltende
 the bot runs, then restart it)`. The version goes up only for a change an older peer cannot read;
 fields an older peer can do without are added within a version (protocol.Message.added_fields).
 
-Pydantic-free, like runner/wire.py: the quick client (runner/quick_client.py) says hello too.
+Pydantic-free, like protocol/wire.py: the quick client (protocol/quick_client.py) says hello too.
 """
 
 from __future__ import annotations

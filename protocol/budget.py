@@ -13,8 +13,17 @@ from typing import NoReturn
 
 from pydantic import BaseModel, ConfigDict
 
-from goaltender.display.params import format_tokens
 from goaltender.storage.records import Budget
+
+
+def format_tokens(count: float) -> str:
+    """`812`, `45.2k`, `20k`, `1.25M`, `2M`: as a budget is written (`max 20k tokens`)."""
+    if count < 999.5:  # the bounds as rounded: never `1000` nor `1000k`
+        return f"{count:.0f}"
+    if count < 999_950:
+        return f"{count / 1000:.1f}".removesuffix(".0") + "k"
+    return f"{count / 1_000_000:.2f}".rstrip("0").removesuffix(".") + "M"
+
 
 DEFAULT_BLOCK = 4  # baseline + 3; also how many more each "continue?" approval grants
 
