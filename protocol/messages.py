@@ -15,6 +15,11 @@ Every request line gets exactly one reply: its answer, or an `error` saying what
 connection is closed, as the rest of it cannot be told from the next request. What a line may hold
 at all (UTF-8, finite numbers, 64-bit integers, limited nesting) is protocol/wire.py's; the bounds of
 each field are below. `internal` is only ever a bug in the runner, never the client's input.
+
+One module past 600 lines on purpose: it is the protocol's vocabulary, read as one document (every
+model is a few lines with its bounds; docs/protocol.md points into it), and `p.X` names any message
+wherever it is used. Split into requests and replies, each request would import its reply from the
+other half and every caller two modules for one exchange.
 """
 
 from __future__ import annotations
