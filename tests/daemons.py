@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from conftest import eventually
+from helpers import eventually
 
 
 class Daemon:

@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 from agent_settings import settings_from
-from conftest import eventually
+from helpers import eventually
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from conftest import BIN, events_until_report, eventually, submit, write_agent
 from daemons import Daemon
+from helpers import BIN, events_until_report, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.protocol.client import RunnerClient

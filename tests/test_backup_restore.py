@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import blocks_text, eventually, write_agent
+from helpers import blocks_text, eventually, write_agent
 from test_bot_databases import open_goal, plans
 
 # Each goal's agent says which goal it is in its thread, then writes its diary as fast as it can

@@ -11,7 +11,7 @@ import os
 import socket
 
 import pytest
-from conftest import eventually
+from helpers import eventually
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

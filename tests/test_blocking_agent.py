@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, eventually, submit
+from helpers import events_until_report, eventually, submit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cli_quick import agent_goal, stored  # noqa: F401 - agent_goal is a fixture

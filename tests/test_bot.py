@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.bot import render
 from goaltender.bot.approvals import normalise_reaction

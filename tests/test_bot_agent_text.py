@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import blocks_text, write_agent
 from fake_slack import ALICE
+from helpers import blocks_text, write_agent
 
 from goaltender.bot import mrkdwn, render
 from goaltender.storage.records import Approval, FinalReport, MilestoneReported, utcnow

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.bot.render_views import goal_audit
 from goaltender.storage.bot_audit import SlackAuditEntry

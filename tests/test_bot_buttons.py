@@ -4,8 +4,8 @@ Rights are checked against the goal the decided approval belongs to, never anoth
 
 from __future__ import annotations
 
-from conftest import blocks_text, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 

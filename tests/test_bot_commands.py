@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.bot.transports import RunnerTarget
 from goaltender.protocol import messages as p

@@ -13,8 +13,8 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, FakeSlack
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.storage.high_water import FILE as HIGH_WATER

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, JobExecutionEvent
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.bot import digest
 from goaltender.storage.bot_store import BotStore, Digest

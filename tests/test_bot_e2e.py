@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import blocks_text, eventually, write_agent
 from daemons import Daemon
 from fake_slack import ALICE, BOB, FakeSlack
+from helpers import blocks_text, eventually, write_agent
 from ssh_box import SSHBox
 
 from goaltender.bot import mrkdwn, render

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import blocks_text, bot_check, eventually, write_agent
 from daemons import Daemon
 from fake_slack import ALICE, FakeSlack
+from helpers import blocks_text, bot_check, eventually, write_agent
 
 from goaltender.bot.config import BotSettings
 from goaltender.bot.health import check

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import eventually, write_agent
 from fake_slack import ALICE
+from helpers import eventually, write_agent
 
 from goaltender.bot.links import RunnerLink
 from goaltender.protocol import messages as p

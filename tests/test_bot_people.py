@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.protocol.client import RunnerClient

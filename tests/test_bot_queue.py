@@ -9,8 +9,8 @@ import time
 from urllib.parse import urlencode
 
 import aiohttp
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.bot.app import GoaltenderBot
 from goaltender.bot.config import BotSettings

@@ -4,8 +4,8 @@ saying why: `/goal … budget 0h` in the command's answer, `budget +0h` or a ste
 
 from __future__ import annotations
 
-from conftest import blocks_text, write_agent
 from fake_slack import ALICE
+from helpers import blocks_text, write_agent
 
 from goaltender.bot import queries
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from conftest import blocks_text, eventually, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, eventually, write_agent
 
 from goaltender.bot.admin import AdminCommand, command_words, parse_command
 from goaltender.bot.budget_size import Threshold

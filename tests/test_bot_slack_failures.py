@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 import test_bot_faults
-from conftest import blocks_text, bot_check, eventually
 from fake_slack import ALICE
+from helpers import blocks_text, bot_check, eventually
 from test_bot_faults import Goal, _runner_status
 
 from goaltender.runner.daemon import Runner

@@ -16,8 +16,8 @@ import re
 import sys
 
 import pytest
-from conftest import blocks_text, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, write_agent
 
 from goaltender.storage.records import utcnow
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import blocks_text, write_agent
 from fake_slack import ALICE, BOB
+from helpers import blocks_text, write_agent
 
 from goaltender.bot import render
 from goaltender.bot.views import asks_for_summary, command_words

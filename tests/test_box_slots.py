@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
+from helpers import events_until_report, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.storage.records import Experiment

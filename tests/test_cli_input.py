@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import BIN, eventually, submit, write_agent
+from helpers import BIN, eventually, submit, write_agent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

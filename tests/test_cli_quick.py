@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import eventually, submit, write_agent
+from helpers import eventually, submit, write_agent
 from test_cli_input import NO_RUNNER, assert_refused, run_cli
 
 from goaltender import cli

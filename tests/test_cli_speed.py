@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, submit, write_agent
+from helpers import events_until_report, submit, write_agent
 from test_cli_input import assert_refused, run_cli
 
 import goaltender

@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 from agent_settings import settings_from
-from conftest import approval_prompts, events_until_report, eventually, host_pid, submit, vouched
 from fake_openai import Fail, FakeOpenAI, ToolCall, Turn
+from helpers import approval_prompts, events_until_report, eventually, host_pid, submit, vouched
 
 from goaltender.agents.bootstrap import Misconfigured
 from goaltender.agents.briefing import list_skills

@@ -9,7 +9,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from conftest import events_until_report, eventually, submit, write_agent
+from helpers import events_until_report, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.runner import disk_guard

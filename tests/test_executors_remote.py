@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from conftest import eventually
 from engine_probes import RAY, ray_job, require
+from helpers import eventually
 
 from goaltender.runner.executors import Job, Placement
 from goaltender.runner.ray_executor import RayError, RayExecutor

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
 from engine_probes import RAY, ray_job, require
+from helpers import events_until_report, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 

@@ -17,8 +17,8 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
-from conftest import events_until_report, eventually, submit, write_agent
 from fake_slack import ALICE, BOB
+from helpers import events_until_report, eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -13,7 +13,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from conftest import eventually
+from helpers import eventually
 
 from goaltender.bot.keys import ApprovalKey, CardKey, EventKey
 from goaltender.bot.pruning import prune_bot

@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import httpx2
 import psutil
 import pytest
-from conftest import BIN, events_until_report, eventually, submit, write_agent
 from fake_hub import FakeHub
 from fake_openai import ToolCall, Turn, finished
+from helpers import BIN, events_until_report, eventually, submit, write_agent
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import eventually, write_agent
+from helpers import eventually, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

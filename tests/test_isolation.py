@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import eventually, submit, write_agent
+from helpers import eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_box_slots import gpu_box  # noqa: F401 (a fixture)

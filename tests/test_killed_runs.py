@@ -8,7 +8,7 @@ import asyncio
 import re
 
 import psutil
-from conftest import events_until_report, eventually, submit, write_agent
+from helpers import events_until_report, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.runner.experiments import Experiments

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import eventually, submit, write_agent
 from daemons import Daemon
+from helpers import eventually, submit, write_agent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
+from helpers import events_until_report, eventually, submit, write_agent
 
 from goaltender.bot.links import NoRunnerAvailable, RunnerLink, RunnerPool, UnknownRunner
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, open_client

@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
+from helpers import events_until_report, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.runner import mlflow_mirror

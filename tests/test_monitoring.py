@@ -18,9 +18,9 @@ import urllib.request
 
 import aiohttp
 import pytest
-from conftest import eventually, submit, write_agent
 from daemons import Daemon
 from fake_slack import ALICE
+from helpers import eventually, submit, write_agent
 from prometheus_client.parser import text_string_to_metric_families
 
 from goaltender.protocol import messages as p

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import blocks_text, events_until_report, eventually, submit, write_agent
 from fake_slack import ALICE
+from helpers import blocks_text, events_until_report, eventually, submit, write_agent
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter

@@ -6,7 +6,7 @@ and `--repeat 3` runs seeds and records mean ± sd."""
 from __future__ import annotations
 
 import pytest
-from conftest import events_until_report, eventually, pending_approval, submit, write_agent
+from helpers import events_until_report, eventually, pending_approval, submit, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 from aiohttp import web
-from conftest import approval_prompts, events_until_report, eventually, submit, vouched
 from fake_openai import Fail, FakeOpenAI, Seen, ToolCall, Turn, finished
+from helpers import approval_prompts, events_until_report, eventually, submit, vouched
 
 from goaltender.protocol import messages as p
 from goaltender.runner.supervisor import group_members

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import events_until_report, submit
 from fake_openai import Fail, ToolCall, Turn, finished
+from helpers import events_until_report, submit
 from test_openai_agent import AGENTS, system_text, tool_results, user_texts, within_window
 
 from goaltender.protocol import messages as p

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import BIN
+from helpers import BIN
 
 from goaltender.runner.config import ConfigError
 from goaltender.runner.daemon import StartupFailed

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import eventually
 from fake_slack import FakeSlack
+from helpers import eventually
 
 from goaltender.bot.keys import CardKey
 from goaltender.bot.outbox import METADATA_EVENT, Outbox, replacing

@@ -9,7 +9,7 @@ import sqlite3
 import sys
 
 import pytest
-from conftest import eventually
+from helpers import eventually
 
 from goaltender.protocol import messages as p
 from goaltender.protocol.client import RunnerClient, RunnerUnavailable

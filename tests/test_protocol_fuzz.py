@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from conftest import eventually, submit, write_agent
+from helpers import eventually, submit, write_agent
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 

@@ -11,8 +11,8 @@ import json
 import logging
 
 import pytest
-from conftest import eventually, write_agent
 from fake_slack import ALICE
+from helpers import eventually, write_agent
 from test_runner_identity import connect_when_up, runner_process
 
 from goaltender.protocol import messages as p

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, submit
+from helpers import events_until_report, submit
 from llama_server import CONTEXT_TOKENS, MODEL_ALIAS, RealModel
 
 from goaltender.protocol import messages as p

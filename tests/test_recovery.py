@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import psutil
-from conftest import events_until_report, eventually, submit
+from helpers import events_until_report, eventually, submit
 from toy_task import AGENT as TOY_AGENT
 
 from goaltender.protocol import messages as p
@@ -153,7 +153,7 @@ async def test_a_restart_kills_no_process_that_got_a_recorded_pid_since(start_ru
     """Pids come round again within minutes where pid_max is 32768: a process group leader that got
     the pid a goal's record names, after the record, is not the goal's (it runs elsewhere) and
     survives the restart's clean-up of leftovers."""
-    from conftest import write_agent
+    from helpers import write_agent
 
     agents = {"a": write_agent(tmp_path, "a.sh", "sleep 300\n")}
     runner = await start_runner(agents=agents)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BIN, approval_prompts, events_until_report, eventually, submit, write_agent
+from helpers import BIN, approval_prompts, events_until_report, eventually, submit, write_agent
 
 from goaltender import cli
 from goaltender.protocol import messages as p

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import eventually, submit, write_agent
+from helpers import eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.protocol.client import RunnerClient, RunnerUnavailable

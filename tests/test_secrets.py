@@ -16,7 +16,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from conftest import approval_prompts, events_until_report, eventually, submit, write_agent
+from helpers import approval_prompts, events_until_report, eventually, submit, write_agent
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 

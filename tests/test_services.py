@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import eventually, submit, write_agent
 from daemons import Daemon
+from helpers import eventually, submit, write_agent
 from test_bot_faults import GATED_AGENT, Goal, bot_env, both_steps_arrive_once
 from test_recovery import connect_when_up
 

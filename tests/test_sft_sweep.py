@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import events_until_report, submit, write_agent
+from helpers import events_until_report, submit, write_agent
 
 from goaltender.agents import sft_sweep
 from goaltender.agents.bootstrap import Misconfigured

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import BIN, blocks_text, eventually, pending_approval, submit, write_agent
 from fake_slack import ALICE, BOB
+from helpers import BIN, blocks_text, eventually, pending_approval, submit, write_agent
 
 from goaltender.protocol import messages as p
 from goaltender.runner.skill_folder import SkillFolder

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import eventually
 from daemons import Daemon
 from fake_slack import ALICE
+from helpers import eventually
 from test_bot_e2e import RUNNER, assert_thread_matches_log, open_goal, wait_for_whole_thread
 
 from goaltender.storage.records import MetricsLogged, MilestoneReported

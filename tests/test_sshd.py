@@ -31,7 +31,7 @@ from pathlib import Path
 
 import asyncssh
 import pytest
-from conftest import events_until_report, eventually, submit
+from helpers import events_until_report, eventually, submit
 
 from goaltender.bot.transports import HostKeyRejected, RunnerTarget, _ssh_connect, open_client
 from goaltender.protocol import messages as p

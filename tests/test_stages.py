@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import events_until_report, eventually, pending_approval, submit, write_agent
+from helpers import events_until_report, eventually, pending_approval, submit, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import events_until_report, eventually, submit, write_agent
+from helpers import events_until_report, eventually, submit, write_agent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import write_agent
 from fake_slack import ALICE, BOB
+from helpers import write_agent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image

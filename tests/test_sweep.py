@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import events_until_report, submit
+from helpers import events_until_report, submit
 from hypothesis import given
 from hypothesis import strategies as st
 from toy_task import TASK

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import events_until_report, submit
+from helpers import events_until_report, submit
 from toy_task import AGENT as TOY_AGENT
 
 from goaltender.protocol import messages as p
@@ -38,7 +38,7 @@ async def test_steer_narrows_the_search(start_runner, connect, monkeypatch):
 async def test_a_change_of_course_on_noisy_gains_confirms_the_best_with_seeds(
     start_runner, connect, monkeypatch
 ):
-    from conftest import eventually, pending_approval
+    from helpers import eventually, pending_approval
     from noisy_task import AGENT as NOISY_AGENT
     from noisy_task import ANSWERED
 

@@ -13,7 +13,7 @@ import os
 import pty
 import subprocess
 
-from conftest import eventually, submit, write_agent
+from helpers import eventually, submit, write_agent
 from hypothesis import given
 from hypothesis import strategies as st
 from test_cli_input import GOALTENDER

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from conftest import events_until_report, submit
+from helpers import events_until_report, submit
 from hypothesis import given
 from hypothesis import strategies as st
 

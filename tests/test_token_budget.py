@@ -5,7 +5,7 @@ start again from zero without resetting the tally."""
 from __future__ import annotations
 
 import pytest
-from conftest import events_until_report, submit, write_agent
+from helpers import events_until_report, submit, write_agent
 
 from goaltender.bot.render import status_card
 from goaltender.protocol import messages as p

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import BIN, eventually, submit, vouched, write_agent
+from helpers import BIN, eventually, submit, vouched, write_agent
 
 from goaltender.agents.codex_config import ALLOWED_VERBS
 from goaltender.agents.policy import CONTROL_VERBS
