@@ -148,6 +148,12 @@ class RunnerLink:
             raise RunnerUnavailable(f"runner {self.name} is not connected{why}")
         return await self._request(client, request)
 
+    def pushed_status(self, goal_id: int, seq: int) -> p.GoalStatus | None:
+        """The goal's status as the runner pushed it with event `seq` or later; None when it did
+        not (an older runner, or the link has dropped since)."""
+        client = self._client
+        return client.pushed_status(goal_id, seq) if client is not None else None
+
     async def _request(self, client: RunnerClient, request: p.Request[R]) -> R:
         """`client.request` within the request's deadline; past it the client is given up on."""
         slow = isinstance(request, SLOW_REQUESTS)
@@ -277,7 +283,8 @@ class RunnerLink:
     async def _subscribe(self, client: RunnerClient, since: int) -> int:
         try:
             async with asyncio.timeout(self.target.request_timeout):
-                return await client.subscribe(since=since)
+                # Statuses pushed before the events that change a card: no Status request per event.
+                return await client.subscribe(since=since, statuses=True)
         except TimeoutError:
             raise RunnerUnavailable(
                 f"the runner did not answer a Subscribe request within {self.target.request_timeout:g}s"

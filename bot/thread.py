@@ -35,10 +35,7 @@ from goaltender.storage.records import (
     Curves,
     Event,
     ExperimentFinished,
-    ExperimentQueued,
-    ExperimentStarted,
     FinalReport,
-    GoalAccepted,
     GoalStateChanged,
     HubFetched,
     MilestoneReported,
@@ -47,18 +44,6 @@ from goaltender.storage.records import (
     SteerReceived,
 )
 
-CARD_EVENTS = (
-    GoalAccepted,
-    GoalStateChanged,
-    ExperimentQueued,
-    ExperimentStarted,
-    ExperimentFinished,
-    ApprovalRequested,
-    ApprovalDecided,
-    BudgetChanged,
-    StageChanged,
-    FinalReport,
-)
 NAMES_A_RUN = re.compile(r"#\d+\b")
 PLOTTED = (MilestoneReported,)  # and the final report: ThreadWriter._final_report
 
@@ -203,7 +188,9 @@ class ThreadWriter:
         self._remember_row(event, data, writes)
         if isinstance(data, MilestoneReported):
             await self.store.set_milestone(event.runner, event.goal_id, data.title, event.seq)
-        if isinstance(data, CARD_EVENTS) and (card := await self._card(event.runner, event.goal_id)):
+        if data.kind in p.CARD_KINDS and (
+            card := await self._card(event.runner, event.goal_id, self._pushed(event))
+        ):
             # Not "<runner>:<seq>:card": that is goal <seq>'s card post (CardKey), which INSERT OR
             # IGNORE would then drop, sending that goal's thread into this one.
             writes.append(
@@ -269,13 +256,20 @@ class ThreadWriter:
         target = write.payload.get("ts_of")
         return target is None or await self.store.outbox_by_key(target) is not None
 
-    async def _card(self, runner: str, goal_id: int) -> Payload | None:
-        """The goal's card as the runner sees it now (and that status remembered)."""
-        status = await queries.goal_status(self.pool, runner, goal_id)
+    async def _card(self, runner: str, goal_id: int, pushed: p.GoalStatus | None = None) -> Payload | None:
+        """The goal's card from its status as the runner pushed it with an event (else asked for:
+        a runner that does not push, a runner back up), and that status remembered."""
+        status = pushed or await queries.goal_status(self.pool, runner, goal_id)
         if status is None:
             return None
         await self.store.set_status(runner, goal_id, status.model_dump(mode="json"))
         return render.status_card(status, runner)
+
+    def _pushed(self, event: EventInThread) -> p.GoalStatus | None:
+        try:
+            return self.pool[event.runner].pushed_status(event.goal_id, event.seq)
+        except UnknownRunner:
+            return None
 
     async def _plot_for(self, event: EventInThread, data: MilestoneReported | FinalReport) -> Payload | None:
         """A milestone naming training curves shows them; the others, and the report, the campaign."""

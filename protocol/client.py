@@ -141,6 +141,9 @@ class RunnerClient:
         self.runner_name: str | None = None
         self.runner_id: str | None = None  # the runner's identity (None from a runner that predates it)
         self.protocol_version: int | None = None  # the version this connection speaks, once welcomed
+        self._statuses: bool | None = None  # does the runner push statuses? None: not asked yet
+        #: goal id -> (the last seq its status covers, the status): what `statuses` messages pushed.
+        self.pushed: dict[int, tuple[int, p.GoalStatus]] = {}
 
     @classmethod
     async def connect_unix(cls, path: str | Path, client: str = "cli") -> RunnerClient:
@@ -229,22 +232,41 @@ class RunnerClient:
         its own (call(), a test's hand-made line) keeps it."""
         return request.model_copy(update={"id": next(self._ids)}) if request.id == 0 else request
 
-    async def subscribe(self, since: int = 0, goal_id: int | None = None, *, batch: bool = True) -> int:
+    async def subscribe(
+        self, since: int = 0, goal_id: int | None = None, *, batch: bool = True, statuses: bool = False
+    ) -> int:
         """Ask for events with seq > since (of one goal, or all); returns the newest seq right now.
         Then iterate `events()`: the backlog first, oldest first, then live events. With `batch`
-        the runner sends many events a line (a runner too old for that sends them one a line)."""
-        if batch and self._batches is not False:
+        the runner sends many events a line; with `statuses`, the status of each goal whose card
+        the events change comes before them (`pushed_status`). A runner too old for either
+        field is asked again without it."""
+        asked = {
+            "batch": batch and self._batches is not False,
+            "statuses": statuses and self._statuses is not False,
+        }
+        while True:
             try:
-                reply = await self.request(p.Subscribe(since=since, goal_id=goal_id, batch=True))
-            except p.ProtocolError as exc:  # an older runner: `batch` is a field it does not know
-                if exc.error.code != "bad_request" or "batch" not in exc.error.message:
+                reply = await self.request(p.Subscribe(since=since, goal_id=goal_id, **asked))
+                break
+            except p.ProtocolError as exc:  # an older runner: a field it does not know
+                unknown = next((name for name, on in asked.items() if on and name in exc.error.message), None)
+                if exc.error.code != "bad_request" or unknown is None:
                     raise
-                self._batches = False
-            else:
-                self._batches = True
-                return reply.head
-        reply = await self.request(p.Subscribe(since=since, goal_id=goal_id))
+                asked[unknown] = False
+                if unknown == "batch":
+                    self._batches = False
+                else:
+                    self._statuses = False
+        if asked["batch"]:
+            self._batches = True
+        if asked["statuses"]:
+            self._statuses = True
         return reply.head
+
+    def pushed_status(self, goal_id: int, seq: int) -> p.GoalStatus | None:
+        """The goal's status as the runner pushed it, when it covers event `seq`; else None."""
+        through, status = self.pushed.get(goal_id, (-1, None))
+        return status if through >= seq else None
 
     async def events(self) -> AsyncIterator[Event]:
         """Subscribed events, one at a time, until the link drops (then RunnerUnavailable). An event
@@ -362,6 +384,9 @@ class RunnerClient:
                     reply = salvaged
                 if isinstance(reply, p.EventMessage | p.EventBatch):
                     self._events.put_nowait(reply)
+                    continue
+                if isinstance(reply, p.Statuses):  # before the events it covers: kept for them
+                    self.pushed.update((status.goal.id, (reply.through, status)) for status in reply.goals)
                     continue
                 if isinstance(reply, p.LogReply) and reply.raw_bytes is not None:  # its chunk follows
                     reply._chunk = await self._stream.readexactly(reply.raw_bytes)

@@ -327,6 +327,34 @@ class EventMessage(Reply):
     event: Event
 
 
+#: The kinds of event that change what a goal's status shows (its card): its state, stage and
+#: budget, its experiments, its approvals, its report. A `statuses` message comes before events
+#: of these kinds when the subscriber asked for it.
+CARD_KINDS = frozenset(
+    {
+        "goal_accepted",
+        "goal_state",
+        "stage_changed",
+        "budget_changed",
+        "experiment_queued",
+        "experiment_started",
+        "experiment_finished",
+        "approval_requested",
+        "approval_decided",
+        "report",
+    }
+)
+
+
+class Statuses(Reply):
+    """The status of each goal the next events change the card of, as it stands when they are sent:
+    after every event up to `through` (the last seq of those events), maybe later ones too."""
+
+    type: Literal["statuses"] = "statuses"
+    through: int
+    goals: list[GoalStatus]
+
+
 #: Bytes of events in one `events` line before redaction: a secret's marker may be longer than the
 #: secret, so half of MAX_LINE leaves room (a line still over MAX_LINE is split, runner/server.py).
 EVENT_BATCH_BYTES = MAX_LINE // 2
@@ -367,6 +395,7 @@ class Error(Reply):
 
 AnyReply = Annotated[
     Welcome
+    | Statuses
     | Done
     | GoalReply
     | StatusReply
@@ -684,7 +713,11 @@ class Subscribe(Request[Subscribed]):
     # this field refuses the request (bad_request), and the client asks again without it; a client
     # that never sets it gets `event` messages as before.
     batch: bool = False
-    added_fields = frozenset({"batch"})
+    # Before each batch of events, the status of every goal whose card they change (a `statuses`
+    # message): a subscriber draws cards from the stream instead of asking per event. A runner
+    # older than this field refuses it (bad_request), and the client asks again without it.
+    statuses: bool = False
+    added_fields = frozenset({"batch", "statuses"})
 
 
 class Ack(Request[Done]):

@@ -125,6 +125,7 @@ class Runner:
             settings, store, self.campaigns, self.skills, self._skills_lock, self.reads.status
         )
         self.handlers.update(self.reads.handlers())
+        self.server.statuses_of = self.reads.statuses
         self.handlers.update(self.agent_requests.handlers())
         self._listening = False
         self._home_lock: int | None = None  # held while this runner runs: one runner per home

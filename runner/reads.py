@@ -168,6 +168,15 @@ class Reads:
             )  # a goal id mistyped is said so, not "(no entries)"
         return p.AuditReply(entries=entries)
 
+    async def statuses(self, goal_ids: list[int]) -> list[p.GoalStatus]:
+        """The status of each of these goals that is still on record (what a `statuses` message
+        carries): the same SQL as a list's."""
+        goals = [goal for goal_id in goal_ids if (goal := await self.store.get_goal(goal_id)) is not None]
+        ledgers, now = await self.store.ledgers([goal.id for goal in goals]), utcnow()
+        return [
+            _goal_status(self.campaigns.records.as_it_stands(goal), ledgers[goal.id], now) for goal in goals
+        ]
+
     async def status(self, goal_id: int) -> p.GoalStatus:
         """The goal's status, by the same SQL as a list's (RunnerStore.ledgers): one path."""
         goal = await self.campaigns.records.goal(goal_id)

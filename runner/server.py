@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -91,6 +91,9 @@ class SocketServer:
         self._tasks: set[asyncio.Task] = set()
         self._server: asyncio.Server | None = None
         self._agent_servers: dict[int, tuple[asyncio.Server, Path]] = {}  # goal id -> its socket
+        #: The status of each of these goals (the runner's reads, set once they exist): what a
+        #: `statuses` message carries to a subscriber that asked for it.
+        self.statuses_of: Callable[[list[int]], Awaitable[list[p.GoalStatus]]] | None = None
 
     async def listen(self) -> None:
         """Bind the operator socket; connections wait until start_serving(). Bound before any agent
@@ -294,7 +297,9 @@ class SocketServer:
             wake = self._new_events
             events = await self.store.events_since(last, limit=STREAM_BATCH, goal_id=request.goal_id)
             if events:  # a batch goes in one write: a replay is not a drain per event
-                await conn.send_all([p.EventMessage(event=event) for event in events])
+                changed = [(event.goal_id, event.data.kind) for event in events]
+                statuses = await self._statuses(request, events[-1].seq, changed)
+                await conn.send_all([*statuses, *(p.EventMessage(event=event) for event in events)])
                 last = events[-1].seq
             if len(events) < STREAM_BATCH:  # caught up; `wake` predates the query, so no event is missed
                 await wake.wait()
@@ -313,6 +318,9 @@ class SocketServer:
             ahead = asyncio.ensure_future(read(rows[-1]["seq"])) if len(rows) == STREAM_BATCH else None
             try:
                 if rows:
+                    changed = [(row["goal_id"], bytes(row["kind"]).decode(errors="replace")) for row in rows]
+                    if statuses := await self._statuses(request, rows[-1]["seq"], changed):
+                        await conn.send_all(statuses)
                     await conn.send_events(stored_events_json(rows))
                     last = rows[-1]["seq"]
             except BaseException:
@@ -325,6 +333,25 @@ class SocketServer:
                 await wake.wait()
                 wake, rows = await read(last)
 
+    async def _statuses(
+        self, request: p.Subscribe, through: int, changed: Sequence[tuple[int | None, str]]
+    ) -> list[p.Statuses]:
+        """The `statuses` messages to send before events that change these goals' cards (by
+        (goal id, kind)), when the subscriber asked for them: STATUSES_PER_LINE goals a line."""
+        if not request.statuses or self.statuses_of is None:
+            return []
+        goal_ids = sorted(
+            {goal_id for goal_id, kind in changed if goal_id is not None and kind in p.CARD_KINDS}
+        )
+        found = await self.statuses_of(goal_ids) if goal_ids else []
+        return [
+            p.Statuses(through=through, goals=found[i : i + STATUSES_PER_LINE])
+            for i in range(0, len(found), STATUSES_PER_LINE)
+        ]
+
+
+#: Goal statuses in one `statuses` line: each is a few kB at most, so a line stays far under MAX_LINE.
+STATUSES_PER_LINE = 50
 
 _TOO_LONG = b"\x00too-long"
 _TOO_LONG_MESSAGE = (
@@ -412,7 +439,7 @@ class _Connection:
                 await self.writer.drain()
             await self.writer.drain()  # an empty chunk: the line alone
 
-    async def send_all(self, messages: list[p.Message]) -> None:
+    async def send_all(self, messages: Sequence[p.Message]) -> None:
         """Write several messages, one line each, with one drain."""
         lines = b"".join(self._line(message) for message in messages)
         async with self._write_lock:
