@@ -17,8 +17,8 @@ met, or at the token budget: a reply without a tool call is answered with a nudg
 and a model that keeps stopping, or reaches the turn cap, ends the goal as "stopped without
 finishing", a failure the thread explains. SIGTERM hands in a short report and exits 0.
 
-One module for one conversation's state (its turns, its tokens, its window, its compactions),
-which every part of the loop reads and writes; what stands apart from that state lives apart: the
+One module past 600 lines on purpose, for one conversation's state (its turns, its tokens, its
+window, its compactions), which every part of the loop reads and writes; what stands apart from that state lives apart: the
 endpoint (chat_endpoint.py), compaction's pure parts (recap.py), the tools (workspace_tools.py,
 runner_verbs.py), the brief (briefing.py).
 

@@ -1,9 +1,11 @@
 """The layout guards itself: the repository root is the `goaltender` package (pyproject.toml's
 package-dir), so setuptools ships only the packages pyproject lists. A new folder of modules left off
-that list would work in the checkout and be missing from every installed wheel."""
+that list would work in the checkout and be missing from every installed wheel. And a module grows
+past ~600 lines only with its opening note saying why (issue 33)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import tomllib
 from pathlib import Path
@@ -37,3 +39,27 @@ def test_every_folder_of_modules_is_a_package_the_wheel_ships():
     for package in listed:
         init = ROOT.joinpath(*package.split(".")[1:], "__init__.py")
         assert init.is_file(), f"{package} has no __init__.py: {init}"
+
+
+LONG_MODULE = 600  # lines
+
+
+def _product_modules() -> list[Path]:
+    return [
+        ROOT.joinpath(*package.split(".")[1:], name)
+        for package in sorted(_module_folders())
+        for name in os.listdir(ROOT.joinpath(*package.split(".")[1:]))
+        if name.endswith(".py")
+    ]
+
+
+def test_a_module_past_600_lines_says_why_in_its_opening_note():
+    unexplained = []
+    for path in _product_modules():
+        text = path.read_text()
+        if text.count("\n") > LONG_MODULE and "600 lines" not in (ast.get_docstring(ast.parse(text)) or ""):
+            unexplained.append(f"{path.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert unexplained == [], (
+        "split these by concern, or say in their opening note why they stay one module past "
+        f"{LONG_MODULE} lines: {unexplained}"
+    )
