@@ -10,6 +10,9 @@
 # Recipes and their gotchas: /work/shared/research/executors-verified.md (token auth is turned off
 # explicitly; a job's PATH is the `ray start` environment; a failed `ray start` leaves daemons).
 # Addresses are written to ~/.cache/goaltender/engines.env (GOALTENDER_TEST_RAY=...).
+# The Ray head declares 2 GPUs it does not have, so a job asking for one is placed and sees the one
+# Ray gave it (CUDA_VISIBLE_DEVICES), as on a GPU node. Slurm does not: a gres/gpu declared by count
+# alone (gres.conf, no device files) left slurmd 22.05 reporting 0 GPUs and the node INVAL.
 set -euo pipefail
 
 RAY_VERSION=2.60.0
@@ -48,7 +51,7 @@ ray_start() {
   # Jobs inherit this environment: the venv's bin first, so `python` in an entrypoint is Ray's.
   if ! (cd / && PATH="$RAY_VENV/bin:$PATH" RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled \
     "$RAY_VENV/bin/ray" start --head --node-ip-address 127.0.0.1 --port 6379 \
-    --num-cpus 2 --num-gpus 0 --dashboard-host 127.0.0.1 --dashboard-port 8265 \
+    --num-cpus 2 --num-gpus 2 --dashboard-host 127.0.0.1 --dashboard-port 8265 \
     --object-store-memory 200000000 --disable-usage-stats >/dev/null); then
     log "ray: start failed; stopping what it left running"
     "$RAY_VENV/bin/ray" stop >/dev/null 2>&1 || true
@@ -142,7 +145,9 @@ slurm_start() {
   munge -n | unmunge >/dev/null
   install -d -o slurm -g slurm /var/lib/slurm/slurmctld /var/log/slurm
   install -d /var/lib/slurm/slurmd
-  [ -f "$SLURM_CONF" ] || slurm_write_conf
+  # Ours (cluster "ci") is written anew, so a box set up by an older version of this script gets
+  # today's; a cluster configured by anyone else is left as it is.
+  if [ ! -f "$SLURM_CONF" ] || grep -qx "ClusterName=ci" "$SLURM_CONF"; then slurm_write_conf; fi
   touch /var/log/slurm/jobcomp.log && chmod 0666 /var/log/slurm/jobcomp.log # sacct -c for non-root
   scontrol ping >/dev/null 2>&1 || /usr/sbin/slurmctld
   alive "$(pidfile /run/slurmd.pid)" || /usr/sbin/slurmd

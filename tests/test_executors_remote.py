@@ -10,6 +10,7 @@ GOALTENDER_REQUIRE_ENGINES=1 (CI), where they fail. Answers Ray would give in tr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import uuid
 from collections.abc import Callable
@@ -123,6 +124,26 @@ async def test_a_run_reports_metrics_output_and_env(engine, tmp_path):
     [placement] = seen.placements
     assert placement.executor == engine.name and placement.job_id and placement.host
     assert result.wall_seconds >= 0 and result.cpu_seconds >= result.wall_seconds
+
+
+GPU_COUNTER = """
+import os
+visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+print("visible_gpus:", len(visible))
+"""
+
+
+async def test_a_run_asking_for_a_gpu_gets_one_from_ray(tmp_path):
+    """tests/engines.sh declares 2 GPUs on the Ray head (no hardware): a job asking for one is
+    scheduled against them and sees the one Ray gave it, as on a GPU node."""
+    require("ray")
+    job = dataclasses.replace(make_job(tmp_path, GPU_COUNTER), gpus=1)
+    result = await RayExecutor(RAY).run(job, on_points=Seen().on_points, on_start=Seen().on_start)
+    assert result.exit_code == 0 and result.summary == {"visible_gpus": 1.0}, log_of(job)
+    (tmp_path / "cpu").mkdir()
+    without = make_job(tmp_path / "cpu", GPU_COUNTER)
+    result = await RayExecutor(RAY).run(without, on_points=Seen().on_points, on_start=Seen().on_start)
+    assert result.exit_code == 0 and result.summary == {"visible_gpus": 0.0}, log_of(without)
 
 
 async def test_a_failing_run_has_its_exit_code(engine, tmp_path):

@@ -54,6 +54,25 @@ async def test_an_experiment_runs_on_a_cluster_and_lands_in_the_ledger(
     assert series.points == [(1.0, 0.5)]
 
 
+GPU_RUN = (
+    "goaltender experiment -d 'one gpu on ray' --metric visible_gpus --executor ray --gpus 1 -- python -c "
+    "\"import os; print('visible_gpus:', len([d for d in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if d]))\"\n"
+)
+
+
+async def test_a_gpu_experiment_on_ray_from_a_box_without_gpus(start_runner, connect, tmp_path):
+    """The box has no GPU; the Ray head declares two (tests/engines.sh): `--gpus 1 --executor ray`
+    is the cluster's to place, and the run sees the GPU Ray gave it."""
+    require("ray")
+    agent = write_agent(tmp_path, "a.sh", GPU_RUN)
+    runner = await start_runner(agents={"a": agent}, compute_unit="cpu", ray_address=RAY, executors=REMOTE)
+    client = await connect(runner)
+    goal_id = await submit(client, "one gpu run, max 1 experiments", agent="a")
+    await events_until_report(client, goal_id, timeout=120)
+    [row] = (await client.request(p.Summary(goal_id=goal_id))).ledger
+    assert (row.status, row.executor, row.gpus, row.metric_value) == ("keep", "ray", 1, 1.0), row.note
+
+
 async def test_stop_cancels_the_job_in_its_engine(start_runner, connect, tmp_path, engine):
     agent = write_agent(tmp_path, "a.sh", LONG.format(engine=engine, flags=f"--executor {engine}"))
     runner = await start_runner(agents={"a": agent}, compute_unit="cpu", ray_address=RAY, executors=REMOTE)
