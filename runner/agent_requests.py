@@ -65,7 +65,7 @@ class AgentRequests:
         }
 
     async def on_milestone(self, req: p.ReportMilestone, who: Principal) -> p.Reply:
-        goal = await self.campaigns.records.active_goal(req.goal_id)
+        goal = await self.campaigns.records.reporting_goal(req.goal_id)
         milestone = MilestoneReported(title=req.title, text=req.text, curves=req.curves)
         _, event, folded = await self.campaigns.records.post(goal.id, milestone, "a milestone")
         # On a full disk it is written in its turn when there is room.
@@ -81,7 +81,7 @@ class AgentRequests:
         )
 
     async def on_log_metrics(self, req: p.LogMetrics, who: Principal) -> p.Reply:
-        goal = await self.campaigns.records.active_goal(req.goal_id)
+        goal = await self.campaigns.records.reporting_goal(req.goal_id)
         if req.experiment_id is not None:
             experiment = await self.store.get_experiment(req.experiment_id)
             if experiment is None or experiment.goal_id != goal.id:  # not a way into another goal's run

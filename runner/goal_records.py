@@ -73,6 +73,16 @@ class GoalRecords:
             )
         return goal
 
+    async def reporting_goal(self, goal_id: int) -> Goal:
+        """The goal, if its agent may still report on it: one that takes changes, or one whose end
+        has begun and is not written yet. What a stopped run names in its grace period (the launcher's
+        best checkpoint, its last metrics) belongs to the goal, before its final report."""
+        if goal_id in self.ending:
+            stored = await self.store.get_goal(goal_id)
+            if stored is not None and stored.state not in TERMINAL_STATES:  # its end not written yet
+                return self.as_it_stands(stored)
+        return await self.active_goal(goal_id)
+
     def begin_end(self, goal_id: int, state: GoalState, reason: str) -> tuple[GoalState, str] | None:
         """The goal's end begins: it takes no more changes, and its status shows `state` at once
         (until its end is written). None when its end had begun already."""

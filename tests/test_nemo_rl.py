@@ -191,6 +191,12 @@ async def test_a_stopped_run_keeps_the_best_checkpoint_it_named(start_runner, co
     said = Path(row.log_path).read_text()
     assert row.status == "crash" and row.metrics.get("best_checkpoint_step") == 20, said
     assert (row.metric_name, row.metric_value) == ("validation/val_loss", row.metrics["validation/val_loss"])
+    # Its milestone, sent in the grace period, is taken (it was refused: "it takes no more changes")
+    # and comes before the final report.
+    events = await events_until_report(client, goal_id, timeout=10)
+    (milestone,) = milestones(events)
+    assert milestone.title.startswith("best checkpoint: step_20"), said
+    assert [type(e.data).__name__ for e in events].index("MilestoneReported") < len(events) - 1
 
 
 async def test_without_tensorboard_the_output_is_read(start_runner, connect, tmp_path, monkeypatch):
