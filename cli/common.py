@@ -100,17 +100,24 @@ def _columns() -> int:
 # ---- argument types (argparse says what is wrong, naming the type by its __name__) ----
 
 
+def _int_in(text: str, low: int, high: int, not_one: str, outside: str) -> int:
+    """`text` as a whole number from `low` to `high`; argparse's error, in these words, when not."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{not_one}: {text[:40]!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text[:40]} {outside}")
+    return value
+
+
 def whole_number(low: int) -> Callable[[str], int]:
     """An argparse type: a whole number from `low` to the largest id."""
 
     def whole(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text[:40]!r}") from None
-        if not low <= value <= LARGEST_ID:
-            raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: use {low} to {LARGEST_ID}")
-        return value
+        return _int_in(
+            text, low, LARGEST_ID, "not a whole number", f"is out of range: use {low} to {LARGEST_ID}"
+        )
 
     whole.__name__ = "id" if low else "count"
     return whole
@@ -122,24 +129,14 @@ COUNT = whole_number(0)
 
 def port(text: str) -> int:
     """An argparse type: a TCP port (1 to 65535)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text[:40]!r}") from None
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"{text[:40]} is not a port: use 1 to 65535")
-    return value
+    return _int_in(text, 1, 65535, "not a port number", "is not a port: use 1 to 65535")
 
 
 def days(text: str) -> int:
     """An argparse type: a number of days (1 to MAX_DAYS)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number of days: {text[:40]!r}") from None
-    if not 0 < value <= MAX_DAYS:
-        raise argparse.ArgumentTypeError(f"{text[:40]} is out of range: use 1 to {MAX_DAYS} days")
-    return value
+    return _int_in(
+        text, 1, MAX_DAYS, "not a whole number of days", f"is out of range: use 1 to {MAX_DAYS} days"
+    )
 
 
 def finite(text: str) -> float:

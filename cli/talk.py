@@ -24,10 +24,12 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Awaitable, Callable
     from pathlib import Path
-    from typing import Any
+    from typing import Any, TypeVar
 
     from goaltender.protocol import messages as p
     from goaltender.protocol.client import RunnerClient
+
+    Q = TypeVar("Q", bound=p.Request)
 
 
 def socket(args: argparse.Namespace) -> str | Path:
@@ -83,8 +85,9 @@ def _check_requests(requests: list[str]) -> None:
         checked(p.REQUEST_MODELS[fields.pop("type")], **fields)
 
 
-def checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
-    """`fields`, once they make a `kind` request the runner could take; UsageError saying why not.
+def checked(kind: type[Q], /, **fields: Any) -> Q:
+    """The `kind` request `fields` make, once the runner could take it (the client numbers it when
+    it is sent); UsageError saying why not.
 
     Checked here, before connecting, so bad input never reaches the runner or prints a traceback."""
     from pydantic import ValidationError
@@ -93,14 +96,15 @@ def checked(kind: type[p.Request], /, **fields: Any) -> dict[str, Any]:
     from goaltender.protocol import messages as p
 
     try:
-        size = len(p.encode(kind(id=0, **fields)))
+        request = kind(id=0, **fields)
+        size = len(p.encode(request))
     except ValidationError as exc:
         raise UsageError(p.problems(exc, kind)) from None
     except PydanticSerializationError as exc:
         raise UsageError(f"cannot send this to the runner: {exc}") from None
     if size > MAX_LINE:
         raise UsageError(f"too much to send: {size:,} bytes, over the runner's limit of {MAX_LINE:,}")
-    return fields
+    return request
 
 
 # ---- words the runner would refuse (read on this side with the runner's own parser) ----

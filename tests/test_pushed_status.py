@@ -12,6 +12,7 @@ from fake_slack import ALICE
 from helpers import blocks_text, eventually, submit, write_agent
 
 from goaltender.protocol import messages as p
+from goaltender.protocol.client import RunnerClient
 from goaltender.storage.records import MilestoneReported
 
 TWO_RUNS = """
@@ -124,3 +125,24 @@ async def test_the_bot_draws_a_goals_cards_without_asking_the_runner(fake, make_
     assert "2" in card_text and "60.0%" in card_text  # two runs, the best of them
     # The link's health checks may ask for active goals; no request asked for this goal's status.
     assert [req for req in asked if req.goal_id is not None] == []
+
+
+async def test_an_agents_subscription_pushes_its_own_goals_status_only(start_runner, connect, tmp_path):
+    runner = await start_runner(agents={"wait": write_agent(tmp_path, "wait.sh", "sleep 120\n")})
+    client = await connect(runner)
+    mine = await submit(client, "wait, max 1 experiments", agent="wait")
+    other = await submit(client, "wait too, max 1 experiments", agent="wait")
+    sock = runner.settings.agent_socket(mine)
+    await eventually(sock.exists)
+    agent = await RunnerClient.connect_unix(sock, client="agent")
+    try:
+        await agent.subscribe(since=0, statuses=True)  # every goal, asked: scoped to its own
+        async for event in agent.events():
+            assert event.goal_id == mine
+            if event.data.kind == "goal_state":
+                break
+        assert set(agent.pushed) == {mine}
+    finally:
+        await agent.close()
+        for goal_id in (mine, other):
+            await client.request(p.Stop(goal_id=goal_id))

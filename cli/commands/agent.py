@@ -131,10 +131,10 @@ class Diary(Command):
         from goaltender.protocol import messages as p
 
         kind = "handoff" if args.handoff else None
-        fields = talk.checked(p.ReadDiary, goal_id=goal_id(args), last=args.last, kind=kind)
+        request = talk.checked(p.ReadDiary, goal_id=goal_id(args), last=args.last, kind=kind)
 
         async def body(runner: RunnerClient) -> None:
-            diary = await runner.request(p.ReadDiary(**fields))
+            diary = await runner.request(request)
             if not diary.entries:
                 print("(the diary is empty)")
             for e in diary.entries:
@@ -238,7 +238,7 @@ class Experiment(Command):
             raise UsageError(
                 "give the command after --, e.g. goaltender experiment -d '...' -- python train.py"
             )
-        fields = talk.checked(
+        request = talk.checked(
             p.RunExperiment,
             goal_id=goal_id(args),
             command=command,
@@ -254,7 +254,7 @@ class Experiment(Command):
             executor=args.executor,
             repeat=args.repeat,
         )
-        return talk.run(args, _experiment_body(fields))
+        return talk.run(args, _experiment_body(request))
 
 
 class NemoRL(Command):
@@ -307,7 +307,7 @@ class NemoRL(Command):
         except LaunchError as exc:
             raise UsageError(str(exc)) from None
         metric, direction = run.headline()
-        fields = talk.checked(
+        request = talk.checked(
             p.RunExperiment,
             goal_id=goal,
             command=run.command(),
@@ -322,16 +322,15 @@ class NemoRL(Command):
             gpus=args.gpus,
             executor=args.executor,
         )
-        return talk.run(args, _experiment_body(fields))
+        return talk.run(args, _experiment_body(request))
 
 
-def _experiment_body(fields: dict[str, Any]) -> Callable[[RunnerClient], Awaitable[int]]:
+def _experiment_body(request: p.RunExperiment) -> Callable[[RunnerClient], Awaitable[int]]:
     """Run the experiment and print its ledger row."""
     from goaltender.display.params import format_params
-    from goaltender.protocol import messages as p
 
     async def body(runner: RunnerClient) -> int:
-        reply = await runner.request(p.RunExperiment(**fields))
+        reply = await runner.request(request)
         e = reply.experiment
         how = " (verified by the runner)" if e.verified else " (reported)"
         value = f"{e.metric_name} = {e.metric_value:.4g}{how}" if e.metric_value is not None else "no metric"
@@ -418,7 +417,7 @@ class Ask(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(
+        request = talk.checked(
             p.Ask,
             goal_id=goal_id(args),
             question=args.question,
@@ -428,7 +427,7 @@ class Ask(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            approval = (await runner.request(p.Ask(**fields))).approval
+            approval = (await runner.request(request)).approval
             print(_decided(approval))
             return DECIDED_EXIT.get(approval.state, EXIT_EXPIRED)
 
@@ -456,7 +455,7 @@ class StageDone(Command):
         if not summary:
             raise UsageError("give the stage's summary, or --file summary.md")
         document = read_text(args.attach.read_bytes, str(args.attach)) if args.attach else None
-        fields = talk.checked(
+        request = talk.checked(
             p.StageDone,
             goal_id=goal_id(args),
             summary=summary,
@@ -465,7 +464,7 @@ class StageDone(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            reply = await runner.request(p.StageDone(**fields))
+            reply = await runner.request(request)
             print(_decided(reply.approval))
             if reply.approval.state == "approved":
                 print(f"stage {reply.goal.stage + 1}/{len(reply.goal.stages)}: {reply.goal.stage_name}")
@@ -494,7 +493,7 @@ class CrossCheck(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(
+        request = talk.checked(
             p.CrossCheck,
             goal_id=goal_id(args),
             description=args.description,
@@ -507,7 +506,7 @@ class CrossCheck(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            reply = await runner.request(p.CrossCheck(**fields))
+            reply = await runner.request(request)
             if reply.differing == 0:
                 print(f"agreed: {reply.compared} numbers")
             else:
@@ -528,10 +527,10 @@ class Inbox(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(p.ReadInbox, goal_id=goal_id(args), all=args.all)
+        request = talk.checked(p.ReadInbox, goal_id=goal_id(args), all=args.all)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.request(p.ReadInbox(**fields))
+            reply = await runner.request(request)
             if not reply.messages:
                 print("(no new messages)")
             for m in reply.messages:
@@ -568,7 +567,7 @@ class SkillsEdit(Command):
         from goaltender.protocol import messages as p
 
         content = read_file_or_stdin(args.file)
-        fields = talk.checked(
+        request = talk.checked(
             p.SkillEdit,
             goal_id=goal_id(args),
             skill=args.skill,
@@ -579,7 +578,7 @@ class SkillsEdit(Command):
         )
 
         async def body(runner: RunnerClient) -> int:
-            reply = await runner.request(p.SkillEdit(**fields))
+            reply = await runner.request(request)
             print(_decided(reply.approval))
             print(reply.message)
             if reply.approval.state == "approved":

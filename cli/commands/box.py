@@ -320,7 +320,7 @@ def _fetch_through_the_runner(args: argparse.Namespace, spec: FetchSpec) -> int:
     """Inside a goal: the runner downloads, outside the sandbox, and records it."""
     from goaltender.protocol import messages as p
 
-    fields = talk.checked(
+    request = talk.checked(
         p.Fetch,
         goal_id=goal_id(args),
         repo=spec.repo,
@@ -330,7 +330,7 @@ def _fetch_through_the_runner(args: argparse.Namespace, spec: FetchSpec) -> int:
     )
 
     async def body(runner: RunnerClient) -> int:
-        reply = await runner.request(p.Fetch(**fields))
+        reply = await runner.request(request)
         if reply.fetch is None:
             print(f"goaltender: {reply.failure}", file=sys.stderr)
             return EXIT_NO

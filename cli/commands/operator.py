@@ -47,11 +47,11 @@ class Submit(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(p.SubmitGoal, text=args.text, owner=args.owner, agent=args.agent)
+        request = talk.checked(p.SubmitGoal, text=args.text, owner=args.owner, agent=args.agent)
         talk.check_goal_words(args.text)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.request(p.SubmitGoal(**fields))
+            reply = await runner.request(request)
             print_status(reply.status)
 
         return talk.run(args, body)
@@ -72,14 +72,14 @@ class Status(Command):
         from goaltender.protocol import messages as p
 
         if args.goal_id is not None:
-            fields = talk.checked(p.Status, goal_id=args.goal_id)
+            request = talk.checked(p.Status, goal_id=args.goal_id)
         elif args.all:  # history, a page at a time: every goal in one reply would outgrow a line
-            fields = talk.checked(p.Status, limit=args.limit, before=args.before)
+            request = talk.checked(p.Status, limit=args.limit, before=args.before)
         else:
-            fields = talk.checked(p.Status, active_only=True)
+            request = talk.checked(p.Status, active_only=True)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.request(p.Status(**fields))
+            reply = await runner.request(request)
             for status in reply.goals:
                 print_status(status)
             if not reply.goals:
@@ -102,10 +102,10 @@ class Summary(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(p.Summary, goal_id=args.goal_id)
+        request = talk.checked(p.Summary, goal_id=args.goal_id)
 
         async def body(runner: RunnerClient) -> None:
-            print((await runner.request(p.Summary(**fields))).text)
+            print((await runner.request(request)).text)
 
         return talk.run(args, body)
 
@@ -125,10 +125,10 @@ class DoneRequest(Command):
 
         self.check(args)
         kind = p.REQUEST_MODELS[self.request]
-        fields = talk.checked(kind, **{field: getattr(args, field) for field in self.fields})
+        made = talk.checked(kind, **{field: getattr(args, field) for field in self.fields})
 
         async def body(runner: RunnerClient) -> None:
-            print((await runner.request(kind(**fields), p.Done)).message)
+            print((await runner.request(made, p.Done)).message)
 
         return talk.run(args, body)
 
@@ -189,12 +189,12 @@ class Approve(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(
+        request = talk.checked(
             p.Decide, approval_id=args.approval_id, approve=self.approve, comment=args.comment
         )
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.request(p.Decide(**fields))
+            reply = await runner.request(request)
             print(f"approval #{reply.approval.id} {reply.approval.state}")
 
         return talk.run(args, body)
@@ -212,10 +212,10 @@ class Audit(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(p.Audit, goal_id=args.goal_id, limit=args.limit)
+        request = talk.checked(p.Audit, goal_id=args.goal_id, limit=args.limit)
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.request(p.Audit(**fields))
+            reply = await runner.request(request)
             for e in reply.entries:
                 goal = f"goal #{e.goal_id}" if e.goal_id is not None else "-"
                 print(f"{e.ts:%Y-%m-%d %H:%M:%S}  {e.actor}  {e.action}  {goal}  {e.outcome}  {e.detail}")
@@ -290,10 +290,10 @@ class DiskUsage(Command):
         from goaltender.protocol import messages as p
         from goaltender.runner.report import format_bytes
 
-        fields = talk.checked(p.DiskUsage, goal_id=args.goal_id)  # an agent is answered for its own goal
+        request = talk.checked(p.DiskUsage, goal_id=args.goal_id)  # an agent is answered for its own goal
 
         async def body(runner: RunnerClient) -> None:
-            reply = await runner.request(p.DiskUsage(**fields))
+            reply = await runner.request(request)
             for goal in reply.goals:
                 print(f"goal #{goal.goal_id} ({goal.state}): {format_bytes(goal.total)}")
                 for line in goal.lines:
@@ -347,10 +347,10 @@ class SkillsLog(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(p.SkillLog, limit=args.limit)
+        request = talk.checked(p.SkillLog, limit=args.limit)
 
         async def body(runner: RunnerClient) -> None:
-            for c in (await runner.request(p.SkillLog(**fields))).commits:
+            for c in (await runner.request(request)).commits:
                 print(f"{c.commit}  {c.at:%Y-%m-%d %H:%M}  {c.subject}")
 
         return talk.run(args, body)
@@ -365,9 +365,9 @@ class SkillsRevert(Command):
     def run(self, args: argparse.Namespace) -> int:
         from goaltender.protocol import messages as p
 
-        fields = talk.checked(p.RevertSkill, commit=args.commit)
+        request = talk.checked(p.RevertSkill, commit=args.commit)
 
         async def body(runner: RunnerClient) -> None:
-            print((await runner.request(p.RevertSkill(**fields))).message)
+            print((await runner.request(request)).message)
 
         return talk.run(args, body)
